@@ -1,0 +1,328 @@
+//! rsprof-bpf kernel side: a CPU-clock sampler plus fork/exec/exit tracepoints, all writing
+//! variable-length records into one ring buffer so userspace sees them in one ordered stream.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user_buf,
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id,
+            bpf_get_stack,
+        },
+    },
+    macros::{map, perf_event, raw_tracepoint},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::{PerfEventContext, RawTracePointContext},
+};
+use profiler_common::{
+    CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader,
+    FILTER_ALL, MAX_STACK_DEPTH, SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR,
+    SAMPLE_RECORD_FIXED, SAMPLE_USER_STACK_ERROR, SampleRecord, TASK_RECORD_FIXED, TaskRecord,
+    counter,
+};
+
+#[unsafe(no_mangle)]
+static CONFIG: Config = Config {
+    filter_mode: FILTER_ALL,
+    follow_children: 0,
+    task_sum_exec_runtime: 0,
+    task_pid: 0,
+    task_tgid: 0,
+    task_mm: 0,
+    mm_arg_start: 0,
+    mm_arg_end: 0,
+};
+
+/// Size is set by the loader (`--ring-buffer-size`).
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Scratch space for building a sample: too big for the 512-byte BPF stack.
+#[map]
+static SAMPLE_SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static TASK_SCRATCH: PerCpuArray<TaskRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// Thread-group ids selected by `-p` / `-- CMD` (value unused). LRU so that a long `-- CMD`
+/// session forking many children cannot fill it; evictions only hit long-dead processes.
+#[map]
+static TARGETS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(65536, 0);
+
+#[inline(always)]
+fn config() -> Config {
+    // SAFETY: CONFIG is a read-only global patched by the loader; volatile keeps the compiler
+    // from folding in the defaults above.
+    unsafe { core::ptr::read_volatile(&CONFIG) }
+}
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, and BPF programs on one CPU do not preempt each other here.
+        unsafe { *c += 1 };
+    }
+}
+
+#[inline(always)]
+fn selected(cfg: &Config, tgid: u32) -> bool {
+    cfg.filter_mode == FILTER_ALL || unsafe { TARGETS.get(&tgid) }.is_some()
+}
+
+#[inline(always)]
+unsafe fn read_kernel_u64(addr: u64) -> Option<u64> {
+    unsafe { bpf_probe_read_kernel(addr as *const u64) }.ok()
+}
+
+#[inline(always)]
+unsafe fn read_kernel_u32(addr: u64) -> Option<u32> {
+    unsafe { bpf_probe_read_kernel(addr as *const u32) }.ok()
+}
+
+#[perf_event]
+pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
+    let cfg = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !selected(&cfg, tgid) || (cfg.filter_mode != FILTER_ALL && tgid == 0) {
+        count(counter::SAMPLES_FILTERED);
+        return 0;
+    }
+    let Some(rec) = SAMPLE_SCRATCH.get_ptr_mut(0) else {
+        count(counter::LOST_NO_SCRATCH);
+        return 0;
+    };
+    // SAFETY: `rec` points at this CPU's scratch record, valid for the whole program run.
+    unsafe {
+        let s = &mut (*rec).sample;
+        s.header = EventHeader {
+            kind: EVENT_SAMPLE,
+            cpu: bpf_get_smp_processor_id(),
+            time_ns: bpf_ktime_get_ns(),
+            pid: tgid,
+            tid: pid_tgid as u32,
+        };
+        s.cgroup_id = bpf_get_current_cgroup_id();
+        s.flags = 0;
+        let task = bpf_get_current_task();
+        match read_kernel_u64(task + cfg.task_sum_exec_runtime as u64) {
+            Some(t) => s.cpu_time_ns = t,
+            None => {
+                s.cpu_time_ns = 0;
+                s.flags |= SAMPLE_CPU_TIME_ERROR;
+                count(counter::CPU_TIME_ERRORS);
+            }
+        }
+        s.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+
+        let frames = (*rec).frames.as_mut_ptr();
+        const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
+        let kret = bpf_get_stack(ctx.as_ptr(), frames.cast(), STACK_BYTES, 0);
+        let mut kframes: u64 = 0;
+        if kret < 0 {
+            s.flags |= SAMPLE_KERNEL_STACK_ERROR;
+            count(counter::KERNEL_STACK_ERRORS);
+        } else {
+            kframes = (kret as u64) / 8;
+        }
+        // Bound for the verifier: the user stack goes right after the kernel frames.
+        if kframes > MAX_STACK_DEPTH as u64 {
+            kframes = MAX_STACK_DEPTH as u64;
+        }
+        // The kernel takes the user registers from task_pt_regs when the sample hit kernel
+        // mode, so syscall-time samples still get the interrupted thread's user stack.
+        let uret = bpf_get_stack(
+            ctx.as_ptr(),
+            frames.add(kframes as usize).cast(),
+            STACK_BYTES,
+            BPF_F_USER_STACK as u64,
+        );
+        let mut uframes: u64 = 0;
+        if uret < 0 {
+            s.flags |= SAMPLE_USER_STACK_ERROR;
+            count(counter::USER_STACK_ERRORS);
+        } else {
+            uframes = (uret as u64) / 8;
+        }
+        if uframes > MAX_STACK_DEPTH as u64 {
+            uframes = MAX_STACK_DEPTH as u64;
+        }
+        s.kernel_frames = kframes as u16;
+        s.user_frames = uframes as u16;
+
+        let len = SAMPLE_RECORD_FIXED as u64 + (kframes + uframes) * 8;
+        let len = if len > core::mem::size_of::<SampleRecord>() as u64 {
+            core::mem::size_of::<SampleRecord>() as u64
+        } else {
+            len
+        };
+        let ret = aya_ebpf::helpers::generated::bpf_ringbuf_output(
+            core::ptr::addr_of!(EVENTS).cast_mut().cast(),
+            rec.cast(),
+            len,
+            0,
+        );
+        if ret < 0 {
+            count(counter::LOST_RINGBUF_FULL);
+        } else {
+            count(counter::SAMPLES_SENT);
+        }
+    }
+    0
+}
+
+/// Sends the first `len` bytes of this CPU's task scratch record.
+#[inline(always)]
+unsafe fn send_task(rec: *mut TaskRecord, len: u64) {
+    let len = if len > core::mem::size_of::<TaskRecord>() as u64 {
+        core::mem::size_of::<TaskRecord>() as u64
+    } else {
+        len
+    };
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_ringbuf_output(
+            core::ptr::addr_of!(EVENTS).cast_mut().cast(),
+            rec.cast(),
+            len,
+            0,
+        )
+    };
+    if ret < 0 {
+        count(counter::LOST_TASK_EVENTS);
+    }
+}
+
+#[inline(always)]
+unsafe fn task_header(kind: u32, rec: *mut TaskRecord, pid: u32, tid: u32) {
+    unsafe {
+        (*rec).header = EventHeader {
+            kind,
+            cpu: bpf_get_smp_processor_id(),
+            time_ns: bpf_ktime_get_ns(),
+            pid,
+            tid,
+        };
+        (*rec).comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        (*rec).cmdline_len = 0;
+        (*rec).cmdline_truncated = 0;
+    }
+}
+
+/// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`; runs in the
+/// parent. Fires for new threads too; the child's tgid tells them apart.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn on_fork(ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let parent_tgid = (pid_tgid >> 32) as u32;
+    if !selected(&cfg, parent_tgid) {
+        return 0;
+    }
+    let child: u64 = ctx.arg(1);
+    // SAFETY: `child` is the tracepoint's task pointer; reads are fault-checked.
+    let (Some(child_pid), Some(child_tgid)) = (unsafe {
+        (
+            read_kernel_u32(child + cfg.task_pid as u64),
+            read_kernel_u32(child + cfg.task_tgid as u64),
+        )
+    }) else {
+        return 0;
+    };
+    if cfg.filter_mode != FILTER_ALL && child_tgid != parent_tgid {
+        if cfg.follow_children == 0 {
+            return 0;
+        }
+        if TARGETS.insert(&child_tgid, &1, 0).is_err() {
+            count(counter::TARGETS_FULL);
+        }
+    }
+    let Some(rec) = TASK_SCRATCH.get_ptr_mut(0) else { return 0 };
+    unsafe {
+        task_header(EVENT_FORK, rec, child_tgid, child_pid);
+        (*rec).parent_pid = parent_tgid;
+        (*rec).parent_tid = pid_tgid as u32;
+        send_task(rec, TASK_RECORD_FIXED as u64);
+    }
+    0
+}
+
+/// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`;
+/// runs in the new image, so argv is already on its stack.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !selected(&cfg, tgid) {
+        return 0;
+    }
+    let Some(rec) = TASK_SCRATCH.get_ptr_mut(0) else { return 0 };
+    unsafe {
+        task_header(EVENT_EXEC, rec, tgid, pid_tgid as u32);
+        (*rec).parent_pid = 0;
+        (*rec).parent_tid = 0;
+        let task = bpf_get_current_task();
+        let mut len: u64 = 0;
+        if let Some(mm) = read_kernel_u64(task + cfg.task_mm as u64) {
+            if let (Some(start), Some(end)) = (
+                read_kernel_u64(mm + cfg.mm_arg_start as u64),
+                read_kernel_u64(mm + cfg.mm_arg_end as u64),
+            ) {
+                let want = end.saturating_sub(start);
+                len = if want > CMDLINE_MAX as u64 {
+                    (*rec).cmdline_truncated = 1;
+                    CMDLINE_MAX as u64
+                } else {
+                    want
+                };
+                // bpf_probe_read_user is all-or-nothing; on failure send no argv rather than
+                // garbage and let userspace fall back to /proc or comm.
+                let buf = &mut (*rec).cmdline;
+                if len > 0
+                    && bpf_probe_read_user_buf(start as *const u8, &mut buf[..len as usize])
+                        .is_err()
+                {
+                    len = 0;
+                }
+            }
+        }
+        (*rec).cmdline_len = len as u32;
+        send_task(rec, TASK_RECORD_FIXED as u64 + len);
+    }
+    0
+}
+
+/// `sched_process_exit(struct task_struct *p, ...)`; runs in the exiting thread.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !selected(&cfg, tgid) {
+        return 0;
+    }
+    let Some(rec) = TASK_SCRATCH.get_ptr_mut(0) else { return 0 };
+    unsafe {
+        task_header(EVENT_EXIT, rec, tgid, pid_tgid as u32);
+        (*rec).parent_pid = 0;
+        (*rec).parent_tid = 0;
+        send_task(rec, TASK_RECORD_FIXED as u64);
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";
