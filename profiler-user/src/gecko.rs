@@ -1,0 +1,1 @@
+//! Gecko writer: see helper task.
