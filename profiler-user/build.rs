@@ -4,10 +4,7 @@ use aya_build::{Package, Toolchain};
 /// Compiles profiler-ebpf for the BPF target with the nightly toolchain; the loader embeds the
 /// object from OUT_DIR.
 fn main() -> anyhow::Result<()> {
-    let meta = cargo_metadata::MetadataCommand::new()
-        .no_deps()
-        .exec()
-        .context("cargo metadata")?;
+    let meta = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
     let ebpf = meta
         .packages
         .into_iter()

@@ -19,10 +19,9 @@ use aya_ebpf::{
     programs::{PerfEventContext, RawTracePointContext},
 };
 use profiler_common::{
-    CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader,
-    FILTER_ALL, MAX_STACK_DEPTH, SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR,
-    SAMPLE_RECORD_FIXED, SAMPLE_USER_STACK_ERROR, SampleRecord, TASK_RECORD_FIXED, TaskRecord,
-    counter,
+    CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader, FILTER_ALL,
+    MAX_STACK_DEPTH, SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED,
+    SAMPLE_USER_STACK_ERROR, SampleRecord, TASK_RECORD_FIXED, TaskRecord, counter,
 };
 
 #[unsafe(no_mangle)]

@@ -1,0 +1,99 @@
+//! Command-line interface.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rsprof-bpf",
+    version,
+    about = "System-wide sampling profiler on eBPF; writes Firefox Profiler (Gecko) profiles",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Record a profile (the default command).
+    Record(RecordArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["all", "pid", "command"])))]
+pub struct RecordArgs {
+    /// Profile every process on the machine.
+    #[arg(short = 'a', long)]
+    pub all: bool,
+
+    /// Profile these processes (comma-separated pids), all their threads.
+    #[arg(short = 'p', long = "pid", value_delimiter = ',', value_name = "PID")]
+    pub pid: Vec<u32>,
+
+    /// Sampling frequency per CPU, in Hz.
+    #[arg(short = 'F', long, default_value_t = 999, value_name = "HZ")]
+    pub frequency: u64,
+
+    /// Stop after this many seconds (default: on Ctrl-C, or when CMD exits).
+    #[arg(short = 'd', long, value_name = "SECS")]
+    pub duration: Option<f64>,
+
+    /// Output file; gzip-compressed when it ends in .gz.
+    #[arg(short = 'o', long, default_value = "rsprof.json.gz", value_name = "PATH")]
+    pub output: PathBuf,
+
+    /// No live status line and no summary.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+
+    /// Size of the kernel→user ring buffer (bytes; K/M suffixes). Rounded up to a power of two.
+    #[arg(long, default_value = "16M", value_parser = parse_size, value_name = "SIZE")]
+    pub ring_buffer_size: u64,
+
+    /// Run this command and profile it and its children.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Parses `123`, `64K`, `16M`, `1G` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.eq_ignore_ascii_case(&'k') => (&s[..i], 1u64 << 10),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'m') => (&s[..i], 1 << 20),
+        Some((i, c)) if c.eq_ignore_ascii_case(&'g') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("invalid size '{s}'"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("size '{s}' too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn record_is_the_default_command() {
+        let c = Cli::try_parse_from(["rsprof-bpf", "--all", "-F", "99"]).unwrap();
+        assert!(c.record.all && c.record.frequency == 99 && c.command.is_none());
+        let c = Cli::try_parse_from(["rsprof-bpf", "record", "-p", "1,2"]).unwrap();
+        let Some(Command::Record(r)) = c.command else { panic!() };
+        assert_eq!(r.pid, vec![1, 2]);
+        let c = Cli::try_parse_from(["rsprof-bpf", "--", "sleep", "1"]).unwrap();
+        assert_eq!(c.record.command, vec!["sleep", "1"]);
+        assert!(Cli::try_parse_from(["rsprof-bpf", "-F", "99"]).is_err(), "a target is required");
+    }
+}

@@ -1,0 +1,217 @@
+//! Turns decoded ring-buffer events into stored samples and process metadata. User addresses
+//! are normalized here, while the process is still alive to be asked for its mappings.
+
+use std::time::{Duration, Instant};
+
+use crate::{
+    ids::{Pid, Tid},
+    processes::{ProcessInfo, ProcessTable, read_proc_identity},
+    procmaps::{ModuleTable, read_address_space},
+    records::{DecodeError, Event, Sample, TaskEvent, TaskKind},
+    storage::{FrameAddr, SampleSink, StoredSample, ThreadKey},
+};
+
+/// Re-read /proc/PID/maps for an unknown address at most this often per process.
+const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(20);
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CollectorStats {
+    pub samples: u64,
+    pub idle_samples: u64,
+    pub task_events: u64,
+    pub decode_errors: u64,
+    /// User frames in no mapping of their process (e.g. it exited before we read its maps).
+    pub unmapped_frames: u64,
+    pub first_sample_ns: Option<u64>,
+    pub last_sample_ns: Option<u64>,
+}
+
+pub struct Collector<S> {
+    pub store: S,
+    pub processes: ProcessTable,
+    pub modules: ModuleTable,
+    pub stats: CollectorStats,
+    frames: Vec<FrameAddr>,
+}
+
+impl<S: SampleSink> Collector<S> {
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            processes: ProcessTable::default(),
+            modules: ModuleTable::default(),
+            stats: CollectorStats::default(),
+            frames: Vec::with_capacity(256),
+        }
+    }
+
+    /// Handles one raw ring-buffer record.
+    pub fn handle_record(&mut self, bytes: &[u8]) -> Result<(), DecodeError> {
+        match crate::records::decode(bytes) {
+            Ok(ev) => {
+                self.handle(ev);
+                Ok(())
+            }
+            Err(e) => {
+                self.stats.decode_errors += 1;
+                Err(e)
+            }
+        }
+    }
+
+    pub fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Sample(s) => self.on_sample(s),
+            Event::Task(t) => self.on_task(t),
+        }
+    }
+
+    /// Adds an already running process (e.g. `-p PID`) before any sample arrives.
+    pub fn register_existing(&mut self, pid: Pid) {
+        self.process(pid);
+    }
+
+    fn process(&mut self, pid: Pid) -> &mut ProcessInfo {
+        let modules = &mut self.modules;
+        self.processes.processes.entry(pid).or_insert_with(|| {
+            let mut p = ProcessInfo::default();
+            if pid.0 == 0 {
+                p.name = "[idle]".into();
+                return p;
+            }
+            let (comm, argv) = read_proc_identity(pid);
+            p.name = comm;
+            p.argv = argv;
+            if let Ok(space) = read_address_space(pid, modules) {
+                p.space = space;
+                p.space_read_at = Some(Instant::now());
+            }
+            p
+        })
+    }
+
+    fn on_sample(&mut self, s: Sample) {
+        self.stats.samples += 1;
+        self.stats.first_sample_ns.get_or_insert(s.time_ns);
+        self.stats.last_sample_ns = Some(s.time_ns);
+        let idle = s.pid.0 == 0;
+        let key = if idle {
+            self.stats.idle_samples += 1;
+            ThreadKey::idle(s.cpu)
+        } else {
+            ThreadKey { pid: s.pid, tid: s.tid }
+        };
+
+        self.frames.clear();
+        let mut unmapped = 0;
+        {
+            let modules = &mut self.modules;
+            let p = self.processes.processes.entry(s.pid).or_default();
+            if p.name.is_empty() && p.space_read_at.is_none() && !idle {
+                // First sight: fill identity and mappings (see `process`).
+                let (comm, argv) = read_proc_identity(s.pid);
+                p.name = comm;
+                p.argv = argv;
+                refresh_space(s.pid, p, modules);
+            }
+            if idle && p.name.is_empty() {
+                p.name = "[idle]".into();
+            }
+            let t = p.threads.entry(key.tid).or_default();
+            t.observe_name(&if idle { format!("swapper/{}", s.cpu) } else { s.comm.clone() });
+            let cpu_delta = t.cpu_delta(s.cpu_time_ns);
+            if s.tid.0 == s.pid.0 && !idle && !s.comm.is_empty() {
+                p.name.clone_from(&s.comm);
+            }
+
+            // Root first: user frames outermost..leaf, then kernel frames entry..leaf.
+            for (i, &addr) in s.user_stack.iter().enumerate().rev() {
+                // Callers' entries are return addresses; look up the call instruction.
+                let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
+                let mut hit = p.space.lookup(lookup);
+                if hit.is_none() && !p.exited && stale(p) {
+                    refresh_space(s.pid, p, modules);
+                    hit = p.space.lookup(lookup);
+                }
+                self.frames.push(match hit {
+                    Some((module, offset)) => FrameAddr::User { module, offset },
+                    None => {
+                        unmapped += 1;
+                        FrameAddr::Unmapped(addr)
+                    }
+                });
+            }
+            for (i, &addr) in s.kernel_stack.iter().enumerate().rev() {
+                self.frames.push(FrameAddr::Kernel(if i == 0 { addr } else { addr - 1 }));
+            }
+            let stack = (!self.frames.is_empty()).then(|| self.store.intern_stack(&self.frames));
+            self.store.push_sample(
+                key,
+                StoredSample { time_ns: s.time_ns, cpu_delta_ns: cpu_delta, stack },
+            );
+        }
+        self.stats.unmapped_frames += unmapped;
+    }
+
+    fn on_task(&mut self, t: TaskEvent) {
+        self.stats.task_events += 1;
+        match t.kind {
+            TaskKind::Fork { .. } => {
+                let new_process = t.pid.0 == t.tid.0;
+                let p = self.processes.processes.entry(t.pid).or_default();
+                if new_process {
+                    p.start_ns = Some(t.time_ns);
+                    if p.name.is_empty() {
+                        p.name.clone_from(&t.comm);
+                    }
+                    // The child shares the parent's image until it execs; its own maps are
+                    // read lazily on its first sample.
+                }
+                let th = p.threads.entry(t.tid).or_default();
+                th.start_ns = Some(t.time_ns);
+                th.observe_name(&t.comm);
+            }
+            TaskKind::Exec { argv, .. } => {
+                let modules = &mut self.modules;
+                let p = self.processes.processes.entry(t.pid).or_default();
+                p.name.clone_from(&t.comm);
+                if !argv.is_empty() {
+                    p.argv = argv;
+                }
+                // New image: mappings of the old one no longer apply. Shared libraries are
+                // not mapped yet; they are picked up on the first unknown address.
+                p.space = Default::default();
+                p.space_read_at = None;
+                refresh_space(t.pid, p, modules);
+                p.threads.entry(t.tid).or_default().observe_name(&t.comm);
+            }
+            TaskKind::Exit => {
+                let p = self.processes.processes.entry(t.pid).or_default();
+                if p.name.is_empty() {
+                    p.name.clone_from(&t.comm);
+                }
+                p.threads.entry(t.tid).or_default().end_ns = Some(t.time_ns);
+                if t.pid.0 == t.tid.0 {
+                    p.end_ns = Some(t.time_ns);
+                    p.exited = true;
+                }
+            }
+        }
+    }
+
+    pub fn thread_name(&self, pid: Pid, tid: Tid) -> Option<&str> {
+        Some(self.processes.processes.get(&pid)?.threads.get(&tid)?.name.as_str())
+    }
+}
+
+fn stale(p: &ProcessInfo) -> bool {
+    p.space_read_at.is_none_or(|t| t.elapsed() >= MAPS_REFRESH_INTERVAL)
+}
+
+fn refresh_space(pid: Pid, p: &mut ProcessInfo, modules: &mut ModuleTable) {
+    p.space_read_at = Some(Instant::now());
+    match read_address_space(pid, modules) {
+        Ok(space) => p.space = space,
+        Err(_) => p.exited = true,
+    }
+}

@@ -1,0 +1,105 @@
+//! Byte offsets of the few kernel struct fields the BPF programs read, taken from the running
+//! kernel's BTF. aya-ebpf has no CO-RE relocations, so the loader resolves them and passes them
+//! in the program's config.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use btf_rs::{Btf, Type};
+use profiler_common::Config;
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Fills the struct-offset fields of `config` from the kernel BTF at `path`.
+pub fn fill_offsets(path: &Path, config: &mut Config) -> Result<()> {
+    if !path.exists() {
+        bail!(
+            "kernel BTF not found at {}: rsprof-bpf needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+            path.display()
+        );
+    }
+    let btf =
+        Btf::from_file(path).with_context(|| format!("parse kernel BTF {}", path.display()))?;
+    config.task_sum_exec_runtime = offset_of(&btf, "task_struct", &["se", "sum_exec_runtime"])?;
+    config.task_pid = offset_of(&btf, "task_struct", &["pid"])?;
+    config.task_tgid = offset_of(&btf, "task_struct", &["tgid"])?;
+    config.task_mm = offset_of(&btf, "task_struct", &["mm"])?;
+    config.mm_arg_start = offset_of(&btf, "mm_struct", &["arg_start"])?;
+    config.mm_arg_end = offset_of(&btf, "mm_struct", &["arg_end"])?;
+    Ok(())
+}
+
+/// Byte offset of `path` (nested by-value members) inside `struct name`.
+fn offset_of(btf: &Btf, name: &str, path: &[&str]) -> Result<u32> {
+    let mut ty = btf
+        .resolve_types_by_name(name)
+        .with_context(|| format!("struct {name} not in kernel BTF"))?
+        .into_iter()
+        .find(|t| matches!(t, Type::Struct(_)))
+        .ok_or_else(|| anyhow!("struct {name} not in kernel BTF"))?;
+    let mut total_bits = 0u32;
+    for field in path {
+        let (bits, member_ty) = find_member(btf, &ty, field)?
+            .ok_or_else(|| anyhow!("kernel BTF: {name} has no field {}", path.join(".")))?;
+        total_bits += bits;
+        ty = member_ty;
+    }
+    if total_bits % 8 != 0 {
+        bail!("kernel BTF: {name}.{} is a bitfield", path.join("."));
+    }
+    Ok(total_bits / 8)
+}
+
+/// Finds `field` in a struct or union, descending into anonymous members (the kernel wraps
+/// many fields in unnamed structs for layout randomization). Returns its bit offset and type,
+/// with typedefs and qualifiers stripped.
+fn find_member(btf: &Btf, ty: &Type, field: &str) -> Result<Option<(u32, Type)>> {
+    let (Type::Struct(s) | Type::Union(s)) = ty else {
+        return Ok(None);
+    };
+    for m in &s.members {
+        let name = btf.resolve_name(m).unwrap_or_default();
+        let member_ty = strip(btf, btf.resolve_chained_type(m)?)?;
+        if name == field {
+            return Ok(Some((m.bit_offset(), member_ty)));
+        }
+        if name.is_empty() {
+            if let Some((bits, t)) = find_member(btf, &member_ty, field)? {
+                return Ok(Some((m.bit_offset() + bits, t)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn strip(btf: &Btf, mut ty: Type) -> Result<Type> {
+    loop {
+        ty = match &ty {
+            Type::Typedef(t) => btf.resolve_chained_type(t)?,
+            Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) => {
+                btf.resolve_chained_type(t)?
+            }
+            _ => return Ok(ty),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_offsets_from_running_kernel() {
+        let mut c = Config::default();
+        fill_offsets(Path::new(VMLINUX_BTF), &mut c).expect("kernel BTF must be readable");
+        assert!(c.task_sum_exec_runtime > 0 && c.task_sum_exec_runtime % 8 == 0);
+        assert!(c.task_pid > 0 && c.task_tgid == c.task_pid + 4, "pid and tgid are adjacent");
+        assert!(c.mm_arg_end == c.mm_arg_start + 8);
+    }
+
+    #[test]
+    fn missing_btf_is_a_clear_error() {
+        let err = fill_offsets(Path::new("/nonexistent/vmlinux"), &mut Config::default());
+        assert!(err.unwrap_err().to_string().contains("CONFIG_DEBUG_INFO_BTF"));
+    }
+}

@@ -1,0 +1,105 @@
+//! Starting `-- CMD` so that it is profiled from its first instruction: the child is forked
+//! and held at a gate until the loader has put its pid in the kernel filter and attached.
+
+use std::{
+    ffi::CString,
+    io::{self, Read as _, Write as _},
+    os::fd::{FromRawFd as _, OwnedFd},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::ids::Pid;
+
+pub struct GatedChild {
+    pub pid: Pid,
+    gate: std::fs::File,
+    exec_error: std::fs::File,
+    program: String,
+}
+
+fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid 2-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two fresh descriptors we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Forks `argv`, stopped before exec. Must be called while the process has one thread.
+pub fn spawn_gated(argv: &[String]) -> Result<GatedChild> {
+    use std::os::fd::AsRawFd as _;
+    let c_args: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<_, _>>()
+        .context("command argument contains a NUL byte")?;
+    let mut ptrs: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let (gate_r, gate_w) = pipe(libc::O_CLOEXEC)?;
+    let (err_r, err_w) = pipe(libc::O_CLOEXEC)?;
+
+    // SAFETY: the child only calls async-signal-safe functions (read, write, execvp, _exit)
+    // on memory prepared before the fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error()).context("fork");
+    }
+    if pid == 0 {
+        unsafe {
+            // Our copy of the write end would keep the gate open if the loader died.
+            libc::close(gate_w.as_raw_fd());
+            let mut b = 0u8;
+            if libc::read(gate_r.as_raw_fd(), (&raw mut b).cast(), 1) != 1 {
+                libc::_exit(1); // loader gave up before releasing us
+            }
+            libc::execvp(ptrs[0], ptrs.as_ptr());
+            let errno = *libc::__errno_location();
+            libc::write(err_w.as_raw_fd(), (&raw const errno).cast(), 4);
+            libc::_exit(127);
+        }
+    }
+    drop(gate_r);
+    drop(err_w);
+    Ok(GatedChild {
+        pid: Pid(pid as u32),
+        gate: std::fs::File::from(gate_w),
+        exec_error: std::fs::File::from(err_r),
+        program: argv[0].clone(),
+    })
+}
+
+impl GatedChild {
+    /// Lets the child exec; fails if exec did.
+    pub fn release(mut self) -> Result<Pid> {
+        self.gate.write_all(&[1]).context("release command")?;
+        let mut errno = [0u8; 4];
+        match self.exec_error.read(&mut errno) {
+            Ok(4) => {
+                let e = io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
+                // SAFETY: reaping our own child.
+                unsafe { libc::waitpid(self.pid.0 as i32, std::ptr::null_mut(), 0) };
+                bail!("cannot run '{}': {e}", self.program)
+            }
+            _ => Ok(self.pid),
+        }
+    }
+}
+
+/// Blocks until `pid` exits; returns its exit code (128+signal when killed).
+pub fn wait_exit(pid: Pid) -> i32 {
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting on our own child with a valid status pointer.
+        let r = unsafe { libc::waitpid(pid.0 as i32, &mut status, 0) };
+        if r == pid.0 as i32 {
+            break;
+        }
+        if r < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return -1;
+        }
+    }
+    if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) }
+}

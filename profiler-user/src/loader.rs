@@ -1,0 +1,148 @@
+//! Loads the BPF object, attaches the sampler to one CPU-clock perf event per online CPU and
+//! the lifecycle tracepoints, and reads the kernel-side counters.
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent, RawTracePoint,
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
+        raw_trace_point::RawTracePointLinkId,
+    },
+    util::online_cpus,
+};
+use profiler_common::{Config, counter};
+
+use crate::ids::Pid;
+
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+pub struct Sampler {
+    ebpf: Ebpf,
+    pub cpus: Vec<u32>,
+    perf_links: Vec<PerfEventLinkId>,
+    tp_links: Vec<(&'static str, RawTracePointLinkId)>,
+}
+
+/// Per-cause kernel counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub samples_sent: u64,
+    pub samples_filtered: u64,
+    pub lost_ringbuf_full: u64,
+    pub lost_no_scratch: u64,
+    pub kernel_stack_errors: u64,
+    pub user_stack_errors: u64,
+    pub lost_task_events: u64,
+    pub cpu_time_errors: u64,
+    pub targets_full: u64,
+}
+
+impl KernelCounters {
+    pub fn lost_samples(&self) -> u64 {
+        self.lost_ringbuf_full + self.lost_no_scratch
+    }
+}
+
+impl Sampler {
+    /// Loads the programs (not yet attached). `ring_bytes` must be a power-of-two multiple of
+    /// the page size.
+    pub fn load(config: Config, ring_bytes: u32) -> Result<Self> {
+        bump_memlock_rlimit();
+        let ebpf = EbpfLoader::new()
+            .override_global("CONFIG", &config, true)
+            .map_max_entries("EVENTS", ring_bytes)
+            .load(BPF_OBJECT)
+            .context("load BPF programs")?;
+        let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
+        Ok(Self { ebpf, cpus, perf_links: Vec::new(), tp_links: Vec::new() })
+    }
+
+    /// Selects processes for the `-p` / `-- CMD` filter; call before `attach`.
+    pub fn add_targets(&mut self, pids: &[Pid]) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u8> =
+            BpfHashMap::try_from(self.ebpf.map_mut("TARGETS").context("TARGETS map")?)?;
+        for pid in pids {
+            map.insert(pid.0, 1, 0).with_context(|| format!("add pid {pid} to filter"))?;
+        }
+        Ok(())
+    }
+
+    /// Attaches lifecycle tracepoints first so no fork/exec between the two steps is missed,
+    /// then the sampler on every online CPU.
+    pub fn attach(&mut self, frequency: u64) -> Result<()> {
+        for (prog, tp) in [
+            ("on_fork", "sched_process_fork"),
+            ("on_exec", "sched_process_exec"),
+            ("on_exit", "sched_process_exit"),
+        ] {
+            let p: &mut RawTracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
+            p.load().with_context(|| format!("load {prog}"))?;
+            let link = p.attach(tp).with_context(|| format!("attach {prog} to {tp}"))?;
+            self.tp_links.push((prog, link));
+        }
+        let p: &mut PerfEvent =
+            self.ebpf.program_mut("on_cpu_clock").context("on_cpu_clock")?.try_into()?;
+        p.load().context("load the CPU-clock sampler")?;
+        for &cpu in &self.cpus {
+            let link = p
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency),
+                    false,
+                )
+                .with_context(|| format!("attach CPU-clock sampler to CPU {cpu}"))?;
+            self.perf_links.push(link);
+        }
+        Ok(())
+    }
+
+    pub fn take_ring(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.ebpf.take_map("EVENTS").context("EVENTS map")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    pub fn counters(&self) -> Result<KernelCounters> {
+        let arr: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+        let sum = |i: u32| -> Result<u64> { Ok(arr.get(&i, 0)?.iter().sum()) };
+        Ok(KernelCounters {
+            samples_sent: sum(counter::SAMPLES_SENT)?,
+            samples_filtered: sum(counter::SAMPLES_FILTERED)?,
+            lost_ringbuf_full: sum(counter::LOST_RINGBUF_FULL)?,
+            lost_no_scratch: sum(counter::LOST_NO_SCRATCH)?,
+            kernel_stack_errors: sum(counter::KERNEL_STACK_ERRORS)?,
+            user_stack_errors: sum(counter::USER_STACK_ERRORS)?,
+            lost_task_events: sum(counter::LOST_TASK_EVENTS)?,
+            cpu_time_errors: sum(counter::CPU_TIME_ERRORS)?,
+            targets_full: sum(counter::TARGETS_FULL)?,
+        })
+    }
+
+    /// Stops sampling and lifecycle events; maps stay readable for the final drain.
+    pub fn detach(&mut self) {
+        if let Some(p) = self.ebpf.program_mut("on_cpu_clock") {
+            let p: &mut PerfEvent = p.try_into().expect("on_cpu_clock is a perf_event program");
+            for link in self.perf_links.drain(..) {
+                let _ = p.detach(link);
+            }
+        }
+        for (prog, link) in self.tp_links.drain(..) {
+            if let Some(p) = self.ebpf.program_mut(prog) {
+                let p: &mut RawTracePoint = p.try_into().expect("raw tracepoint program");
+                let _ = p.detach(link);
+            }
+        }
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
+fn bump_memlock_rlimit() {
+    let r = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: plain syscall with a valid struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &r) };
+}

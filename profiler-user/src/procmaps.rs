@@ -1,0 +1,245 @@
+//! Process address spaces: executable mappings from /proc/PID/maps, and the table of mapped
+//! files (modules). User addresses are turned into (module, file offset) while the process is
+//! alive, so symbolization works after it exits, and each module keeps an open file handle so a
+//! binary deleted or replaced during the recording (or living in another mount namespace) is
+//! still the one symbolized.
+
+use std::{
+    collections::HashMap,
+    fs::File,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use crate::ids::Pid;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModuleId(pub u32);
+
+#[derive(Debug)]
+pub struct Module {
+    /// Path as the process saw it (`/usr/lib/x86_64-linux-gnu/libc.so.6`, `[vdso]`).
+    pub path: String,
+    /// File name shown in profiles (`libc.so.6`).
+    pub name: String,
+    /// Where this process can read the same file now, if anywhere.
+    pub open_path: Option<PathBuf>,
+    /// Keeps `open_path` valid when it is `/proc/self/fd/N`.
+    _file: Option<File>,
+}
+
+/// Files keyed by (device, inode) so one library mapped by many processes is one module.
+#[derive(Default, Debug)]
+pub struct ModuleTable {
+    modules: Vec<Module>,
+    by_key: HashMap<(u64, u64, String), ModuleId>,
+}
+
+impl ModuleTable {
+    pub fn get(&self, id: ModuleId) -> &Module {
+        &self.modules[id.0 as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.modules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.modules.is_empty()
+    }
+
+    fn intern(&mut self, key: (u64, u64, String), make: impl FnOnce() -> Module) -> ModuleId {
+        if let Some(&id) = self.by_key.get(&key) {
+            return id;
+        }
+        let id = ModuleId(self.modules.len() as u32);
+        self.modules.push(make());
+        self.by_key.insert(key, id);
+        id
+    }
+
+    /// The module for a mapping line of `pid`.
+    fn module_for(&mut self, pid: Pid, m: &MapsLine) -> ModuleId {
+        let key = (m.dev, m.inode, m.path.clone());
+        self.intern(key, || open_module(pid, m))
+    }
+}
+
+fn file_name(path: &str) -> String {
+    Path::new(path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.to_owned())
+}
+
+fn open_module(pid: Pid, m: &MapsLine) -> Module {
+    let path = m.path.clone();
+    let name = file_name(&path);
+    if m.inode == 0 {
+        // [vdso], [anon:...] and other pseudo mappings have no file.
+        return Module { path, name, open_path: None, _file: None };
+    }
+    // Prefer the plain path when it is the very same file (debug-link lookups work relative
+    // to it); otherwise hold the process's own handle on the mapped file.
+    if let Ok(meta) = std::fs::metadata(&path) {
+        if meta.ino() == m.inode && dev_matches(meta.dev(), m.dev) {
+            return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: None };
+        }
+    }
+    let map_file = format!("/proc/{}/map_files/{:x}-{:x}", pid.0, m.start, m.end);
+    match File::open(&map_file) {
+        Ok(f) => {
+            use std::os::fd::AsRawFd as _;
+            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+            Module { path, name, open_path: Some(fd_path), _file: Some(f) }
+        }
+        Err(_) => Module { path, name, open_path: None, _file: None },
+    }
+}
+
+/// /proc/PID/maps prints the device as major:minor from the kernel's dev_t.
+fn dev_matches(st_dev: u64, maps_dev: u64) -> bool {
+    let major = libc::major(st_dev) as u64;
+    let minor = libc::minor(st_dev) as u64;
+    (major << 32 | minor) == maps_dev
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub module: ModuleId,
+}
+
+/// The executable mappings of one process image, sorted by address.
+#[derive(Clone, Debug, Default)]
+pub struct AddressSpace {
+    mappings: Vec<Mapping>,
+}
+
+impl AddressSpace {
+    pub fn lookup(&self, addr: u64) -> Option<(ModuleId, u64)> {
+        let i = self.mappings.partition_point(|m| m.start <= addr);
+        let m = self.mappings.get(i.checked_sub(1)?)?;
+        (addr < m.end).then(|| (m.module, addr - m.start + m.file_offset))
+    }
+
+    pub fn len(&self) -> usize {
+        self.mappings.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.mappings.is_empty()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct MapsLine {
+    start: u64,
+    end: u64,
+    exec: bool,
+    offset: u64,
+    /// (major << 32) | minor
+    dev: u64,
+    inode: u64,
+    path: String,
+}
+
+fn parse_line(line: &str) -> Option<MapsLine> {
+    let mut it = line.splitn(6, ' ');
+    let (range, perms, offset, dev, inode) =
+        (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
+    let path = it.next().unwrap_or("").trim_start().to_owned();
+    let (start, end) = range.split_once('-')?;
+    let (major, minor) = dev.split_once(':')?;
+    Some(MapsLine {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        exec: perms.as_bytes().get(2) == Some(&b'x'),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev: u64::from_str_radix(major, 16).ok()? << 32 | u64::from_str_radix(minor, 16).ok()?,
+        inode: inode.parse().ok()?,
+        path,
+    })
+}
+
+/// Parses a maps file's text into the executable mappings, registering their modules.
+pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpace {
+    let mut mappings: Vec<Mapping> = text
+        .lines()
+        .filter_map(parse_line)
+        .filter(|m| m.exec)
+        .map(|m| {
+            let module = if m.path.is_empty() {
+                modules.intern((0, 0, "[anon]".into()), || Module {
+                    path: "[anon]".into(),
+                    name: "[anon]".into(),
+                    open_path: None,
+                    _file: None,
+                })
+            } else {
+                modules.module_for(pid, &m)
+            };
+            Mapping { start: m.start, end: m.end, file_offset: m.offset, module }
+        })
+        .collect();
+    mappings.sort_by_key(|m| m.start);
+    AddressSpace { mappings }
+}
+
+/// Reads the live address space of `pid`; fails if the process is gone.
+pub fn read_address_space(pid: Pid, modules: &mut ModuleTable) -> std::io::Result<AddressSpace> {
+    let text = std::fs::read_to_string(format!("/proc/{}/maps", pid.0))?;
+    Ok(parse_maps(pid, &text, modules))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fd:01 1234   /usr/bin/demo
+55d0c0a01000-55d0c0a05000 r-xp 00001000 fd:01 1234   /usr/bin/demo
+7f0000000000-7f0000100000 r-xp 00028000 fd:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000200000-7f0000201000 rwxp 00000000 00:00 0 
+7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]
+";
+
+    #[test]
+    fn parses_exec_mappings_and_translates_addresses() {
+        let mut mods = ModuleTable::default();
+        let space = parse_maps(Pid(1), MAPS, &mut mods);
+        assert_eq!(space.len(), 4, "only executable mappings are kept");
+        let (m, off) = space.lookup(0x55d0c0a01234).unwrap();
+        assert_eq!(mods.get(m).name, "demo");
+        assert_eq!(off, 0x1234);
+        let (m, off) = space.lookup(0x7f0000000010).unwrap();
+        assert_eq!(mods.get(m).name, "libc.so.6");
+        assert_eq!(off, 0x28010);
+        assert!(space.lookup(0x55d0c0a00010).is_none(), "read-only mapping is not code");
+        assert!(space.lookup(0x55d0c0a05000).is_none(), "end is exclusive");
+        let (m, _) = space.lookup(0x7ffd00000100).unwrap();
+        assert_eq!(mods.get(m).name, "[vdso]");
+        let (m, _) = space.lookup(0x7f0000200010).unwrap();
+        assert_eq!(mods.get(m).name, "[anon]");
+    }
+
+    #[test]
+    fn same_file_in_two_processes_is_one_module() {
+        let mut mods = ModuleTable::default();
+        let a = parse_maps(Pid(1), MAPS, &mut mods);
+        let b = parse_maps(Pid(2), MAPS, &mut mods);
+        assert_eq!(a.lookup(0x7f0000000010).unwrap().0, b.lookup(0x7f0000000010).unwrap().0);
+        assert_eq!(mods.len(), 4);
+    }
+
+    #[test]
+    fn reads_own_address_space() {
+        let mut mods = ModuleTable::default();
+        let space = read_address_space(Pid(std::process::id()), &mut mods).unwrap();
+        let f = reads_own_address_space as usize as u64;
+        let (m, _) = space.lookup(f).expect("own code is mapped");
+        assert!(mods.get(m).open_path.is_some());
+    }
+}

@@ -1,0 +1,274 @@
+//! `rsprof-bpf record`: checks, loads and attaches, collects until told to stop, then
+//! symbolizes and writes the profile.
+
+use std::{
+    io::IsTerminal as _,
+    path::Path,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result, bail};
+use aya::maps::{MapData, RingBuf};
+use profiler_common::{Config, FILTER_TARGETS};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    signal::unix::{SignalKind, signal},
+    sync::oneshot,
+};
+
+use crate::{
+    assemble::{RecordingInfo, build_profile},
+    cli::RecordArgs,
+    collector::Collector,
+    gecko,
+    ids::Pid,
+    kernel_btf, launch,
+    loader::Sampler,
+    output::PendingOutput,
+    storage::MemoryStore,
+    summary,
+    symbolize::{ModuleSource, symbolize},
+};
+
+fn max_sample_rate() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100_000)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// (CLOCK_MONOTONIC ns, wall-clock ms) read as close together as possible.
+fn clock_pair() -> (u64, f64) {
+    let mut best = (u64::MAX, 0u64, 0.0);
+    for _ in 0..5 {
+        let a = monotonic_ns();
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let b = monotonic_ns();
+        if b - a < best.0 {
+            best = (b - a, a + (b - a) / 2, wall.as_secs_f64() * 1000.0);
+        }
+    }
+    (best.1, best.2)
+}
+
+fn check_privileges() -> Result<()> {
+    // SAFETY: trivial syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "rsprof-bpf needs root (CAP_BPF and CAP_PERFMON) to load BPF programs: run it with sudo"
+        );
+    }
+    Ok(())
+}
+
+fn check_pid(pid: u32) -> Result<()> {
+    if pid == 0 || !Path::new(&format!("/proc/{pid}/stat")).exists() {
+        bail!("no process with pid {pid}");
+    }
+    Ok(())
+}
+
+pub fn validate(args: &RecordArgs) -> Result<()> {
+    let max = max_sample_rate();
+    if args.frequency == 0 || args.frequency > max {
+        bail!(
+            "invalid frequency {} Hz: must be between 1 and {max} (kernel.perf_event_max_sample_rate)",
+            args.frequency
+        );
+    }
+    if let Some(d) = args.duration {
+        if !(d.is_finite() && d > 0.0) {
+            bail!("invalid duration {d}: must be a positive number of seconds");
+        }
+    }
+    if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
+        bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
+    }
+    Ok(())
+}
+
+pub fn run(args: RecordArgs) -> Result<()> {
+    validate(&args)?;
+    let output = PendingOutput::create(&args.output)?;
+    check_privileges()?;
+    for &pid in &args.pid {
+        check_pid(pid)?;
+    }
+    let mut config = Config::default();
+    kernel_btf::fill_offsets(Path::new(kernel_btf::VMLINUX_BTF), &mut config)?;
+    if !args.pid.is_empty() || !args.command.is_empty() {
+        config.filter_mode = FILTER_TARGETS;
+        config.follow_children = u32::from(!args.command.is_empty());
+    }
+
+    // One thread only until the command is forked.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let _guard = rt.enter();
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+
+    let ring_bytes = args.ring_buffer_size.next_power_of_two() as u32;
+    let mut sampler = Sampler::load(config, ring_bytes)?;
+    let gated =
+        if args.command.is_empty() { None } else { Some(launch::spawn_gated(&args.command)?) };
+    let mut targets: Vec<Pid> = args.pid.iter().map(|&p| Pid(p)).collect();
+    targets.extend(gated.as_ref().map(|g| g.pid));
+    sampler.add_targets(&targets)?;
+
+    let mut collector = Collector::new(MemoryStore::default());
+    for &pid in &targets {
+        collector.register_existing(pid);
+    }
+    let ring = sampler.take_ring()?;
+    let (start_mono_ns, start_wall_ms) = clock_pair();
+    sampler.attach(args.frequency)?;
+    let mut child_exit = None;
+    if let Some(g) = gated {
+        let pid = g.release()?;
+        let (tx, rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("wait-cmd".into())
+            .spawn(move || tx.send(launch::wait_exit(pid)))?;
+        child_exit = Some(rx);
+    }
+
+    let status = (!args.quiet && std::io::stderr().is_terminal()).then(Instant::now);
+    let mut afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+        .context("poll ring buffer")?;
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
+    let stop_reason = rt.block_on(async {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(sleep);
+        let child = async {
+            match child_exit {
+                Some(rx) => rx.await.unwrap_or(-1),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(child);
+        loop {
+            tokio::select! {
+                ready = afd.readable_mut() => {
+                    let mut g = ready?;
+                    drain(g.get_inner_mut(), &mut collector);
+                    g.clear_ready();
+                }
+                _ = sigint.recv() => return Ok::<_, anyhow::Error>("Ctrl-C".to_owned()),
+                _ = sigterm.recv() => return Ok("SIGTERM".to_owned()),
+                _ = &mut sleep => return Ok("duration".to_owned()),
+                code = &mut child => return Ok(format!("command exit (status {code})")),
+                _ = tick.tick() => if let Some(t0) = status {
+                    let c = sampler.counters().unwrap_or_default();
+                    eprint!(
+                        "\r\x1b[2K[rsprof-bpf] {:.1}s  samples {}  lost {}  processes {}",
+                        t0.elapsed().as_secs_f64(), collector.stats.samples, c.lost_samples(),
+                        collector.processes.len()
+                    );
+                },
+            }
+        }
+    })?;
+    let end_mono_ns = monotonic_ns();
+    sampler.detach();
+    drain(afd.get_mut(), &mut collector);
+    if status.is_some() {
+        eprint!("\r\x1b[2K");
+    }
+    let counters = sampler.counters()?;
+
+    let modules: Vec<ModuleSource> = (0..collector.modules.len())
+        .map(|i| {
+            let m = collector.modules.get(crate::procmaps::ModuleId(i as u32));
+            ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
+        })
+        .collect();
+    let symbols = symbolize(collector.store.unique_frames(), modules)?;
+    let info = RecordingInfo {
+        start_mono_ns,
+        start_wall_ms,
+        end_mono_ns,
+        frequency: args.frequency,
+        logical_cpus: sampler.cpus.len() as u32,
+        physical_cpus: physical_cpus().unwrap_or(sampler.cpus.len() as u32),
+        product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
+        oscpu: oscpu(),
+    };
+    let profile = build_profile(&mut collector, &symbols, &info);
+    let out_path = output.path().display().to_string();
+    output.commit(|w| gecko::write_gecko(&profile, w))?;
+    if !args.quiet {
+        let bytes = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
+        eprint!(
+            "{}",
+            summary::render(&summary::SummaryInput {
+                profile: &profile,
+                counters: &counters,
+                stats: &collector.stats,
+                duration_s: (end_mono_ns - start_mono_ns) as f64 / 1e9,
+                frequency: args.frequency,
+                cpus: sampler.cpus.len(),
+                output: &out_path,
+                output_bytes: bytes,
+                stop_reason: &stop_reason,
+            })
+        );
+    }
+    Ok(())
+}
+
+fn drain(ring: &mut RingBuf<MapData>, collector: &mut Collector<MemoryStore>) {
+    while let Some(item) = ring.next() {
+        // Undecodable records are counted in the collector's stats and reported.
+        let _ = collector.handle_record(&item);
+    }
+}
+
+fn oscpu() -> String {
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid utsname buffer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "Linux".into();
+    }
+    let field = |f: &[libc::c_char]| {
+        let b: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    format!("{} {} {}", field(&u.sysname), field(&u.release), field(&u.machine))
+}
+
+/// Distinct (package, core) pairs in /proc/cpuinfo.
+fn physical_cpus() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mut cores = std::collections::HashSet::new();
+    let (mut phys, mut core) = (None, None);
+    for line in text.lines() {
+        let mut kv = line.splitn(2, ':').map(str::trim);
+        match (kv.next(), kv.next()) {
+            (Some("physical id"), Some(v)) => phys = Some(v.to_owned()),
+            (Some("core id"), Some(v)) => core = Some(v.to_owned()),
+            (Some(""), None) | (None, _) => {
+                if let (Some(p), Some(c)) = (phys.take(), core.take()) {
+                    cores.insert((p, c));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let (Some(p), Some(c)) = (phys, core) {
+        cores.insert((p, c));
+    }
+    (!cores.is_empty()).then(|| cores.len() as u32)
+}

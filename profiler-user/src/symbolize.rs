@@ -1,0 +1,197 @@
+//! Names frames with blazesym. The blazesym `Symbolizer` is not `Send`, so it lives on its own
+//! thread; callers hand it the distinct frame addresses and get back one or more frames per
+//! address (inlined functions expand to several, outermost first). Each address is resolved
+//! once: results are cached by (module, offset) or kernel address.
+
+use std::{collections::HashMap, path::PathBuf, sync::mpsc, thread};
+
+use anyhow::{Context as _, Result, anyhow};
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer,
+    source::{Elf, Kernel, Source},
+};
+
+use crate::{
+    procmaps::ModuleId,
+    profile::{Frame, FrameKind},
+    storage::FrameAddr,
+};
+
+pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+
+/// What the symbolizer thread needs to know about a module.
+#[derive(Clone, Debug)]
+pub struct ModuleSource {
+    pub name: String,
+    /// Readable path to the file, if any (`[vdso]`, anonymous memory have none).
+    pub open_path: Option<PathBuf>,
+}
+
+pub type Symbols = HashMap<FrameAddr, Vec<Frame>>;
+
+/// Symbolizes `addrs` on a dedicated thread. `modules` is indexed by `ModuleId`.
+pub fn symbolize(addrs: Vec<FrameAddr>, modules: Vec<ModuleSource>) -> Result<Symbols> {
+    let (tx, rx) = mpsc::channel();
+    thread::Builder::new()
+        .name("symbolizer".into())
+        .spawn(move || {
+            let _ = tx.send(SymbolizerThread::new().run(&addrs, &modules));
+        })
+        .context("start symbolizer thread")?;
+    rx.recv().map_err(|_| anyhow!("symbolizer thread panicked"))
+}
+
+struct SymbolizerThread {
+    sym: Symbolizer,
+    out: Symbols,
+}
+
+impl SymbolizerThread {
+    fn new() -> Self {
+        let sym = Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        Self { sym, out: HashMap::new() }
+    }
+
+    fn run(mut self, addrs: &[FrameAddr], modules: &[ModuleSource]) -> Symbols {
+        let mut kernel = Vec::new();
+        let mut by_module: HashMap<ModuleId, Vec<u64>> = HashMap::new();
+        for &a in addrs {
+            match a {
+                FrameAddr::Kernel(addr) => kernel.push(addr),
+                FrameAddr::User { module, offset } => {
+                    by_module.entry(module).or_default().push(offset)
+                }
+                FrameAddr::Unmapped(addr) => {
+                    self.out.insert(a, vec![unknown(FrameKind::User, addr, "[unknown]")]);
+                }
+            }
+        }
+        self.kernel(&kernel);
+        for (module, offsets) in by_module {
+            let m = &modules[module.0 as usize];
+            self.user(module, m, &offsets);
+        }
+        self.out
+    }
+
+    fn kernel(&mut self, addrs: &[u64]) {
+        if addrs.is_empty() {
+            return;
+        }
+        // kallsyms only: vmlinux DWARF costs seconds to load for line numbers we don't show.
+        let src = Source::Kernel(Kernel {
+            vmlinux: blazesym::MaybeDefault::None,
+            debug_syms: false,
+            ..Default::default()
+        });
+        let results = self.sym.symbolize(&src, Input::AbsAddr(addrs)).ok();
+        for (i, &addr) in addrs.iter().enumerate() {
+            let frames = match results.as_ref().map(|r| &r[i]) {
+                Some(Symbolized::Sym(s)) => vec![Frame {
+                    kind: FrameKind::Kernel,
+                    function: s.name.to_string(),
+                    module: KERNEL_MODULE.into(),
+                    file: None,
+                    line: None,
+                    column: None,
+                    inlined: false,
+                }],
+                _ => vec![unknown(FrameKind::Kernel, addr, KERNEL_MODULE)],
+            };
+            self.out.insert(FrameAddr::Kernel(addr), frames);
+        }
+    }
+
+    fn user(&mut self, module: ModuleId, m: &ModuleSource, offsets: &[u64]) {
+        let results = m.open_path.as_ref().and_then(|p| {
+            self.sym.symbolize(&Source::Elf(Elf::new(p)), Input::FileOffset(offsets)).ok()
+        });
+        for (i, &offset) in offsets.iter().enumerate() {
+            let frames = match results.as_ref().map(|r| &r[i]) {
+                Some(Symbolized::Sym(s)) => {
+                    // blazesym reports the innermost location on the symbol and, for each
+                    // inlined function, the call site in its caller: shift them so each frame
+                    // carries the line executing in that function.
+                    let mut names: Vec<String> = vec![s.name.to_string()];
+                    names.extend(s.inlined.iter().map(|f| f.name.to_string()));
+                    let mut locs: Vec<_> = s.inlined.iter().map(|f| f.code_info.clone()).collect();
+                    locs.push(s.code_info.as_deref().cloned());
+                    names
+                        .into_iter()
+                        .zip(locs)
+                        .enumerate()
+                        .map(|(depth, (name, loc))| Frame {
+                            kind: FrameKind::User,
+                            function: name,
+                            module: m.name.clone(),
+                            file: loc.as_ref().map(|c| c.to_path().display().to_string()),
+                            line: loc.as_ref().and_then(|c| c.line),
+                            column: loc.as_ref().and_then(|c| c.column.map(u32::from)),
+                            inlined: depth > 0,
+                        })
+                        .collect()
+                }
+                _ => vec![unknown(FrameKind::User, offset, &m.name)],
+            };
+            self.out.insert(FrameAddr::User { module, offset }, frames);
+        }
+    }
+}
+
+/// A frame that could not be named keeps its module and address.
+fn unknown(kind: FrameKind, addr: u64, module: &str) -> Frame {
+    Frame {
+        kind,
+        function: format!("0x{addr:x}"),
+        module: module.into(),
+        file: None,
+        line: None,
+        column: None,
+        inlined: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ids::Pid, procmaps};
+
+    #[inline(never)]
+    fn marker_function_for_symbolizer_test() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    #[test]
+    fn names_own_function_through_module_and_offset() {
+        let mut mods = procmaps::ModuleTable::default();
+        let space = procmaps::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
+        let addr = marker_function_for_symbolizer_test as usize as u64;
+        assert_eq!(marker_function_for_symbolizer_test(), 7);
+        let (module, offset) = space.lookup(addr).unwrap();
+        let sources: Vec<ModuleSource> = (0..mods.len())
+            .map(|i| {
+                let m = mods.get(ModuleId(i as u32));
+                ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
+            })
+            .collect();
+        let fa = FrameAddr::User { module, offset };
+        let out = symbolize(vec![fa, FrameAddr::Unmapped(0x1234)], sources).unwrap();
+        let f = out[&fa].last().unwrap();
+        assert!(f.function.contains("marker_function_for_symbolizer_test"), "{f:?}");
+        assert_eq!(out[&FrameAddr::Unmapped(0x1234)][0].function, "0x1234");
+    }
+
+    #[test]
+    fn names_kernel_addresses() {
+        let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
+        let line = kallsyms.lines().find(|l| l.ends_with(" do_sys_openat2")).unwrap();
+        let addr = u64::from_str_radix(line.split(' ').next().unwrap(), 16).unwrap();
+        assert_ne!(addr, 0, "kallsyms addresses are hidden: run as root");
+        let out = symbolize(vec![FrameAddr::Kernel(addr + 4)], vec![]).unwrap();
+        assert_eq!(out[&FrameAddr::Kernel(addr + 4)][0].function, "do_sys_openat2");
+    }
+}
