@@ -179,10 +179,11 @@ impl<S: SampleSink> Collector<S> {
                     p.argv = argv;
                 }
                 // New image: mappings of the old one no longer apply. Shared libraries are
-                // not mapped yet; they are picked up on the first unknown address.
+                // not mapped yet, so the first unknown address re-reads the maps at once
+                // (no rate limit); reading now keeps the binary if the process dies early.
                 p.space = Default::default();
-                p.space_read_at = None;
                 refresh_space(t.pid, p, modules);
+                p.space_read_at = None;
                 p.threads.entry(t.tid).or_default().observe_name(&t.comm);
             }
             TaskKind::Exit => {

@@ -139,6 +139,18 @@ pub fn run(args: RecordArgs) -> Result<()> {
         child_exit = Some(rx);
     }
 
+    if !args.quiet {
+        let what = match (&args.command[..], &args.pid[..]) {
+            ([], []) => "all processes".to_owned(),
+            ([], pids) => format!("pid {}", pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+            (cmd, _) => format!("'{}' and its children", cmd.join(" ")),
+        };
+        eprintln!(
+            "rsprof-bpf: sampling {what} on {} CPUs at {} Hz; Ctrl-C to stop",
+            sampler.cpus.len(),
+            args.frequency
+        );
+    }
     let status = (!args.quiet && std::io::stderr().is_terminal()).then(Instant::now);
     let mut afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .context("poll ring buffer")?;

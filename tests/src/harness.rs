@@ -1,0 +1,139 @@
+//! Runs rsprof-bpf for real in integration tests: starts a recording, waits until sampling is
+//! live, lets the test run its workload, stops it (SIGINT or its own duration) and loads the
+//! profile.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+
+use crate::fixtures;
+
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stderr: String,
+    pub output: PathBuf,
+}
+
+impl Finished {
+    pub fn profile(&self) -> Result<Value> {
+        if !self.status.success() {
+            bail!("rsprof-bpf failed ({}):\n{}", self.status, self.stderr);
+        }
+        crate::gecko_schema::load(&self.output)
+    }
+}
+
+pub struct Recording {
+    child: Child,
+    stderr_lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    pub output: PathBuf,
+}
+
+/// A fresh output path in a per-test temp dir.
+pub fn output_path(test: &str, ext: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rsprof-it-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{test}.{ext}"))
+}
+
+pub fn command() -> Result<Command> {
+    fixtures::require_root()?;
+    Ok(Command::new(fixtures::rsprof_bin()?))
+}
+
+impl Recording {
+    /// Starts `rsprof-bpf ARGS -o OUTPUT` and waits for its "sampling" line.
+    pub fn start(args: &[&str], output: PathBuf) -> Result<Self> {
+        let mut child = command()?
+            .args(args)
+            .arg("-o")
+            .arg(&output)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("start rsprof-bpf")?;
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut rec = Recording { child, stderr_lines: rx, seen: Vec::new(), output };
+        loop {
+            match rec.stderr_lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => {
+                    let ready = line.contains("rsprof-bpf: sampling");
+                    rec.seen.push(line);
+                    if ready {
+                        return Ok(rec);
+                    }
+                }
+                Err(_) => {
+                    let _ = rec.child.kill();
+                    let status = rec.child.wait()?;
+                    bail!("rsprof-bpf did not start sampling ({status}):\n{}", rec.seen.join("\n"));
+                }
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT (as Ctrl-C would) and waits for the profile to be written.
+    pub fn interrupt(self) -> Result<Finished> {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(self.child.id() as i32, 2) };
+        self.wait()
+    }
+
+    pub fn wait(mut self) -> Result<Finished> {
+        let status = self.child.wait()?;
+        // The reader thread ends at EOF, after the child exited.
+        while let Ok(line) = self.stderr_lines.recv_timeout(Duration::from_secs(10)) {
+            self.seen.push(line);
+        }
+        Ok(Finished { status, stderr: self.seen.join("\n"), output: self.output })
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Runs rsprof-bpf to completion (e.g. with `-d` or `-- CMD`).
+pub fn run(args: &[&str]) -> Result<Finished> {
+    let out = command()?.args(args).stdin(Stdio::null()).output().context("run rsprof-bpf")?;
+    Ok(Finished {
+        status: out.status,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        output: PathBuf::new(),
+    })
+}
+
+/// Runs a fixture to completion and returns its pid.
+pub fn run_fixture(name: &str, args: &[&str]) -> Result<u32> {
+    let exe = fixtures::build(name)?;
+    let mut child = Command::new(&exe).args(args).stdout(Stdio::null()).spawn()?;
+    let pid = child.id();
+    let st = child.wait()?;
+    if !st.success() {
+        bail!("fixture {name} failed: {st}");
+    }
+    Ok(pid)
+}
