@@ -1,1 +1,3 @@
 pub mod fixtures;
+pub mod gecko_schema;
+pub mod profile_query;
