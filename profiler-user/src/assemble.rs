@@ -63,7 +63,8 @@ pub fn build_profile(
             .iter()
             .map(|s| profile::Sample {
                 time_ms: info.ms(s.time_ns),
-                cpu_delta_ns: Some(s.cpu_delta_ns),
+                // The idle task's runtime is idle time, not work: don't chart it as CPU use.
+                cpu_delta_ns: Some(if key.is_idle() { 0 } else { s.cpu_delta_ns }),
                 stack: s.stack.map(|id| StackIndex(id.0)),
                 idle: key.is_idle(),
             })

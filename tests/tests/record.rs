@@ -1,0 +1,259 @@
+//! End-to-end recordings: rsprof-bpf loads its BPF programs into the running kernel and
+//! profiles real fixture processes. Needs root; run serially (`--test-threads=1`), since
+//! `--all` recordings see every process on the machine. Assertions are about the fixture's own
+//! pid, so other activity on the machine does not matter.
+
+use std::{
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use serde_json::Value;
+use tests::{
+    fixtures,
+    gecko_schema::validate,
+    harness::{Recording, output_path, run, run_fixture},
+    profile_query::{
+        ThreadInfo, count_samples_with_path, module_name, sample_stacks, threads, threads_of_pid,
+    },
+};
+
+fn valid(profile: &Value) {
+    if let Err(problems) = validate(profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+}
+
+/// Records `--all` while `workload` runs, stops with SIGINT, returns the validated profile.
+fn record_all<T>(test: &str, workload: impl FnOnce() -> T) -> (Value, T, String) {
+    let rec = Recording::start(&["--all"], output_path(test, "json")).expect("start recording");
+    let out = workload();
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+    (profile, out, done.stderr)
+}
+
+fn single_thread<'v>(profile: &'v Value, pid: u32) -> ThreadInfo<'v> {
+    let mut ts = threads_of_pid(profile, pid);
+    assert_eq!(ts.len(), 1, "fixture {pid} has one thread: {:?}", names(&ts));
+    ts.remove(0)
+}
+
+fn names(ts: &[ThreadInfo]) -> Vec<String> {
+    ts.iter().map(|t| format!("{}:{}:{}", t.process_name, t.tid, t.name)).collect()
+}
+
+fn check_split(test: &str, fixture: &str, main: &str, work: &str, hot_a: &str, hot_b: &str) {
+    let (profile, pid, _) =
+        record_all(test, || run_fixture(fixture, &["3"]).expect("run fixture"));
+    let t = single_thread(&profile, pid);
+    let a = count_samples_with_path(t.thread, &[main, work, hot_a]);
+    let b = count_samples_with_path(t.thread, &[main, work, hot_b]);
+    let total = sample_stacks(t.thread).len();
+    assert!(total > 1000, "3 s of one busy thread at 999 Hz gives ~3000 samples, got {total}");
+    assert!(
+        (a + b) as f64 > 0.9 * total as f64,
+        "main → work → hot_* in most samples: {a} + {b} of {total}"
+    );
+    let share = 100.0 * a as f64 / (a + b) as f64;
+    assert!((70.0..=80.0).contains(&share), "hot_a share {share:.1}% (a={a}, b={b}), want 75 ± 5");
+}
+
+#[test]
+fn c_fixture_split_is_75_25_under_main_work() {
+    check_split("split_c", "split.c", "main", "work", "hot_a", "hot_b");
+}
+
+#[test]
+fn rust_fixture_split_is_75_25_under_main_work() {
+    check_split("split_rs", "split.rs", "split::main", "split::work", "split::hot_a", "split::hot_b");
+}
+
+#[test]
+fn syscall_heavy_fixture_has_kernel_frames_under_user_frames() {
+    let (profile, pid, _) =
+        record_all("syscalls", || run_fixture("syscalls", &["2"]).expect("run fixture"));
+    let t = single_thread(&profile, pid);
+    let stacks = sample_stacks(t.thread);
+    let in_kernel_from_user = stacks
+        .iter()
+        .filter(|st| {
+            st.windows(2).any(|w| {
+                w[0].starts_with("do_syscalls ")
+                    && module_name(&w[1]) == Some("[kernel.kallsyms]")
+            })
+        })
+        .count();
+    assert!(
+        in_kernel_from_user as f64 > 0.3 * stacks.len() as f64,
+        "kernel frames directly beneath do_syscalls in {in_kernel_from_user} of {} samples",
+        stacks.len()
+    );
+    // Kernel frames are never above user frames in a stack.
+    for st in &stacks {
+        if let Some(k) = st.iter().position(|f| module_name(f) == Some("[kernel.kallsyms]")) {
+            assert!(
+                st[k..].iter().all(|f| module_name(f) == Some("[kernel.kallsyms]")),
+                "user frame below a kernel frame: {st:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn short_lived_process_is_present_with_named_frames() {
+    let (profile, pid, _) = record_all("shortlived", || {
+        thread::sleep(Duration::from_millis(200));
+        run_fixture("shortlived", &["300"]).expect("run fixture")
+    });
+    let t = single_thread(&profile, pid);
+    assert_eq!(t.process_name, "shortlived");
+    let named = count_samples_with_path(t.thread, &["main", "short_hot"]);
+    let total = sample_stacks(t.thread).len();
+    assert!(total >= 100, "300 ms at 999 Hz: got {total} samples");
+    assert!(named as f64 >= 0.9 * total as f64, "{named} of {total} samples named main → short_hot");
+    assert!(t.thread["unregisterTime"].is_number(), "exit time recorded");
+    // Its process has a command line from the exec tracepoint, even though it is gone now.
+    let reg = t.thread["registerTime"].as_f64().unwrap();
+    let first = t.thread["samples"]["data"][0][t.thread["samples"]["schema"]["time"].as_u64().unwrap() as usize]
+        .as_f64()
+        .unwrap();
+    assert!(reg <= first);
+}
+
+#[test]
+fn threads_keep_their_names_and_renames() {
+    let (profile, pid, _) =
+        record_all("threads", || run_fixture("threads", &["2"]).expect("run fixture"));
+    let ts = threads_of_pid(&profile, pid);
+    let mut names: Vec<&str> = ts.iter().map(|t| t.name).collect();
+    names.sort();
+    for want in ["worker-a", "renamed-b", "worker-c"] {
+        assert!(names.contains(&want), "thread {want} missing from {names:?}");
+    }
+    for (name, func) in [("worker-a", "burn_a"), ("renamed-b", "burn_b"), ("worker-c", "burn_c")] {
+        let t = ts.iter().find(|t| t.name == name).unwrap();
+        assert!(count_samples_with_path(t.thread, &[func]) > 100, "{name} burns in {func}");
+        assert!(t.process_name == "threads");
+    }
+}
+
+#[test]
+fn thread_cpu_delta_comes_from_real_cpu_time() {
+    let (profile, pid, _) =
+        record_all("cpudelta", || run_fixture("split", &["2"]).expect("run fixture"));
+    let t = single_thread(&profile, pid);
+    let s = &t.thread["samples"];
+    let col = s["schema"]["threadCPUDelta"].as_u64().expect("threadCPUDelta column") as usize;
+    let tcol = s["schema"]["time"].as_u64().unwrap() as usize;
+    let rows = s["data"].as_array().unwrap();
+    let cpu_ns: f64 = rows.iter().skip(1).map(|r| r[col].as_f64().unwrap()).sum();
+    let wall_ms =
+        rows.last().unwrap()[tcol].as_f64().unwrap() - rows[0][tcol].as_f64().unwrap();
+    let ratio = cpu_ns / 1e6 / wall_ms;
+    // A CPU-bound thread on a 2-CPU machine shared with the profiler and the test: busy most of
+    // the time, and never more than the wall time (allowing for sampling-edge effects).
+    assert!((0.5..=1.05).contains(&ratio), "cpu/wall = {ratio:.2}");
+    // Not derived from sample counts: deltas vary sample to sample.
+    let distinct: std::collections::HashSet<u64> =
+        rows.iter().skip(1).map(|r| r[col].as_f64().unwrap() as u64).collect();
+    assert!(distinct.len() > 10);
+}
+
+#[test]
+fn pid_filter_records_only_that_process() {
+    let exe = fixtures::build("split").unwrap();
+    let mut target = Command::new(&exe).arg("4").stdout(Stdio::null()).spawn().unwrap();
+    let mut other = Command::new(&exe).arg("4").stdout(Stdio::null()).spawn().unwrap();
+    let pid = target.id();
+    let rec = Recording::start(&["-p", &pid.to_string(), "-d", "2"], output_path("pid", "json"))
+        .expect("start");
+    let done = rec.wait().unwrap();
+    let profile = done.profile().unwrap();
+    valid(&profile);
+    let all = threads(&profile);
+    assert!(!all.is_empty());
+    assert!(all.iter().all(|t| t.pid == u64::from(pid)), "only pid {pid}: {:?}", names(&all));
+    assert!(count_samples_with_path(all[0].thread, &["work", "hot_a"]) > 500);
+    assert!(done.stderr.contains("filtered out"), "summary reports filtered samples");
+    let _ = (target.kill(), other.kill(), target.wait(), other.wait());
+}
+
+#[test]
+fn command_mode_records_the_command_and_its_children_only() {
+    let exe = fixtures::build("split").unwrap();
+    let script = format!("{0} 1 & {0} 1; wait", exe.display());
+    let out = output_path("cmd", "json.gz");
+    let done = run(&["-o", out.to_str().unwrap(), "--", "/bin/sh", "-c", &script]).unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    let profile = tests::gecko_schema::load(&out).unwrap();
+    valid(&profile);
+    let all = threads(&profile);
+    let splits: std::collections::HashSet<u64> =
+        all.iter().filter(|t| t.process_name == "split").map(|t| t.pid).collect();
+    assert_eq!(splits.len(), 2, "both children recorded: {:?}", names(&all));
+    for t in &all {
+        assert!(
+            t.process_name == "split" || t.process_name == "sh",
+            "unexpected thread {}:{}:{} in a -- CMD profile",
+            t.process_name,
+            t.tid,
+            t.name
+        );
+    }
+    assert!(done.stderr.contains("command exit (status 0)"), "{}", done.stderr);
+}
+
+fn one_line_error(args: &[&str], want: &str) {
+    let done = run(args).unwrap();
+    assert!(!done.status.success(), "{args:?} should fail");
+    let lines: Vec<&str> = done.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one-line error for {args:?}, got:\n{}", done.stderr);
+    assert!(lines[0].starts_with("rsprof-bpf: error:") && lines[0].contains(want), "{}", lines[0]);
+}
+
+#[test]
+fn bad_input_gives_a_one_line_error() {
+    let out = output_path("bad", "json");
+    let o = out.to_str().unwrap();
+    one_line_error(&["-p", "2147483000", "-o", o], "no process with pid 2147483000");
+    one_line_error(&["--all", "-o", "/nonexistent-dir/p.json"], "cannot write output");
+    one_line_error(&["--all", "-F", "0", "-o", o], "invalid frequency");
+    one_line_error(&["--all", "-F", "10000000", "-o", o], "invalid frequency");
+    one_line_error(&["-o", o, "--", "/nonexistent/command"], "cannot run");
+    assert!(!out.exists(), "failed runs leave no output");
+    let dir = out.parent().unwrap();
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+}
+
+#[test]
+fn ctrl_c_right_after_start_still_writes_a_valid_profile() {
+    let out = output_path("ctrlc", "json.gz");
+    let rec = Recording::start(&["--all"], out.clone()).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let done = rec.interrupt().unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_eq!(&std::fs::read(&out).unwrap()[..2], &[0x1f, 0x8b], "gzip output");
+    let profile = done.profile().unwrap();
+    valid(&profile);
+    assert!(done.stderr.contains("stopped by Ctrl-C"));
+    assert!(done.stderr.contains("samples:"));
+}
+
+#[test]
+fn duration_stops_the_recording_and_summary_reports_losses() {
+    let out = output_path("duration", "json");
+    let done = run(&["--all", "-d", "1", "-o", out.to_str().unwrap()]).unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    valid(&tests::gecko_schema::load(&out).unwrap());
+    for want in ["stopped by duration", "samples:", "lost by cause:", "top functions", "wrote"] {
+        assert!(done.stderr.contains(want), "summary lacks '{want}':\n{}", done.stderr);
+    }
+}
