@@ -1,1 +1,209 @@
-fn main() {}
+//! Developer tasks for rsprof-bpf, run as `cargo xtask <command>`.
+//!
+//! * `setup`  installs what building and testing need (nightly + rust-src, bpf-linker, Debian
+//!   packages), idempotently.
+//! * `build`  builds the release profiler (`target/release/rsprof-bpf`).
+//! * `run`    builds, then runs the profiler with the given arguments (as root).
+//! * `test`   setup, build, then the whole test suite, tests running one at a time.
+//! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
+
+mod bench;
+mod setup;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", bin_name = "cargo xtask", about = "Developer tasks for rsprof-bpf")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing: nightly toolchain with rust-src, bpf-linker 0.10.4, and the
+    /// Debian packages gcc, linux-perf, systemtap-sdt-dev. Safe to run repeatedly.
+    Setup,
+    /// Build the release profiler: cargo build --release -p profiler-user.
+    Build,
+    /// Build, then run target/release/rsprof-bpf with ARGS (through `sudo -E` unless root).
+    Run {
+        /// Arguments for rsprof-bpf, e.g. `cargo xtask run -- --all -F 999 -o out.json.gz`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Setup, build, then run all unit and integration tests (release, --test-threads=1).
+    Test {
+        /// Skip the setup step.
+        #[arg(long)]
+        no_setup: bool,
+        /// Extra arguments for the test harnesses (after --test-threads=1), e.g. a test name.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        test_args: Vec<OsString>,
+    },
+    /// Measure the profiler's overhead against perf record and update BENCHMARKS.md.
+    Bench(bench::BenchArgs),
+}
+
+/// A failed command; `main` exits with its exit code.
+#[derive(Debug)]
+pub struct Failed {
+    pub what: String,
+    pub code: i32,
+}
+
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` failed with exit code {}", self.what, self.code)
+    }
+}
+
+impl std::error::Error for Failed {}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Setup => setup::setup(),
+        Cmd::Build => build().map(|_| ()),
+        Cmd::Run { args } => run(args),
+        Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
+        Cmd::Bench(args) => bench::bench(args),
+    };
+    if let Err(err) = result {
+        eprintln!("xtask: error: {err:#}");
+        let code = err.downcast_ref::<Failed>().map_or(1, |f| f.code);
+        std::process::exit(if code == 0 { 1 } else { code });
+    }
+}
+
+/// The workspace root: the parent of this crate's directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_path_buf()
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR` (relative paths are taken from the workspace
+/// root, where cargo is run) or `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => workspace_root().join(dir),
+        None => workspace_root().join("target"),
+    }
+}
+
+/// Path of the release profiler binary.
+pub fn profiler_bin() -> PathBuf {
+    target_dir().join("release").join("rsprof-bpf")
+}
+
+/// A `cargo` command (the same cargo that runs xtask) in the workspace root.
+pub fn cargo() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Prints a step banner.
+pub fn step(what: &str) {
+    println!("\n==> {what}");
+}
+
+/// The command line of `cmd`, for messages.
+pub fn display(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&arg.to_string_lossy());
+    }
+    s
+}
+
+/// Exit code of a finished process, 128+signal when killed by a signal.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt as _;
+    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
+}
+
+/// Runs `cmd` with inherited stdio, echoing it first; a non-zero exit becomes [`Failed`].
+pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
+    let what = display(cmd);
+    println!("$ {what}");
+    let status = cmd.status().with_context(|| format!("could not start `{what}`"))?;
+    if !status.success() {
+        return Err(Failed { what, code: exit_code(status) }.into());
+    }
+    Ok(())
+}
+
+/// `cargo build --release -p profiler-user`; returns the binary's path.
+pub fn build() -> anyhow::Result<PathBuf> {
+    step("build: cargo build --release -p profiler-user");
+    run_cmd(cargo().args(["build", "--release", "-p", "profiler-user"]))?;
+    let bin = profiler_bin();
+    anyhow::ensure!(bin.is_file(), "build succeeded but {} does not exist", bin.display());
+    println!("built {}", bin.display());
+    Ok(bin)
+}
+
+fn run(args: Vec<OsString>) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+
+    let bin = build()?;
+    let mut cmd = if is_root() {
+        Command::new(&bin)
+    } else {
+        let mut sudo = Command::new("sudo");
+        sudo.arg("-E").arg(&bin);
+        sudo
+    };
+    cmd.args(&args);
+    step(&format!("run: {}", display(&cmd)));
+    let err = cmd.exec();
+    Err(err).with_context(|| format!("could not execute `{}`", display(&cmd)))
+}
+
+fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
+    if !no_setup {
+        setup::setup()?;
+    }
+    let bin = build()?;
+    if !is_root() {
+        eprintln!(
+            "warning: not running as root; tests that load BPF programs will fail \
+             (use `sudo -E cargo xtask test`)"
+        );
+    }
+    step(&format!(
+        "test: unit and integration tests (release, serial), RSPROF_BIN={}",
+        bin.display()
+    ));
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "profiler-ebpf",
+        "--release",
+        "--",
+        "--test-threads=1",
+    ])
+    .args(&test_args)
+    .env("RSPROF_BIN", &bin);
+    run_cmd(&mut cmd)?;
+    println!("\nall tests passed");
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! `cargo xtask setup`: installs what is missing, says what was already there.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+use crate::{is_root, run_cmd, step};
+
+/// bpf-linker version the BPF crate is built with.
+pub const BPF_LINKER_VERSION: &str = "0.10.4";
+
+/// Debian packages: gcc builds the test fixtures, linux-perf is the benchmark's reference
+/// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures.
+pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
+
+pub fn setup() -> anyhow::Result<()> {
+    step("setup: toolchains, bpf-linker, system packages");
+    rust_nightly()?;
+    bpf_linker()?;
+    debian_packages()?;
+    environment_checks();
+    println!("setup: done");
+    Ok(())
+}
+
+/// Output of a command, or None when it could not be started or failed.
+fn stdout_of(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn host_triple() -> Option<String> {
+    let out = stdout_of(Command::new("rustc").arg("-vV"))?;
+    out.lines().find_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_owned())
+}
+
+fn rust_nightly() -> anyhow::Result<()> {
+    let Some(toolchains) = stdout_of(Command::new("rustup").args(["toolchain", "list"])) else {
+        bail!(
+            "`rustup` was not found (or failed). The BPF crate needs a nightly toolchain managed \
+             by rustup: install rustup from https://rustup.rs, e.g.\n  \
+             curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y\n  \
+             . \"$HOME/.cargo/env\"\nthen run `cargo xtask setup` again"
+        );
+    };
+    let nightly = match host_triple() {
+        Some(host) => format!("nightly-{host}"),
+        None => "nightly-".to_owned(),
+    };
+    let installed = toolchains.lines().any(|l| {
+        let name = l.split_whitespace().next().unwrap_or("");
+        name == "nightly" || name.starts_with(&nightly)
+    });
+    if !installed {
+        println!("nightly toolchain: missing, installing (with rust-src)");
+        run_cmd(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+    } else {
+        println!("nightly toolchain: already installed");
+    }
+
+    let components = stdout_of(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .context("`rustup component list --toolchain nightly --installed` failed")?;
+    if components.lines().any(|l| l.trim() == "rust-src" || l.trim().starts_with("rust-src-")) {
+        println!("rust-src (nightly): already installed");
+    } else {
+        println!("rust-src (nightly): missing, installing");
+        run_cmd(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+    Ok(())
+}
+
+/// The version printed by `bpf-linker --version` ("bpf-linker 0.10.4"), if it runs.
+fn bpf_linker_version() -> Option<String> {
+    let out = stdout_of(Command::new("bpf-linker").arg("--version"))?;
+    out.split_whitespace().nth(1).map(str::to_owned)
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    match bpf_linker_version() {
+        Some(v) if v == BPF_LINKER_VERSION => {
+            println!("bpf-linker {v}: already installed");
+            return Ok(());
+        }
+        Some(v) => println!("bpf-linker: found {v}, need {BPF_LINKER_VERSION}; installing"),
+        None => println!("bpf-linker: missing, installing {BPF_LINKER_VERSION}"),
+    }
+    run_cmd(Command::new("cargo").args([
+        "install",
+        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+        "--locked",
+        "--force",
+    ]))?;
+    match bpf_linker_version() {
+        Some(v) if v == BPF_LINKER_VERSION => {
+            println!("bpf-linker {v}: installed");
+            Ok(())
+        }
+        other => bail!(
+            "bpf-linker was installed but `bpf-linker --version` reports {other:?}; is \
+             ~/.cargo/bin on PATH (`. \"$HOME/.cargo/env\"`)?"
+        ),
+    }
+}
+
+fn package_installed(pkg: &str) -> bool {
+    stdout_of(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+        .is_some_and(|s| s.trim() == "install ok installed")
+}
+
+fn debian_packages() -> anyhow::Result<()> {
+    if Command::new("dpkg-query").arg("--version").output().is_err() {
+        println!(
+            "warning: dpkg-query not found (not Debian?); make sure these are installed: {}",
+            DEBIAN_PACKAGES.join(" ")
+        );
+        return Ok(());
+    }
+    let missing: Vec<&str> =
+        DEBIAN_PACKAGES.iter().copied().filter(|p| !package_installed(p)).collect();
+    for pkg in DEBIAN_PACKAGES.iter().filter(|p| !missing.contains(p)) {
+        println!("package {pkg}: already installed");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("packages missing: {}; installing", missing.join(" "));
+    let apt = |args: &[&str]| {
+        let mut cmd = if is_root() {
+            Command::new("apt-get")
+        } else {
+            let mut sudo = Command::new("sudo");
+            sudo.arg("apt-get");
+            sudo
+        };
+        cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
+    };
+    run_cmd(&mut apt(&["update"]))?;
+    let mut install = apt(&["install", "-y", "--no-install-recommends"]);
+    install.args(&missing);
+    run_cmd(&mut install)?;
+    let still: Vec<&str> = missing.iter().copied().filter(|p| !package_installed(p)).collect();
+    if !still.is_empty() {
+        bail!("packages still not installed: {}", still.join(" "));
+    }
+    println!("packages installed: {}", missing.join(" "));
+    Ok(())
+}
+
+/// Warnings only: the suite needs them, building does not.
+fn environment_checks() {
+    if Path::new("/sys/kernel/btf/vmlinux").exists() {
+        println!("kernel BTF (/sys/kernel/btf/vmlinux): present");
+    } else {
+        println!(
+            "WARNING: /sys/kernel/btf/vmlinux is missing: the kernel lacks BTF \
+             (CONFIG_DEBUG_INFO_BTF); rsprof-bpf cannot run and the tests will fail"
+        );
+    }
+    if is_root() {
+        println!("running as root: yes");
+    } else {
+        println!(
+            "WARNING: not running as root: rsprof-bpf needs root to load BPF programs; the \
+             integration tests will fail (run `sudo -E cargo xtask test`)"
+        );
+    }
+}
