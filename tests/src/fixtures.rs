@@ -30,14 +30,8 @@ pub const C_FLAGS: &[&str] = &[
 ];
 
 /// Flags for Rust fixtures (after `rustc`, before `-o`).
-pub const RUST_FLAGS: &[&str] = &[
-    "--edition",
-    "2024",
-    "-O",
-    "-C",
-    "force-frame-pointers=yes",
-    "-g",
-];
+pub const RUST_FLAGS: &[&str] =
+    &["--edition", "2024", "-O", "-C", "force-frame-pointers=yes", "-g"];
 
 /// Serializes builds within this process; builds in other processes are made safe by writing
 /// to a temporary file and renaming it into place.
@@ -87,10 +81,7 @@ pub fn source_path(name: &str) -> anyhow::Result<PathBuf> {
             return Ok(path);
         }
     }
-    bail!(
-        "no fixture named {name:?}: neither {name}.c nor {name}.rs exists in {}",
-        dir.display()
-    )
+    bail!("no fixture named {name:?}: neither {name}.c nor {name}.rs exists in {}", dir.display())
 }
 
 /// Compiles fixture `name` (`split`, `split.c`, `split.rs`, `threads`, ...) if needed and
@@ -108,21 +99,14 @@ pub fn build(name: &str) -> anyhow::Result<PathBuf> {
 
     let (program, flags): (OsString, &[&str]) = if is_rust {
         (
-            std::env::var_os("RUSTC")
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "rustc".into()),
+            std::env::var_os("RUSTC").filter(|v| !v.is_empty()).unwrap_or_else(|| "rustc".into()),
             RUST_FLAGS,
         )
     } else {
         ("gcc".into(), C_FLAGS)
     };
     // Recorded next to the binary so a change of flags triggers a rebuild.
-    let recipe = format!(
-        "{} {} {}",
-        program.to_string_lossy(),
-        flags.join(" "),
-        src.display()
-    );
+    let recipe = format!("{} {} {}", program.to_string_lossy(), flags.join(" "), src.display());
     let recipe_path = out.with_extension("cmd");
 
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -198,12 +182,8 @@ fn effective_uid() -> anyhow::Result<u32> {
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))
         .context("no Uid line in /proc/self/status")?;
-    let euid = line
-        .split_whitespace()
-        .nth(1)
-        .context("malformed Uid line in /proc/self/status")?;
-    euid.parse()
-        .with_context(|| format!("malformed effective uid {euid:?}"))
+    let euid = line.split_whitespace().nth(1).context("malformed Uid line in /proc/self/status")?;
+    euid.parse().with_context(|| format!("malformed effective uid {euid:?}"))
 }
 
 /// Fails (does not skip) unless running as root: the profiler loads BPF programs and opens
@@ -259,7 +239,7 @@ mod tests {
     #[test]
     fn threads_runs_and_renames() {
         let bin = build("threads").unwrap();
-        let mut child = Command::new(&bin).arg("1.0").spawn().unwrap();
+        let mut child = Command::new(&bin).arg("2.0").spawn().unwrap();
         let task_names = |pid: u32| -> Vec<String> {
             let mut names: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
                 .map(|dir| {
@@ -271,14 +251,23 @@ mod tests {
             names.sort();
             names
         };
-        std::thread::sleep(Duration::from_millis(250));
-        let early = task_names(child.id());
-        std::thread::sleep(Duration::from_millis(500));
-        let late = task_names(child.id());
+        // Poll rather than sleep to fixed points, so a loaded machine cannot make us miss
+        // the phases: first the three workers, then worker-b renamed (at 1 s).
+        let (mut saw_initial, mut saw_renamed) = (false, false);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            let names = task_names(child.id());
+            if names == ["threads", "worker-a", "worker-b", "worker-c"] {
+                saw_initial = true;
+            } else if saw_initial && names == ["renamed-b", "threads", "worker-a", "worker-c"] {
+                saw_renamed = true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let status = child.wait().unwrap();
         assert!(status.success(), "{status}");
-        assert_eq!(early, ["threads", "worker-a", "worker-b", "worker-c"]);
-        assert_eq!(late, ["renamed-b", "threads", "worker-a", "worker-c"]);
+        assert!(saw_initial, "never saw threads worker-a, worker-b, worker-c");
+        assert!(saw_renamed, "never saw worker-b renamed to renamed-b");
     }
 
     #[test]
