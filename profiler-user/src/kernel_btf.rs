@@ -44,7 +44,7 @@ fn offset_of(btf: &Btf, name: &str, path: &[&str]) -> Result<u32> {
         total_bits += bits;
         ty = member_ty;
     }
-    if total_bits % 8 != 0 {
+    if !total_bits.is_multiple_of(8) {
         bail!("kernel BTF: {name}.{} is a bitfield", path.join("."));
     }
     Ok(total_bits / 8)
@@ -63,10 +63,10 @@ fn find_member(btf: &Btf, ty: &Type, field: &str) -> Result<Option<(u32, Type)>>
         if name == field {
             return Ok(Some((m.bit_offset(), member_ty)));
         }
-        if name.is_empty() {
-            if let Some((bits, t)) = find_member(btf, &member_ty, field)? {
-                return Ok(Some((m.bit_offset() + bits, t)));
-            }
+        if name.is_empty()
+            && let Some((bits, t)) = find_member(btf, &member_ty, field)?
+        {
+            return Ok(Some((m.bit_offset() + bits, t)));
         }
     }
     Ok(None)

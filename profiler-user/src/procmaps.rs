@@ -81,10 +81,11 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
     }
     // Prefer the plain path when it is the very same file (debug-link lookups work relative
     // to it); otherwise hold the process's own handle on the mapped file.
-    if let Ok(meta) = std::fs::metadata(&path) {
-        if meta.ino() == m.inode && dev_matches(meta.dev(), m.dev) {
-            return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: None };
-        }
+    if let Ok(meta) = std::fs::metadata(&path)
+        && meta.ino() == m.inode
+        && dev_matches(meta.dev(), m.dev)
+    {
+        return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: None };
     }
     let map_file = format!("/proc/{}/map_files/{:x}-{:x}", pid.0, m.start, m.end);
     match File::open(&map_file) {
@@ -238,7 +239,7 @@ mod tests {
     fn reads_own_address_space() {
         let mut mods = ModuleTable::default();
         let space = read_address_space(Pid(std::process::id()), &mut mods).unwrap();
-        let f = reads_own_address_space as usize as u64;
+        let f = reads_own_address_space as *const () as usize as u64;
         let (m, _) = space.lookup(f).expect("own code is mapped");
         assert!(mods.get(m).open_path.is_some());
     }

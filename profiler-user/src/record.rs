@@ -83,10 +83,10 @@ pub fn validate(args: &RecordArgs) -> Result<()> {
             args.frequency
         );
     }
-    if let Some(d) = args.duration {
-        if !(d.is_finite() && d > 0.0) {
-            bail!("invalid duration {d}: must be a positive number of seconds");
-        }
+    if let Some(d) = args.duration
+        && !(d.is_finite() && d > 0.0)
+    {
+        bail!("invalid duration {d}: must be a positive number of seconds");
     }
     if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
         bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
@@ -142,7 +142,9 @@ pub fn run(args: RecordArgs) -> Result<()> {
     if !args.quiet {
         let what = match (&args.command[..], &args.pid[..]) {
             ([], []) => "all processes".to_owned(),
-            ([], pids) => format!("pid {}", pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+            ([], pids) => {
+                format!("pid {}", pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            }
             (cmd, _) => format!("'{}' and its children", cmd.join(" ")),
         };
         eprintln!(
@@ -282,5 +284,5 @@ fn physical_cpus() -> Option<u32> {
     if let (Some(p), Some(c)) = (phys, core) {
         cores.insert((p, c));
     }
-    (!cores.is_empty()).then(|| cores.len() as u32)
+    (!cores.is_empty()).then_some(cores.len() as u32)
 }

@@ -190,12 +190,12 @@ mod tests {
             },
             frames: [0; 2 * MAX_STACK_DEPTH],
         };
-        r.frames[..5].copy_from_slice(&[0xffff_1, 0xffff_2, 0x401, 0x402, 0x403]);
+        r.frames[..5].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403]);
         let b = bytes_of(&r, SAMPLE_RECORD_FIXED + 5 * 8);
         let Event::Sample(s) = decode(&b).unwrap() else { panic!() };
         assert_eq!((s.pid, s.tid, s.cpu, s.time_ns), (Pid(10), Tid(11), 1, 42));
         assert_eq!(s.comm, "worker");
-        assert_eq!(s.kernel_stack, vec![0xffff_1, 0xffff_2]);
+        assert_eq!(s.kernel_stack, vec![0xffff_0001, 0xffff_0002]);
         assert_eq!(s.user_stack, vec![0x401, 0x402, 0x403]);
         // A record cut before its frames is rejected.
         assert!(matches!(decode(&b[..b.len() - 1]), Err(DecodeError::Short { .. })));

@@ -169,7 +169,7 @@ mod tests {
     fn names_own_function_through_module_and_offset() {
         let mut mods = procmaps::ModuleTable::default();
         let space = procmaps::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
-        let addr = marker_function_for_symbolizer_test as usize as u64;
+        let addr = marker_function_for_symbolizer_test as *const () as usize as u64;
         assert_eq!(marker_function_for_symbolizer_test(), 7);
         let (module, offset) = space.lookup(addr).unwrap();
         let sources: Vec<ModuleSource> = (0..mods.len())

@@ -36,6 +36,17 @@ pub struct Recording {
     stderr_lines: mpsc::Receiver<String>,
     seen: Vec<String>,
     pub output: PathBuf,
+    done: bool,
+}
+
+/// A test that panics mid-recording must not leave a system-wide profiler running.
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// A fresh output path in a per-test temp dir.
@@ -71,7 +82,7 @@ impl Recording {
                 }
             }
         });
-        let mut rec = Recording { child, stderr_lines: rx, seen: Vec::new(), output };
+        let mut rec = Recording { child, stderr_lines: rx, seen: Vec::new(), output, done: false };
         loop {
             match rec.stderr_lines.recv_timeout(Duration::from_secs(60)) {
                 Ok(line) => {
@@ -84,6 +95,7 @@ impl Recording {
                 Err(_) => {
                     let _ = rec.child.kill();
                     let status = rec.child.wait()?;
+                    rec.done = true;
                     bail!("rsprof-bpf did not start sampling ({status}):\n{}", rec.seen.join("\n"));
                 }
             }
@@ -103,11 +115,16 @@ impl Recording {
 
     pub fn wait(mut self) -> Result<Finished> {
         let status = self.child.wait()?;
+        self.done = true;
         // The reader thread ends at EOF, after the child exited.
         while let Ok(line) = self.stderr_lines.recv_timeout(Duration::from_secs(10)) {
             self.seen.push(line);
         }
-        Ok(Finished { status, stderr: self.seen.join("\n"), output: self.output })
+        Ok(Finished {
+            status,
+            stderr: std::mem::take(&mut self.seen).join("\n"),
+            output: std::mem::take(&mut self.output),
+        })
     }
 }
 

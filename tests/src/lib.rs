@@ -1,4 +1,4 @@
 pub mod fixtures;
 pub mod gecko_schema;
-pub mod profile_query;
 pub mod harness;
+pub mod profile_query;

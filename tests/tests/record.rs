@@ -46,8 +46,7 @@ fn names(ts: &[ThreadInfo]) -> Vec<String> {
 }
 
 fn check_split(test: &str, fixture: &str, main: &str, work: &str, hot_a: &str, hot_b: &str) {
-    let (profile, pid, _) =
-        record_all(test, || run_fixture(fixture, &["3"]).expect("run fixture"));
+    let (profile, pid, _) = record_all(test, || run_fixture(fixture, &["3"]).expect("run fixture"));
     let t = single_thread(&profile, pid);
     let a = count_samples_with_path(t.thread, &[main, work, hot_a]);
     let b = count_samples_with_path(t.thread, &[main, work, hot_b]);
@@ -68,7 +67,14 @@ fn c_fixture_split_is_75_25_under_main_work() {
 
 #[test]
 fn rust_fixture_split_is_75_25_under_main_work() {
-    check_split("split_rs", "split.rs", "split::main", "split::work", "split::hot_a", "split::hot_b");
+    check_split(
+        "split_rs",
+        "split.rs",
+        "split::main",
+        "split::work",
+        "split::hot_a",
+        "split::hot_b",
+    );
 }
 
 #[test]
@@ -81,8 +87,7 @@ fn syscall_heavy_fixture_has_kernel_frames_under_user_frames() {
         .iter()
         .filter(|st| {
             st.windows(2).any(|w| {
-                w[0].starts_with("do_syscalls ")
-                    && module_name(&w[1]) == Some("[kernel.kallsyms]")
+                w[0].starts_with("do_syscalls ") && module_name(&w[1]) == Some("[kernel.kallsyms]")
             })
         })
         .count();
@@ -113,11 +118,15 @@ fn short_lived_process_is_present_with_named_frames() {
     let named = count_samples_with_path(t.thread, &["main", "short_hot"]);
     let total = sample_stacks(t.thread).len();
     assert!(total >= 100, "300 ms at 999 Hz: got {total} samples");
-    assert!(named as f64 >= 0.9 * total as f64, "{named} of {total} samples named main → short_hot");
+    assert!(
+        named as f64 >= 0.9 * total as f64,
+        "{named} of {total} samples named main → short_hot"
+    );
     assert!(t.thread["unregisterTime"].is_number(), "exit time recorded");
     // Its process has a command line from the exec tracepoint, even though it is gone now.
     let reg = t.thread["registerTime"].as_f64().unwrap();
-    let first = t.thread["samples"]["data"][0][t.thread["samples"]["schema"]["time"].as_u64().unwrap() as usize]
+    let first = t.thread["samples"]["data"][0]
+        [t.thread["samples"]["schema"]["time"].as_u64().unwrap() as usize]
         .as_f64()
         .unwrap();
     assert!(reg <= first);
@@ -150,8 +159,7 @@ fn thread_cpu_delta_comes_from_real_cpu_time() {
     let tcol = s["schema"]["time"].as_u64().unwrap() as usize;
     let rows = s["data"].as_array().unwrap();
     let cpu_ns: f64 = rows.iter().skip(1).map(|r| r[col].as_f64().unwrap()).sum();
-    let wall_ms =
-        rows.last().unwrap()[tcol].as_f64().unwrap() - rows[0][tcol].as_f64().unwrap();
+    let wall_ms = rows.last().unwrap()[tcol].as_f64().unwrap() - rows[0][tcol].as_f64().unwrap();
     let ratio = cpu_ns / 1e6 / wall_ms;
     // A CPU-bound thread on a 2-CPU machine shared with the profiler and the test: busy most of
     // the time, and never more than the wall time (allowing for sampling-edge effects).

@@ -191,6 +191,7 @@ fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
         "test: unit and integration tests (release, serial), RSPROF_BIN={}",
         bin.display()
     ));
+    // Doc tests are left out (there are none), so the last runner line is a real count.
     let mut cmd = cargo();
     cmd.args([
         "test",
@@ -198,12 +199,44 @@ fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
         "--exclude",
         "profiler-ebpf",
         "--release",
+        "--lib",
+        "--bins",
+        "--tests",
         "--",
         "--test-threads=1",
     ])
     .args(&test_args)
-    .env("RSPROF_BIN", &bin);
-    run_cmd(&mut cmd)?;
-    println!("\nall tests passed");
+    .env("RSPROF_BIN", &bin)
+    .stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("could not run `{}`", display(&cmd)))?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    let stdout = child.stdout.take().expect("piped stdout");
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| {
+                rest.split(';')
+                    .find_map(|part| {
+                        part.trim()
+                            .trim_start_matches("ok. ")
+                            .trim_start_matches("FAILED. ")
+                            .strip_suffix(word)
+                    })
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            passed += count(" passed");
+            failed += count(" failed");
+        }
+    }
+    let status = child.wait()?;
+    // One plain closing line for the whole run.
+    println!("\ntests: {passed} passed, {failed} failed");
+    if !status.success() {
+        anyhow::bail!("tests failed ({status})");
+    }
+    if passed == 0 {
+        anyhow::bail!("no test ran");
+    }
     Ok(())
 }
