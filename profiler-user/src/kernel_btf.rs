@@ -18,8 +18,9 @@ pub fn fill_offsets(path: &Path, config: &mut Config) -> Result<()> {
             path.display()
         );
     }
-    let btf =
-        Btf::from_file(path).with_context(|| format!("parse kernel BTF {}", path.display()))?;
+    // Mmap backend: we look up six fields, not worth parsing (and holding) all of vmlinux BTF.
+    let btf = Btf::from_file_with_backend(path, btf_rs::Backend::Mmap)
+        .with_context(|| format!("parse kernel BTF {}", path.display()))?;
     config.task_sum_exec_runtime = offset_of(&btf, "task_struct", &["se", "sum_exec_runtime"])?;
     config.task_pid = offset_of(&btf, "task_struct", &["pid"])?;
     config.task_tgid = offset_of(&btf, "task_struct", &["tgid"])?;
