@@ -231,6 +231,16 @@ fn bad_input_gives_a_one_line_error() {
     one_line_error(&["--all", "-F", "0", "-o", o], "invalid frequency");
     one_line_error(&["--all", "-F", "10000000", "-o", o], "invalid frequency");
     one_line_error(&["-o", o, "--", "/nonexistent/command"], "cannot run");
+    // Not root: drop to nobody for this one run.
+    let done = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(fixtures::rsprof_bin().unwrap())
+        .args(["--all", "-o", "/tmp/rsprof-nobody.json"])
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(!done.status.success() && err.lines().count() == 1, "{err}");
+    assert!(err.contains("needs root"), "{err}");
     assert!(!out.exists(), "failed runs leave no output");
     let dir = out.parent().unwrap();
     let leftovers: Vec<_> = std::fs::read_dir(dir)
