@@ -199,9 +199,23 @@ unsafe fn send_task(rec: *mut TaskRecord, len: u64) {
     }
 }
 
+/// The current task's (tgid, tid) and this CPU's task scratch record, when the filter
+/// selects the task.
+#[inline(always)]
+fn current_task_record(cfg: &Config) -> Option<(u32, u32, *mut TaskRecord)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !selected(cfg, tgid) {
+        return None;
+    }
+    Some((tgid, pid_tgid as u32, TASK_SCRATCH.get_ptr_mut(0)?))
+}
+
 #[inline(always)]
 unsafe fn task_header(kind: u32, rec: *mut TaskRecord, pid: u32, tid: u32) {
     unsafe {
+        (*rec).parent_pid = 0;
+        (*rec).parent_tid = 0;
         (*rec).header = EventHeader {
             kind,
             cpu: bpf_get_smp_processor_id(),
@@ -258,16 +272,9 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    if !selected(&cfg, tgid) {
-        return 0;
-    }
-    let Some(rec) = TASK_SCRATCH.get_ptr_mut(0) else { return 0 };
+    let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
-        task_header(EVENT_EXEC, rec, tgid, pid_tgid as u32);
-        (*rec).parent_pid = 0;
-        (*rec).parent_tid = 0;
+        task_header(EVENT_EXEC, rec, tgid, tid);
         let task = bpf_get_current_task();
         let mut len: u64 = 0;
         if let Some(mm) = read_kernel_u64(task + cfg.task_mm as u64) {
@@ -303,16 +310,9 @@ pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    if !selected(&cfg, tgid) {
-        return 0;
-    }
-    let Some(rec) = TASK_SCRATCH.get_ptr_mut(0) else { return 0 };
+    let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
-        task_header(EVENT_EXIT, rec, tgid, pid_tgid as u32);
-        (*rec).parent_pid = 0;
-        (*rec).parent_tid = 0;
+        task_header(EVENT_EXIT, rec, tgid, tid);
         send_task(rec, TASK_RECORD_FIXED as u64);
     }
     0

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
 
-use crate::{build, display, run_cmd, step, target_dir, workspace_root};
+use crate::{build, display, step, workspace_root};
 
 const FREQ: u64 = 999;
 /// How long a profiler runs before the fixture starts (at least).
@@ -240,25 +240,8 @@ fn measure(
 
 fn build_fixture() -> anyhow::Result<PathBuf> {
     step("bench: building fixture tests/fixtures/bench_work.c");
-    let src = workspace_root().join("tests/fixtures/bench_work.c");
-    let dir = target_dir().join("bench");
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let out = dir.join("bench_work");
-    run_cmd(
-        Command::new("gcc")
-            .args([
-                "-O1",
-                "-g",
-                "-fno-omit-frame-pointer",
-                "-fno-inline",
-                "-fno-optimize-sibling-calls",
-                "-pthread",
-                "-o",
-            ])
-            .arg(&out)
-            .arg(&src),
-    )?;
-    Ok(out)
+    // Same compiler and flags as the integration tests' fixtures.
+    ::tests::fixtures::build("bench_work.c")
 }
 
 fn online_cpus() -> u64 {
@@ -589,8 +572,8 @@ fn render(
     let _ = writeln!(
         s,
         "- Workload: `tests/fixtures/bench_work.c`, {cpus} threads × {iterations} hash iterations \
-         (fixed work), built with `gcc -O1 -g -fno-omit-frame-pointer -fno-inline \
-         -fno-optimize-sibling-calls -pthread`"
+         (fixed work), built with `gcc {}`",
+        ::tests::fixtures::C_FLAGS.join(" ")
     );
     let _ = writeln!(
         s,
