@@ -68,26 +68,8 @@ impl<S: SampleSink> Collector<S> {
 
     /// Adds an already running process (e.g. `-p PID`) before any sample arrives.
     pub fn register_existing(&mut self, pid: Pid) {
-        self.process(pid);
-    }
-
-    fn process(&mut self, pid: Pid) -> &mut ProcessInfo {
-        let modules = &mut self.modules;
-        self.processes.processes.entry(pid).or_insert_with(|| {
-            let mut p = ProcessInfo::default();
-            if pid.0 == 0 {
-                p.name = "[idle]".into();
-                return p;
-            }
-            let (comm, argv) = read_proc_identity(pid);
-            p.name = comm;
-            p.argv = argv;
-            if let Ok(space) = read_address_space(pid, modules) {
-                p.space = space;
-                p.space_read_at = Some(Instant::now());
-            }
-            p
-        })
+        let p = self.processes.processes.entry(pid).or_default();
+        first_sight(pid, p, &mut self.modules);
     }
 
     fn on_sample(&mut self, s: Sample) {
@@ -108,11 +90,7 @@ impl<S: SampleSink> Collector<S> {
             let modules = &mut self.modules;
             let p = self.processes.processes.entry(s.pid).or_default();
             if p.name.is_empty() && p.space_read_at.is_none() && !idle {
-                // First sight: fill identity and mappings (see `process`).
-                let (comm, argv) = read_proc_identity(s.pid);
-                p.name = comm;
-                p.argv = argv;
-                refresh_space(s.pid, p, modules);
+                first_sight(s.pid, p, modules);
             }
             if idle && p.name.is_empty() {
                 p.name = "[idle]".into();
@@ -203,6 +181,14 @@ impl<S: SampleSink> Collector<S> {
     pub fn thread_name(&self, pid: Pid, tid: Tid) -> Option<&str> {
         Some(self.processes.processes.get(&pid)?.threads.get(&tid)?.name.as_str())
     }
+}
+
+/// A process known from nothing but its pid: ask /proc for its name, argv and mappings.
+fn first_sight(pid: Pid, p: &mut ProcessInfo, modules: &mut ModuleTable) {
+    let (comm, argv) = read_proc_identity(pid);
+    p.name = comm;
+    p.argv = argv;
+    refresh_space(pid, p, modules);
 }
 
 fn stale(p: &ProcessInfo) -> bool {
