@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use crate::{
     collector::Collector,
     ids::{Pid, Tid},
+    intern::Interner,
     profile::{self, Frame, FrameIndex, Profile, StackIndex},
     storage::{MemoryStore, ThreadKey},
     symbolize::Symbols,
@@ -36,14 +37,7 @@ pub fn build_profile(
     symbols: &Symbols,
     info: &RecordingInfo,
 ) -> Profile {
-    let mut frames: Vec<Frame> = Vec::new();
-    let mut frame_ids: HashMap<Frame, FrameIndex> = HashMap::new();
-    let mut intern = |f: &Frame| -> FrameIndex {
-        *frame_ids.entry(f.clone()).or_insert_with(|| {
-            frames.push(f.clone());
-            FrameIndex(frames.len() as u32 - 1)
-        })
-    };
+    let mut frames: Interner<Frame> = Interner::default();
     // StackId(i) becomes StackIndex(i).
     let store = &collector.store;
     let stacks: Vec<Vec<FrameIndex>> = (0..store.stack_count())
@@ -52,7 +46,7 @@ pub fn build_profile(
                 .stack(crate::storage::StackId(i as u32))
                 .iter()
                 .flat_map(|a| symbols.get(a).map(Vec::as_slice).unwrap_or(&[]))
-                .map(&mut intern)
+                .map(|f| FrameIndex(frames.intern(f)))
                 .collect()
         })
         .collect();
@@ -136,7 +130,7 @@ pub fn build_profile(
         physical_cpus: info.physical_cpus,
         product: info.product.clone(),
         oscpu: info.oscpu.clone(),
-        frames,
+        frames: frames.into_items(),
         stacks,
         processes,
     }

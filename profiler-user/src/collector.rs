@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    ids::{Pid, Tid},
+    ids::Pid,
     processes::{ProcessInfo, ProcessTable, read_proc_identity},
     procmaps::{ModuleTable, read_address_space},
     records::{DecodeError, Event, Sample, TaskEvent, TaskKind},
@@ -176,10 +176,6 @@ impl<S: SampleSink> Collector<S> {
                 }
             }
         }
-    }
-
-    pub fn thread_name(&self, pid: Pid, tid: Tid) -> Option<&str> {
-        Some(self.processes.processes.get(&pid)?.threads.get(&tid)?.name.as_str())
     }
 }
 

@@ -21,7 +21,10 @@ use std::io::{self, Write};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 
-use crate::profile::{Frame, FrameKind, Process, Profile, StackIndex, Thread};
+use crate::{
+    intern::Interner,
+    profile::{Frame, FrameKind, Process, Profile, StackIndex, Thread},
+};
 
 pub const GECKO_VERSION: u32 = 36;
 
@@ -182,7 +185,7 @@ impl Serialize for GeckoThread<'_> {
         m.serialize_entry("isMainThread", &t.is_main)?;
         m.serialize_entry("registerTime", &t.register_time_ms)?;
         m.serialize_entry("unregisterTime", &t.unregister_time_ms)?;
-        m.serialize_entry("stringTable", &tables.strings)?;
+        m.serialize_entry("stringTable", tables.strings.items())?;
         m.serialize_entry("frameTable", &Table(FRAME_SCHEMA, &tables.frames))?;
         m.serialize_entry("stackTable", &Table(STACK_SCHEMA, &tables.stacks))?;
         m.serialize_entry("samples", &Table(SAMPLE_SCHEMA, &tables.samples))?;
@@ -232,8 +235,7 @@ impl Serialize for Schema {
 /// One thread's Gecko tables. Rows are only created for frames and stacks its samples use.
 struct Tables<'a> {
     profile: &'a Profile,
-    strings: Vec<String>,
-    string_ids: HashMap<String, u32>,
+    strings: Interner<String>,
     frames: Vec<FrameRow>,
     // The category is part of the key: a frame seen in idle and non-idle samples needs two rows.
     frame_ids: HashMap<(&'a Frame, u32), u32>,
@@ -247,8 +249,7 @@ impl<'a> Tables<'a> {
     fn build(profile: &'a Profile, thread: &Thread) -> Self {
         let mut t = Tables {
             profile,
-            strings: Vec::new(),
-            string_ids: HashMap::new(),
+            strings: Interner::default(),
             frames: Vec::new(),
             frame_ids: HashMap::new(),
             stacks: Vec::new(),
@@ -266,13 +267,7 @@ impl<'a> Tables<'a> {
     }
 
     fn string(&mut self, s: String) -> u32 {
-        if let Some(&id) = self.string_ids.get(&s) {
-            return id;
-        }
-        let id = self.strings.len() as u32;
-        self.strings.push(s.clone());
-        self.string_ids.insert(s, id);
-        id
+        self.strings.intern(s.as_str())
     }
 
     /// Idle samples get the Idle category on every frame, so whichever frame is the leaf the

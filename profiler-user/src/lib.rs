@@ -8,6 +8,7 @@ pub mod cli;
 pub mod collector;
 pub mod gecko;
 pub mod ids;
+pub mod intern;
 pub mod kernel_btf;
 pub mod launch;
 pub mod loader;

@@ -62,10 +62,6 @@ pub struct ProcessTable {
 }
 
 impl ProcessTable {
-    pub fn get_mut(&mut self, pid: Pid) -> Option<&mut ProcessInfo> {
-        self.processes.get_mut(&pid)
-    }
-
     pub fn len(&self) -> usize {
         self.processes.len()
     }

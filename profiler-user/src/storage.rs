@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use crate::{
     ids::{Pid, Tid},
+    intern::Interner,
     procmaps::ModuleId,
 };
 
@@ -59,22 +60,14 @@ pub trait SampleSink {
 
 #[derive(Default)]
 pub struct MemoryStore {
-    stacks: Vec<Box<[FrameAddr]>>,
-    stack_ids: HashMap<Box<[FrameAddr]>, StackId>,
+    stacks: Interner<Vec<FrameAddr>>,
     threads: HashMap<ThreadKey, Vec<StoredSample>>,
     sample_count: u64,
 }
 
 impl SampleSink for MemoryStore {
     fn intern_stack(&mut self, frames: &[FrameAddr]) -> StackId {
-        if let Some(&id) = self.stack_ids.get(frames) {
-            return id;
-        }
-        let id = StackId(self.stacks.len() as u32);
-        let boxed: Box<[FrameAddr]> = frames.into();
-        self.stacks.push(boxed.clone());
-        self.stack_ids.insert(boxed, id);
-        id
+        StackId(self.stacks.intern(frames))
     }
 
     fn push_sample(&mut self, thread: ThreadKey, sample: StoredSample) {
@@ -85,7 +78,7 @@ impl SampleSink for MemoryStore {
 
 impl MemoryStore {
     pub fn stack(&self, id: StackId) -> &[FrameAddr] {
-        &self.stacks[id.0 as usize]
+        self.stacks.get(id.0)
     }
 
     pub fn stack_count(&self) -> usize {
@@ -104,13 +97,9 @@ impl MemoryStore {
         self.threads.iter()
     }
 
-    pub fn thread_samples(&self, key: &ThreadKey) -> Option<&Vec<StoredSample>> {
-        self.threads.get(key)
-    }
-
     /// Every distinct frame address in any stack.
     pub fn unique_frames(&self) -> Vec<FrameAddr> {
-        let mut v: Vec<FrameAddr> = self.stacks.iter().flat_map(|s| s.iter().copied()).collect();
+        let mut v: Vec<FrameAddr> = self.stacks.items().iter().flatten().copied().collect();
         v.sort_unstable();
         v.dedup();
         v
