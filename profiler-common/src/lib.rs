@@ -15,6 +15,8 @@ pub const EVENT_SAMPLE: u32 = 1;
 pub const EVENT_FORK: u32 = 2;
 pub const EVENT_EXEC: u32 = 3;
 pub const EVENT_EXIT: u32 = 4;
+/// A USDT probe hit ([`UsdtRecord`]).
+pub const EVENT_USDT: u32 = 5;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,15 +50,19 @@ pub struct SampleHeader {
     pub kernel_frames: u16,
     pub user_frames: u16,
     pub flags: u32,
+    /// Label ids (see [`LabelStack`]) following the user frames, outermost first.
+    pub label_count: u32,
+    pub _reserved: u32,
 }
 
-/// A CPU-clock sample. `frames` holds `kernel_frames` kernel addresses (leaf first) followed by
-/// `user_frames` user addresses (leaf first); only that prefix is sent.
+/// A CPU-clock sample. `frames` holds `kernel_frames` kernel addresses (leaf first), then
+/// `user_frames` user addresses (leaf first), then `label_count` label ids of the thread's
+/// `rsprof:label_push` stack (outermost first); only that prefix is sent.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct SampleRecord {
     pub sample: SampleHeader,
-    pub frames: [u64; 2 * MAX_STACK_DEPTH],
+    pub frames: [u64; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
 }
 
 /// Process/thread lifecycle: fork (the new task is `header.pid/tid`, its creator is
@@ -121,11 +127,157 @@ pub mod counter {
     pub const CPU_TIME_ERRORS: u32 = 7;
     /// Target set full: a child of `-- CMD` could not be followed.
     pub const TARGETS_FULL: u32 = 8;
-    pub const COUNT: u32 = 9;
+    /// USDT hit written to the ring buffer.
+    pub const USDT_SENT: u32 = 9;
+    /// USDT hit lost: ring buffer full.
+    pub const USDT_LOST_RINGBUF_FULL: u32 = 10;
+    /// USDT hit lost: no scratch buffer, or its spec id is not in `USDT_SPECS`.
+    pub const USDT_LOST_OTHER: u32 = 11;
+    /// A USDT argument read from user memory (deref) failed; the value is sent as 0 and
+    /// flagged in [`super::UsdtRecord::arg_errors`].
+    pub const USDT_ARG_ERRORS: u32 = 12;
+    /// String arguments that were NULL, unreadable or cut at `USDT_STR_MAX`.
+    pub const USDT_STR_NULL: u32 = 13;
+    pub const USDT_STR_UNREADABLE: u32 = 14;
+    pub const USDT_STR_TRUNCATED: u32 = 15;
+    /// `rsprof:label_push` / `rsprof:label_pop` hits.
+    pub const LABEL_PUSHES: u32 = 16;
+    pub const LABEL_POPS: u32 = 17;
+    /// Push beyond `LABEL_MAX_DEPTH`: counted in the depth but not stored.
+    pub const LABEL_OVERFLOWS: u32 = 18;
+    /// Pop with an empty stack (e.g. the push happened before recording started): ignored.
+    pub const LABEL_UNDERFLOWS: u32 = 19;
+    /// Thread label-stack map full: the push was not recorded.
+    pub const LABEL_MAP_FULL: u32 = 20;
+    /// Samples that carried at least one label.
+    pub const SAMPLES_WITH_LABELS: u32 = 21;
+    pub const COUNT: u32 = 22;
+}
+
+/// Size of the `USDT_SPECS` array: probe sites attached at once.
+pub const USDT_MAX_SPECS: u32 = 4096;
+/// Most arguments a USDT spec evaluates (sdt.h's limit; HotSpot has 8-argument probes).
+pub const USDT_MAX_ARGS: usize = 12;
+/// String arguments copied per hit.
+pub const USDT_MAX_STRS: usize = 2;
+/// Bytes of each string argument copied, including the NUL.
+pub const USDT_STR_MAX: usize = 128;
+/// Deepest `rsprof:label_push` stack kept per thread; deeper pushes are counted, not stored.
+pub const LABEL_MAX_DEPTH: usize = 32;
+
+/// Where an argument lives ([`UsdtArgSpec::kind`]).
+pub const USDT_ARG_NONE: u8 = 0;
+/// `val_off` itself.
+pub const USDT_ARG_CONST: u8 = 1;
+/// `reg + val_off` (`val_off` is 0 except for `$sym` immediates, which are rip-relative).
+pub const USDT_ARG_REG: u8 = 2;
+/// `*(reg + val_off)`.
+pub const USDT_ARG_DEREF: u8 = 3;
+/// `*(reg + (idx << scale_shift) + val_off)`.
+pub const USDT_ARG_SIB: u8 = 4;
+
+/// One argument of a probe site, evaluated from the uprobe's `pt_regs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtArgSpec {
+    pub val_off: i64,
+    pub kind: u8,
+    /// Byte offsets into `struct pt_regs`.
+    pub reg_off: u8,
+    pub idx_reg_off: u8,
+    pub scale_shift: u8,
+    /// `64 - 8 * size`: the value is shifted left and back to truncate or sign-extend.
+    pub bitshift: u8,
+    pub signed: u8,
+    /// Index into [`UsdtRecord::strs`] + 1 when the argument is a C string to copy; 0 if not.
+    pub str_slot: u8,
+    pub _pad: u8,
+}
+
+/// What the BPF program does with a hit besides sending it ([`UsdtSpec::role`]).
+pub const USDT_ROLE_SEND: u8 = 0;
+/// `rsprof:label_push(label)`: push arg 0 on the thread's label stack; send the hit (with the
+/// label text) only the first time this address space shows this label address.
+pub const USDT_ROLE_LABEL_PUSH: u8 = 1;
+/// `rsprof:label_pop()`: pop; nothing is sent.
+pub const USDT_ROLE_LABEL_POP: u8 = 2;
+
+/// A probe site's argument layout, stored in `USDT_SPECS` at the index passed as the BPF
+/// cookie of its uprobe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsdtSpec {
+    /// Userspace's probe id, echoed in every [`UsdtRecord`].
+    pub probe_id: u32,
+    pub arg_count: u8,
+    pub role: u8,
+    pub _pad: [u8; 2],
+    pub args: [UsdtArgSpec; USDT_MAX_ARGS],
+}
+
+/// String slot flags ([`UsdtString::flags`]).
+pub const USDT_STR_IS_NULL: u16 = 1 << 0;
+/// The pointer could not be read (unmapped or not resident); the pointer value is in `args`.
+pub const USDT_STR_IS_UNREADABLE: u16 = 1 << 1;
+/// The string did not end within `USDT_STR_MAX - 1` bytes and was cut.
+pub const USDT_STR_IS_TRUNCATED: u16 = 1 << 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UsdtString {
+    /// Bytes in `bytes` before the NUL.
+    pub len: u16,
+    pub flags: u16,
+    pub _pad: u32,
+    pub bytes: [u8; USDT_STR_MAX],
+}
+
+/// A USDT hit: the probe, its evaluated arguments (raw 64-bit values, already truncated or
+/// sign-extended to the argument size) and copies of its string arguments. Sent with only
+/// `str_count` string slots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UsdtRecord {
+    pub header: EventHeader,
+    pub probe_id: u32,
+    /// The BPF cookie: index of the probe site's spec.
+    pub spec_id: u32,
+    pub arg_count: u16,
+    /// String slots that follow `args` in the sent bytes.
+    pub str_count: u16,
+    /// Bit i set: argument i could not be read from user memory (its value is 0).
+    pub arg_errors: u32,
+    pub args: [u64; USDT_MAX_ARGS],
+    pub strs: [UsdtString; USDT_MAX_STRS],
+}
+
+pub const USDT_RECORD_FIXED: usize =
+    core::mem::size_of::<UsdtRecord>() - USDT_MAX_STRS * core::mem::size_of::<UsdtString>();
+
+/// A thread's `rsprof:label_push` stack (map `LABELS`, keyed by tid). Entries are label ids:
+/// the user address of the label string, which userspace names from the first
+/// `rsprof:label_push` hit sent for that address in that process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LabelStack {
+    /// Logical depth; may exceed `LABEL_MAX_DEPTH` (those levels are not stored).
+    pub depth: u32,
+    pub _pad: u32,
+    pub ids: [u64; LABEL_MAX_DEPTH],
+}
+
+/// Key of the "label already named" map: one address space (its `mm_struct` pointer, so an
+/// exec starts afresh) and one label address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LabelSeenKey {
+    pub mm: u64,
+    pub label: u64,
 }
 
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: plain `#[repr(C)]` data with no padding-dependent invariants.
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::UsdtSpec {}
 }

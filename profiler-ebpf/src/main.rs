@@ -3,6 +3,8 @@
 #![no_std]
 #![no_main]
 
+mod usdt;
+
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
@@ -38,7 +40,7 @@ static CONFIG: Config = Config {
 
 /// Size is set by the loader (`--ring-buffer-size`).
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -154,8 +156,14 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         }
         s.kernel_frames = kframes as u16;
         s.user_frames = uframes as u16;
+        let labels = usdt::copy_labels(pid_tgid as u32, frames, kframes + uframes);
+        s.label_count = labels as u32;
+        s._reserved = 0;
+        if labels > 0 {
+            count(counter::SAMPLES_WITH_LABELS);
+        }
 
-        let len = SAMPLE_RECORD_FIXED as u64 + (kframes + uframes) * 8;
+        let len = SAMPLE_RECORD_FIXED as u64 + (kframes + uframes + labels) * 8;
         let len = if len > core::mem::size_of::<SampleRecord>() as u64 {
             core::mem::size_of::<SampleRecord>() as u64
         } else {
@@ -272,6 +280,7 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
+    usdt::forget_thread(bpf_get_current_pid_tgid() as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
         task_header(EVENT_EXEC, rec, tgid, tid);
@@ -310,6 +319,7 @@ pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
+    usdt::forget_thread(bpf_get_current_pid_tgid() as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
         task_header(EVENT_EXIT, rec, tgid, tid);

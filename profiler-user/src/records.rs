@@ -3,8 +3,9 @@
 //! error, never an out-of-bounds read.
 
 use profiler_common::{
-    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader, SAMPLE_RECORD_FIXED,
-    SampleHeader, TASK_RECORD_FIXED, TaskRecord,
+    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EVENT_USDT, EventHeader, LABEL_MAX_DEPTH,
+    SAMPLE_RECORD_FIXED, SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS,
+    USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
 use crate::ids::{Pid, Tid};
@@ -23,6 +24,31 @@ pub struct Sample {
     pub kernel_stack: Vec<u64>,
     /// Leaf first.
     pub user_stack: Vec<u64>,
+    /// The thread's `rsprof:label_push` stack, outermost first: label ids (user addresses of
+    /// the label strings), named by `usdt::UsdtReport::label_names`.
+    pub labels: Vec<u64>,
+}
+
+/// A USDT hit as sent by the kernel; `usdt::ProbeRegistry::resolve` types its arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawUsdtHit {
+    pub time_ns: u64,
+    pub cpu: u32,
+    pub pid: Pid,
+    pub tid: Tid,
+    pub probe_id: u32,
+    pub spec_id: u32,
+    /// Bit i: argument i could not be read.
+    pub arg_errors: u32,
+    pub args: Vec<u64>,
+    pub strs: Vec<RawUsdtStr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawUsdtStr {
+    /// `USDT_STR_IS_*`.
+    pub flags: u16,
+    pub bytes: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +78,7 @@ pub struct TaskEvent {
 pub enum Event {
     Sample(Sample),
     Task(TaskEvent),
+    Usdt(RawUsdtHit),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -112,7 +139,8 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
             let o_fl = std::mem::offset_of!(SampleHeader, flags);
             let kn = u16_at(b, o_kf) as usize;
             let un = u16_at(b, o_uf) as usize;
-            if b.len() < SAMPLE_RECORD_FIXED + (kn + un) * 8 {
+            let ln = u32_at(b, std::mem::offset_of!(SampleHeader, label_count)) as usize;
+            if ln > LABEL_MAX_DEPTH || b.len() < SAMPLE_RECORD_FIXED + (kn + un + ln) * 8 {
                 return Err(short);
             }
             let frame = |i: usize| u64_at(b, SAMPLE_RECORD_FIXED + i * 8);
@@ -127,6 +155,7 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 flags: u32_at(b, o_fl),
                 kernel_stack: (0..kn).map(frame).collect(),
                 user_stack: (kn..kn + un).map(frame).collect(),
+                labels: (kn + un..kn + un + ln).map(frame).collect(),
             }))
         }
         EVENT_FORK | EVENT_EXEC | EVENT_EXIT => {
@@ -155,6 +184,41 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 _ => TaskKind::Exit,
             };
             Ok(Event::Task(TaskEvent { time_ns, pid: Pid(pid), tid: Tid(tid), comm, kind }))
+        }
+        EVENT_USDT => {
+            if b.len() < USDT_RECORD_FIXED {
+                return Err(short);
+            }
+            let nargs = u16_at(b, std::mem::offset_of!(UsdtRecord, arg_count)) as usize;
+            let nstr = u16_at(b, std::mem::offset_of!(UsdtRecord, str_count)) as usize;
+            let str_size = size_of::<UsdtString>();
+            if nargs > USDT_MAX_ARGS
+                || nstr > USDT_MAX_STRS
+                || b.len() < USDT_RECORD_FIXED + nstr * str_size
+            {
+                return Err(short);
+            }
+            let o_args = std::mem::offset_of!(UsdtRecord, args);
+            let mut strs = Vec::with_capacity(nstr);
+            for i in 0..nstr {
+                let o = USDT_RECORD_FIXED + i * str_size;
+                let len = (u16_at(b, o + std::mem::offset_of!(UsdtString, len)) as usize)
+                    .min(USDT_STR_MAX - 1);
+                let flags = u16_at(b, o + std::mem::offset_of!(UsdtString, flags));
+                let ob = o + std::mem::offset_of!(UsdtString, bytes);
+                strs.push(RawUsdtStr { flags, bytes: b[ob..ob + len].to_vec() });
+            }
+            Ok(Event::Usdt(RawUsdtHit {
+                time_ns,
+                cpu,
+                pid: Pid(pid),
+                tid: Tid(tid),
+                probe_id: u32_at(b, std::mem::offset_of!(UsdtRecord, probe_id)),
+                spec_id: u32_at(b, std::mem::offset_of!(UsdtRecord, spec_id)),
+                arg_errors: u32_at(b, std::mem::offset_of!(UsdtRecord, arg_errors)),
+                args: (0..nargs).map(|i| u64_at(b, o_args + i * 8)).collect(),
+                strs,
+            }))
         }
         k => Err(DecodeError::UnknownKind(k)),
     }
@@ -187,16 +251,19 @@ mod tests {
                 kernel_frames: 2,
                 user_frames: 3,
                 flags: 0,
+                label_count: 2,
+                _reserved: 0,
             },
-            frames: [0; 2 * MAX_STACK_DEPTH],
+            frames: [0; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
         };
-        r.frames[..5].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403]);
-        let b = bytes_of(&r, SAMPLE_RECORD_FIXED + 5 * 8);
+        r.frames[..7].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403, 7, 8]);
+        let b = bytes_of(&r, SAMPLE_RECORD_FIXED + 7 * 8);
         let Event::Sample(s) = decode(&b).unwrap() else { panic!() };
         assert_eq!((s.pid, s.tid, s.cpu, s.time_ns), (Pid(10), Tid(11), 1, 42));
         assert_eq!(s.comm, "worker");
         assert_eq!(s.kernel_stack, vec![0xffff_0001, 0xffff_0002]);
         assert_eq!(s.user_stack, vec![0x401, 0x402, 0x403]);
+        assert_eq!(s.labels, vec![7, 8]);
         // A record cut before its frames is rejected.
         assert!(matches!(decode(&b[..b.len() - 1]), Err(DecodeError::Short { .. })));
     }
@@ -219,6 +286,39 @@ mod tests {
             e.kind,
             TaskKind::Exec { argv: vec!["ls".into(), "-l".into(), "/".into()], truncated: false }
         );
+    }
+
+    #[test]
+    fn decodes_usdt_hit_with_strings() {
+        let empty = UsdtString { len: 0, flags: 0, _pad: 0, bytes: [0; USDT_STR_MAX] };
+        let mut r = UsdtRecord {
+            header: EventHeader { kind: EVENT_USDT, cpu: 2, time_ns: 9, pid: 5, tid: 6 },
+            probe_id: 3,
+            spec_id: 4,
+            arg_count: 2,
+            str_count: 2,
+            arg_errors: 0,
+            args: [0x1000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            strs: [empty; USDT_MAX_STRS],
+        };
+        r.strs[0].len = 2;
+        r.strs[0].bytes[..3].copy_from_slice(b"hi\0");
+        r.strs[1].flags = profiler_common::USDT_STR_IS_NULL;
+        let full = bytes_of(&r, size_of::<UsdtRecord>());
+        let Event::Usdt(h) = decode(&full).unwrap() else { panic!() };
+        assert_eq!((h.pid, h.tid, h.probe_id, h.spec_id), (Pid(5), Tid(6), 3, 4));
+        assert_eq!(h.args, vec![0x1000, 0]);
+        assert_eq!(h.strs[0], RawUsdtStr { flags: 0, bytes: b"hi".to_vec() });
+        assert_eq!(h.strs[1].flags, profiler_common::USDT_STR_IS_NULL);
+        // Missing string slots, too many args or a bogus length are rejected or clamped.
+        assert!(decode(&full[..full.len() - 1]).is_err());
+        let mut bad = full.clone();
+        bad[std::mem::offset_of!(UsdtRecord, arg_count)] = USDT_MAX_ARGS as u8 + 1;
+        assert!(decode(&bad).is_err());
+        let mut long = full.clone();
+        long[USDT_RECORD_FIXED..USDT_RECORD_FIXED + 2].copy_from_slice(&u16::MAX.to_ne_bytes());
+        let Event::Usdt(h) = decode(&long).unwrap() else { panic!() };
+        assert_eq!(h.strs[0].bytes.len(), USDT_STR_MAX - 1);
     }
 
     #[test]

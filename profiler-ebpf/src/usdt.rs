@@ -1,0 +1,326 @@
+//! USDT probes: one uprobe program serves every probe site. The site's BPF cookie is the index
+//! of its [`UsdtSpec`] in `USDT_SPECS`, which says where each argument lives (register,
+//! memory, constant) and which arguments are C strings to copy. `rsprof:label_push/pop` also
+//! maintain a per-thread label stack that the sampler copies into every sample.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::{
+            bpf_get_attach_cookie, bpf_get_current_task, bpf_get_smp_processor_id,
+            bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str,
+        },
+    },
+    macros::{map, uprobe},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    programs::ProbeContext,
+};
+use profiler_common::{
+    EVENT_USDT, EventHeader, LABEL_MAX_DEPTH, LabelSeenKey, LabelStack, MAX_STACK_DEPTH,
+    USDT_ARG_CONST, USDT_ARG_DEREF, USDT_ARG_REG, USDT_ARG_SIB, USDT_MAX_ARGS, USDT_MAX_SPECS,
+    USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_STR_IS_NULL,
+    USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtRecord,
+    UsdtString, counter,
+};
+
+use crate::{EVENTS, config, count, read_kernel_u64, selected};
+
+#[map]
+static USDT_SPECS: Array<profiler_common::UsdtSpec> = Array::with_max_entries(USDT_MAX_SPECS, 0);
+
+#[map]
+static USDT_SCRATCH: PerCpuArray<UsdtRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// Label stacks by tid. Only the thread itself pushes and pops, and the sampler reads it on
+/// the CPU the thread runs on, so no locking is needed.
+#[map]
+static LABELS: HashMap<u32, LabelStack> = HashMap::with_max_entries(32768, 0);
+
+/// Never written: the zeroed value a thread's first push inserts (too big for the stack).
+#[map]
+static LABEL_ZERO: PerCpuArray<LabelStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Labels whose text was already sent for an address space: later pushes send nothing.
+#[map]
+static LABEL_SEEN: LruHashMap<LabelSeenKey, u8> = LruHashMap::with_max_entries(65536, 0);
+
+/// Highest `pt_regs` offset a spec may name (`ss`).
+const PT_REGS_LAST: u64 = 160;
+
+#[inline(always)]
+unsafe fn reg(ctx: &ProbeContext, off: u8) -> Result<u64, ()> {
+    let off = off as u64;
+    if off > PT_REGS_LAST || off % 8 != 0 {
+        return Err(());
+    }
+    let mut v: u64 = 0;
+    let ret = unsafe {
+        bpf_probe_read_kernel(
+            (&mut v as *mut u64).cast(),
+            8,
+            (ctx.as_ptr() as *const u8).add(off as usize).cast(),
+        )
+    };
+    if ret < 0 { Err(()) } else { Ok(v) }
+}
+
+/// Reads an argument of `64 - bitshift` bits at `addr`: exactly its size, so an argument at
+/// the very end of a mapping is still readable.
+#[inline(always)]
+unsafe fn read_user_sized(addr: u64, bitshift: u8) -> Result<u64, ()> {
+    let mut size = (64 - (bitshift as u32 & 63)) / 8;
+    if size == 0 || size > 8 {
+        size = 8;
+    }
+    let mut v: u64 = 0;
+    let ret = unsafe { bpf_probe_read_user((&mut v as *mut u64).cast(), size, addr as *const _) };
+    if ret < 0 { Err(()) } else { Ok(v) }
+}
+
+#[inline(always)]
+unsafe fn eval_arg(ctx: &ProbeContext, a: &UsdtArgSpec) -> Result<u64, ()> {
+    let v = match a.kind {
+        USDT_ARG_CONST => a.val_off as u64,
+        USDT_ARG_REG => unsafe { reg(ctx, a.reg_off)? }.wrapping_add(a.val_off as u64),
+        USDT_ARG_DEREF => {
+            let base = unsafe { reg(ctx, a.reg_off)? };
+            unsafe { read_user_sized(base.wrapping_add(a.val_off as u64), a.bitshift)? }
+        }
+        USDT_ARG_SIB => {
+            let base = unsafe { reg(ctx, a.reg_off)? };
+            let idx = unsafe { reg(ctx, a.idx_reg_off)? };
+            let addr = base.wrapping_add(idx << (a.scale_shift & 3)).wrapping_add(a.val_off as u64);
+            unsafe { read_user_sized(addr, a.bitshift)? }
+        }
+        _ => 0,
+    };
+    let sh = (a.bitshift & 63) as u64;
+    Ok(if a.signed != 0 { (((v << sh) as i64) >> sh) as u64 } else { (v << sh) >> sh })
+}
+
+/// Copies the C string at `ptr`, at most `USDT_STR_MAX - 1` bytes, flagging NULL, unreadable
+/// and cut strings (a NULL or unmapped label/marker name must never abort the hit).
+#[inline(always)]
+unsafe fn read_str(s: *mut UsdtString, ptr: u64) {
+    unsafe {
+        (*s).len = 0;
+        (*s).flags = 0;
+        (*s).bytes[0] = 0;
+        if ptr == 0 {
+            (*s).flags = USDT_STR_IS_NULL;
+            count(counter::USDT_STR_NULL);
+            return;
+        }
+        let ret = bpf_probe_read_user_str(
+            (*s).bytes.as_mut_ptr().cast(),
+            USDT_STR_MAX as u32,
+            ptr as *const _,
+        );
+        if ret <= 0 {
+            (*s).flags = USDT_STR_IS_UNREADABLE;
+            count(counter::USDT_STR_UNREADABLE);
+            return;
+        }
+        let n = ret as u64;
+        (*s).len = (n - 1) as u16;
+        if n == USDT_STR_MAX as u64 {
+            // The buffer filled: the string was cut unless its byte at MAX-1 was its NUL.
+            let mut next: u8 = 0;
+            let r = bpf_probe_read_user(
+                (&mut next as *mut u8).cast(),
+                1,
+                (ptr + USDT_STR_MAX as u64 - 1) as *const _,
+            );
+            if r < 0 || next != 0 {
+                (*s).flags = USDT_STR_IS_TRUNCATED;
+                count(counter::USDT_STR_TRUNCATED);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn label_push(tid: u32, id: u64) {
+    count(counter::LABEL_PUSHES);
+    let st = match LABELS.get_ptr_mut(tid) {
+        Some(p) => p,
+        None => {
+            let Some(zero) = LABEL_ZERO.get(0) else { return };
+            if LABELS.insert(tid, zero, BPF_NOEXIST as u64).is_err() {
+                count(counter::LABEL_MAP_FULL);
+                return;
+            }
+            match LABELS.get_ptr_mut(tid) {
+                Some(p) => p,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: map value pointer; only this thread writes its entry.
+    unsafe {
+        let d = (*st).depth;
+        if (d as usize) < LABEL_MAX_DEPTH {
+            (*st).ids[d as usize] = id;
+        } else {
+            count(counter::LABEL_OVERFLOWS);
+        }
+        (*st).depth = d.saturating_add(1);
+    }
+}
+
+#[inline(always)]
+fn label_pop(tid: u32) {
+    count(counter::LABEL_POPS);
+    match LABELS.get_ptr_mut(tid) {
+        // SAFETY: as in label_push.
+        Some(st) if unsafe { (*st).depth } > 0 => unsafe { (*st).depth -= 1 },
+        _ => count(counter::LABEL_UNDERFLOWS),
+    }
+}
+
+/// Drops a thread's label stack (at exit and exec: labels never outlive the code that
+/// pushed them).
+#[inline(always)]
+pub fn forget_thread(tid: u32) {
+    let _ = LABELS.remove(tid);
+}
+
+/// Copies the current thread's stored labels (outermost first) to `dst[off..]`; returns how
+/// many. One hash lookup when the thread has none.
+#[inline(always)]
+pub unsafe fn copy_labels(tid: u32, dst: *mut u64, off: u64) -> u64 {
+    let Some(st) = LABELS.get_ptr(tid) else { return 0 };
+    let mut n = unsafe { (*st).depth } as u64;
+    if n > LABEL_MAX_DEPTH as u64 {
+        n = LABEL_MAX_DEPTH as u64;
+    }
+    if n == 0 || off > 2 * MAX_STACK_DEPTH as u64 {
+        return 0;
+    }
+    let ret = unsafe {
+        bpf_probe_read_kernel(
+            dst.add(off as usize).cast(),
+            (n * 8) as u32,
+            (*st).ids.as_ptr().cast(),
+        )
+    };
+    if ret < 0 { 0 } else { n }
+}
+
+#[uprobe]
+pub fn on_usdt(ctx: ProbeContext) -> u32 {
+    let cfg = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    // Uprobes fire in every process that maps the file; keep only the selected ones.
+    if !selected(&cfg, tgid) {
+        return 0;
+    }
+    // SAFETY: uprobe context; the cookie was set at attach (0 if none).
+    let spec_id = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    let Some(spec) = USDT_SPECS.get(spec_id) else {
+        count(counter::USDT_LOST_OTHER);
+        return 0;
+    };
+    if spec.role == USDT_ROLE_LABEL_POP {
+        label_pop(tid);
+        return 0;
+    }
+    let Some(rec) = USDT_SCRATCH.get_ptr_mut(0) else {
+        count(counter::USDT_LOST_OTHER);
+        return 0;
+    };
+    let nargs = if (spec.arg_count as usize) > USDT_MAX_ARGS {
+        USDT_MAX_ARGS
+    } else {
+        spec.arg_count as usize
+    };
+    // SAFETY: `rec` is this CPU's scratch record for the whole run.
+    unsafe {
+        (*rec).header = EventHeader {
+            kind: EVENT_USDT,
+            cpu: bpf_get_smp_processor_id(),
+            time_ns: bpf_ktime_get_ns(),
+            pid: tgid,
+            tid,
+        };
+        (*rec).probe_id = spec.probe_id;
+        (*rec).spec_id = spec_id;
+        (*rec).arg_count = nargs as u16;
+        (*rec).str_count = 0;
+        (*rec).arg_errors = 0;
+        for i in 0..USDT_MAX_ARGS {
+            let mut v = 0;
+            if i < nargs {
+                match eval_arg(&ctx, &spec.args[i]) {
+                    Ok(x) => v = x,
+                    Err(()) => {
+                        (*rec).arg_errors |= 1 << i;
+                        count(counter::USDT_ARG_ERRORS);
+                    }
+                }
+            }
+            (*rec).args[i] = v;
+        }
+    }
+    let mut seen_key = None;
+    if spec.role == USDT_ROLE_LABEL_PUSH {
+        // SAFETY: as above.
+        let label = unsafe { (*rec).args[0] };
+        label_push(tid, label);
+        // SAFETY: fault-checked kernel read of current->mm.
+        let mm = unsafe { read_kernel_u64(bpf_get_current_task() + cfg.task_mm as u64) };
+        let key = LabelSeenKey { mm: mm.unwrap_or(0), label };
+        // SAFETY: plain lookup.
+        if unsafe { LABEL_SEEN.get(&key) }.is_some() {
+            return 0;
+        }
+        seen_key = Some(key);
+    }
+    let mut nstr: u64 = 0;
+    for i in 0..USDT_MAX_ARGS {
+        let slot = spec.args[i].str_slot as u64;
+        if i >= nargs || slot == 0 || slot > USDT_MAX_STRS as u64 {
+            continue;
+        }
+        // SAFETY: `rec` is valid; get_mut keeps the slot in bounds without a panic path.
+        unsafe {
+            let ptr = (*rec).args[i];
+            if let Some(s) = (*rec).strs.get_mut((slot - 1) as usize) {
+                read_str(s, ptr);
+            }
+        }
+        if slot > nstr {
+            nstr = slot;
+        }
+    }
+    let len = USDT_RECORD_FIXED as u64 + nstr * core::mem::size_of::<UsdtString>() as u64;
+    let len = if len > core::mem::size_of::<UsdtRecord>() as u64 {
+        core::mem::size_of::<UsdtRecord>() as u64
+    } else {
+        len
+    };
+    // SAFETY: bounded length within the scratch record.
+    let ret = unsafe {
+        (*rec).str_count = nstr as u16;
+        aya_ebpf::helpers::generated::bpf_ringbuf_output(
+            core::ptr::addr_of!(EVENTS).cast_mut().cast(),
+            rec.cast(),
+            len,
+            BPF_RB_NO_WAKEUP as u64,
+        )
+    };
+    if ret < 0 {
+        count(counter::USDT_LOST_RINGBUF_FULL);
+        return 0;
+    }
+    count(counter::USDT_SENT);
+    // Only once the text is on its way: a lost record leaves the label to be named next time.
+    if let Some(key) = seen_key {
+        let _ = LABEL_SEEN.insert(&key, &1, 0);
+    }
+    0
+}
