@@ -7,7 +7,7 @@ use crate::{
     ids::Pid,
     processes::{ProcessInfo, ProcessTable, read_proc_identity},
     procmaps::{ModuleTable, read_address_space},
-    records::{DecodeError, Event, Sample, TaskEvent, TaskKind},
+    records::{DecodeError, Event, RawUsdtHit, Sample, TaskEvent, TaskKind},
     storage::{FrameAddr, SampleSink, StoredSample, ThreadKey},
 };
 
@@ -32,6 +32,13 @@ pub struct Collector<S> {
     pub modules: ModuleTable,
     pub stats: CollectorStats,
     frames: Vec<FrameAddr>,
+    /// USDT hits in arrival order, for `usdt::UsdtSession` to resolve.
+    pub usdt_hits: Vec<RawUsdtHit>,
+    /// Samples per (process, innermost label id), for samples taken under `rsprof:label_push`.
+    pub label_samples: std::collections::HashMap<(Pid, u64), u64>,
+    /// Processes whose mappings were (re)read since the USDT attacher last looked: they may
+    /// have mapped new files with probes.
+    pub maps_changed: Vec<Pid>,
 }
 
 impl<S: SampleSink> Collector<S> {
@@ -42,6 +49,9 @@ impl<S: SampleSink> Collector<S> {
             modules: ModuleTable::default(),
             stats: CollectorStats::default(),
             frames: Vec::with_capacity(256),
+            usdt_hits: Vec::new(),
+            label_samples: Default::default(),
+            maps_changed: Vec::new(),
         }
     }
 
@@ -63,6 +73,7 @@ impl<S: SampleSink> Collector<S> {
         match ev {
             Event::Sample(s) => self.on_sample(s),
             Event::Task(t) => self.on_task(t),
+            Event::Usdt(u) => self.usdt_hits.push(u),
         }
     }
 
@@ -70,10 +81,14 @@ impl<S: SampleSink> Collector<S> {
     pub fn register_existing(&mut self, pid: Pid) {
         let p = self.processes.processes.entry(pid).or_default();
         first_sight(pid, p, &mut self.modules);
+        self.maps_changed.push(pid);
     }
 
     fn on_sample(&mut self, s: Sample) {
         self.stats.samples += 1;
+        if let Some(&label) = s.labels.last() {
+            *self.label_samples.entry((s.pid, label)).or_default() += 1;
+        }
         self.stats.first_sample_ns.get_or_insert(s.time_ns);
         self.stats.last_sample_ns = Some(s.time_ns);
         let idle = s.pid.0 == 0;
@@ -91,6 +106,7 @@ impl<S: SampleSink> Collector<S> {
             let p = self.processes.processes.entry(s.pid).or_default();
             if p.name.is_empty() && p.space_read_at.is_none() && !idle {
                 first_sight(s.pid, p, modules);
+                self.maps_changed.push(s.pid);
             }
             if idle && p.name.is_empty() {
                 p.name = "[idle]".into();
@@ -109,6 +125,7 @@ impl<S: SampleSink> Collector<S> {
                 let mut hit = p.space.lookup(lookup);
                 if hit.is_none() && !p.exited && stale(p) {
                     refresh_space(s.pid, p, modules);
+                    self.maps_changed.push(s.pid);
                     hit = p.space.lookup(lookup);
                 }
                 self.frames.push(match hit {
@@ -161,6 +178,7 @@ impl<S: SampleSink> Collector<S> {
                 // (no rate limit); reading now keeps the binary if the process dies early.
                 p.space = Default::default();
                 refresh_space(t.pid, p, modules);
+                self.maps_changed.push(t.pid);
                 p.space_read_at = None;
                 p.threads.entry(t.tid).or_default().observe_name(&t.comm);
             }

@@ -21,3 +21,4 @@ pub mod records;
 pub mod storage;
 pub mod summary;
 pub mod symbolize;
+pub mod usdt;

@@ -4,9 +4,9 @@
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, RawTracePoint,
+        PerfEvent, RawTracePoint, UProbe,
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
@@ -14,7 +14,7 @@ use aya::{
     },
     util::online_cpus,
 };
-use profiler_common::{Config, counter};
+use profiler_common::{Config, UsdtSpec, counter};
 
 use crate::ids::Pid;
 
@@ -104,6 +104,24 @@ impl Sampler {
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>> {
         let map = self.ebpf.take_map("EVENTS").context("EVENTS map")?;
         Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Loads the USDT uprobe program; returns its fd (for links `usdt::attach` creates) and
+    /// the spec array its cookies index.
+    pub fn usdt_program(&mut self) -> Result<(std::os::fd::OwnedFd, Array<MapData, UsdtSpec>)> {
+        use std::os::fd::AsFd as _;
+        let p: &mut UProbe = self.ebpf.program_mut("on_usdt").context("on_usdt")?.try_into()?;
+        p.load().context("load the USDT program")?;
+        let fd = p.fd()?.as_fd().try_clone_to_owned()?;
+        let map = self.ebpf.take_map("USDT_SPECS").context("USDT_SPECS map")?;
+        Ok((fd, Array::try_from(map)?))
+    }
+
+    /// One kernel counter (`profiler_common::counter`), summed over CPUs.
+    pub fn counter(&self, index: u32) -> Result<u64> {
+        let arr: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+        Ok(arr.get(&index, 0)?.iter().sum())
     }
 
     pub fn counters(&self) -> Result<KernelCounters> {

@@ -1,0 +1,718 @@
+//! Attach bookkeeping: which files of which processes were scanned for SDT notes, which probe
+//! sites are attached, and the kernel handles keeping them attached.
+//!
+//! Each site is one uprobe perf event opened here rather than through aya, because aya 0.14
+//! cannot pass a semaphore (`ref_ctr_offset`): the kernel then increments the probe's u16
+//! semaphore in every process mapping the file, now and later, and decrements it when the
+//! event closes. The event is linked to the shared `on_usdt` program with `BPF_LINK_CREATE`,
+//! whose BPF cookie is the site's spec index. Events are system-wide (every process mapping
+//! the file); the program drops hits of processes the pid filter does not select.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::CString,
+    fmt::Write as _,
+    io::Write as _,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::{ffi::OsStrExt as _, fs::MetadataExt as _},
+    },
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use aya::maps::{Array, MapData};
+use profiler_common::{
+    USDT_MAX_ARGS, USDT_MAX_SPECS, USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_ROLE_SEND,
+    UsdtArgSpec, UsdtSpec, counter,
+};
+
+use super::{
+    ProbeId, ProbeInfo, ProbeRegistry, ProbeRequest, ProbeRole, SiteInfo, UsdtArg, UsdtHit, args,
+    notes,
+};
+use crate::{collector::Collector, ids::Pid, loader::Sampler, records::RawUsdtHit};
+
+/// A file by (st_dev, st_ino), as `stat` reports it.
+type FileKey = (u64, u64);
+
+const UPROBE_PMU: &str = "/sys/bus/event_source/devices/uprobe";
+
+/// `struct perf_event_attr` up to `config2` plus the zeroed rest of PERF_ATTR_SIZE_VER7.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+    rest: [u64; 7],
+}
+
+/// `union bpf_attr` for `BPF_LINK_CREATE` with a perf event target.
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    bpf_cookie: u64,
+    rest: [u64; 4],
+}
+
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PERF_EVENT: u32 = 41;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+
+fn read_sys(path: &str) -> Result<String> {
+    Ok(std::fs::read_to_string(path).with_context(|| format!("read {path}"))?.trim().to_owned())
+}
+
+/// Opens a system-wide uprobe at `offset` in `path`, with the kernel maintaining the
+/// semaphore at `ref_ctr_offset` (0: none).
+fn open_uprobe(pmu_type: u32, path: &Path, offset: u64, ref_ctr_offset: u64) -> Result<OwnedFd> {
+    let cpath = CString::new(path.as_os_str().as_bytes()).context("path contains NUL")?;
+    let attr = PerfEventAttr {
+        type_: pmu_type,
+        size: size_of::<PerfEventAttr>() as u32,
+        config: ref_ctr_offset << 32,
+        sample_period: 1,
+        wakeup_events: 1,
+        config1: cpath.as_ptr() as u64,
+        config2: offset,
+        ..Default::default()
+    };
+    // SAFETY: attr and the path it points to outlive the call. pid -1 + cpu 0 is the
+    // system-wide form for uprobes: the program runs on whichever CPU hits the probe.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttr,
+            -1 as libc::pid_t,
+            0 as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("perf_event_open(uprobe)");
+    }
+    // SAFETY: fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn link_create(prog: &OwnedFd, perf: &OwnedFd, cookie: u64) -> Result<OwnedFd> {
+    let attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: perf.as_raw_fd() as u32,
+        attach_type: BPF_PERF_EVENT,
+        bpf_cookie: cookie,
+        ..Default::default()
+    };
+    // SAFETY: valid attr of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_CREATE,
+            &attr as *const LinkCreateAttr,
+            size_of::<LinkCreateAttr>() as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("BPF_LINK_CREATE(perf_event)");
+    }
+    // SAFETY: fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A file scanned for notes (kept so each file is read once).
+struct ScannedFile {
+    probes: Option<Arc<notes::ElfProbes>>,
+}
+
+struct Attachment {
+    _link: OwnedFd,
+    _perf: OwnedFd,
+}
+
+/// Kernel-side USDT counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UsdtCounters {
+    pub sent: u64,
+    pub lost_ringbuf_full: u64,
+    pub lost_other: u64,
+    pub arg_errors: u64,
+    pub str_null: u64,
+    pub str_unreadable: u64,
+    pub str_truncated: u64,
+    pub label_pushes: u64,
+    pub label_pops: u64,
+    pub label_overflows: u64,
+    pub label_underflows: u64,
+    pub label_map_full: u64,
+    pub samples_with_labels: u64,
+}
+
+impl UsdtCounters {
+    pub fn read(sampler: &Sampler) -> Result<Self> {
+        let c = |i| sampler.counter(i);
+        Ok(Self {
+            sent: c(counter::USDT_SENT)?,
+            lost_ringbuf_full: c(counter::USDT_LOST_RINGBUF_FULL)?,
+            lost_other: c(counter::USDT_LOST_OTHER)?,
+            arg_errors: c(counter::USDT_ARG_ERRORS)?,
+            str_null: c(counter::USDT_STR_NULL)?,
+            str_unreadable: c(counter::USDT_STR_UNREADABLE)?,
+            str_truncated: c(counter::USDT_STR_TRUNCATED)?,
+            label_pushes: c(counter::LABEL_PUSHES)?,
+            label_pops: c(counter::LABEL_POPS)?,
+            label_overflows: c(counter::LABEL_OVERFLOWS)?,
+            label_underflows: c(counter::LABEL_UNDERFLOWS)?,
+            label_map_full: c(counter::LABEL_MAP_FULL)?,
+            samples_with_labels: c(counter::SAMPLES_WITH_LABELS)?,
+        })
+    }
+}
+
+/// What the recording saw, for writers (markers, label frames) and the summary.
+#[derive(Debug, Default)]
+pub struct UsdtReport {
+    pub registry: ProbeRegistry,
+    /// Typed hits in arrival order (per CPU in time order; sort by `time_ns` for a global
+    /// order).
+    pub hits: Vec<UsdtHit>,
+    /// Hits whose probe/spec ids were not handed out (corrupt records).
+    pub unresolved: u64,
+    /// Label text by (process, label id); label ids are what samples carry.
+    pub label_names: HashMap<(Pid, u64), String>,
+    pub counters: UsdtCounters,
+    pub warnings: Vec<String>,
+    /// Sites attached over the recording.
+    pub sites: usize,
+    /// Requests (`--usdt`, `--usdt-interval`) whose probe was never found.
+    pub not_found: Vec<String>,
+}
+
+pub struct UsdtSession {
+    prog: OwnedFd,
+    specs: Array<MapData, UsdtSpec>,
+    pmu_type: Option<u32>,
+    ref_ctr_ok: Option<bool>,
+    requests: Vec<(ProbeRequest, Option<FileKey>)>,
+    found: Vec<bool>,
+    files: HashMap<FileKey, ScannedFile>,
+    /// `/proc/PID/maps` (device, inode) pairs already scanned, to skip the stat.
+    maps_seen: HashSet<(String, u64)>,
+    attached: HashSet<(FileKey, u64)>,
+    probe_ids: HashMap<(FileKey, String, String), ProbeId>,
+    registry: ProbeRegistry,
+    links: Vec<Attachment>,
+    warnings: Vec<String>,
+    self_pid: u32,
+    detached: bool,
+}
+
+fn file_key(path: &Path) -> std::io::Result<FileKey> {
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Resolves a command name the way execvp would.
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| p.is_file())
+}
+
+impl UsdtSession {
+    /// Loads the USDT program and checks the requests; `--usdt …@PATH` probes are attached
+    /// now (a missing file or probe is an error).
+    pub fn new(
+        sampler: &mut Sampler,
+        requests: Vec<ProbeRequest>,
+        intervals: Vec<String>,
+    ) -> Result<Self> {
+        let (prog, specs) = sampler.usdt_program()?;
+        let mut reqs = Vec::new();
+        for r in requests {
+            let key = match &r.path {
+                Some(p) => Some(file_key(p).with_context(|| {
+                    format!("USDT probe {}:{}@{}", r.provider, r.name, p.display())
+                })?),
+                None => None,
+            };
+            reqs.push((r, key));
+        }
+        let mut s = Self {
+            prog,
+            specs,
+            pmu_type: None,
+            ref_ctr_ok: None,
+            found: vec![false; reqs.len()],
+            requests: reqs,
+            files: HashMap::new(),
+            maps_seen: HashSet::new(),
+            attached: HashSet::new(),
+            probe_ids: HashMap::new(),
+            registry: ProbeRegistry { intervals, ..Default::default() },
+            links: Vec::new(),
+            warnings: Vec::new(),
+            self_pid: std::process::id(),
+            detached: false,
+        };
+        let explicit: Vec<(PathBuf, String)> = s
+            .requests
+            .iter()
+            .filter_map(|(r, _)| Some((r.path.clone()?, format!("{}:{}", r.provider, r.name))))
+            .collect();
+        for (path, probe) in explicit {
+            s.scan_file(&path, &path.display().to_string(), true)?;
+            let found = s.requests.iter().zip(&s.found).any(|((r, _), &f)| {
+                f && r.path.as_deref() == Some(&path)
+                    && format!("{}:{}", r.provider, r.name) == probe
+            });
+            if !found {
+                bail!(
+                    "no USDT probe {probe} in {} (see `rsprof-bpf list-usdt {}`)",
+                    path.display(),
+                    path.display()
+                );
+            }
+        }
+        Ok(s)
+    }
+
+    /// Scans every process (for `--all`).
+    pub fn scan_all_processes(&mut self) {
+        let Ok(dir) = std::fs::read_dir("/proc") else { return };
+        for e in dir.flatten() {
+            if let Some(pid) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
+                self.scan_pid(Pid(pid));
+            }
+        }
+    }
+
+    /// Scans the files `pid` has mapped executable; attaches requested and `rsprof` probes
+    /// found in files not seen before. A process that is gone is skipped.
+    pub fn scan_pid(&mut self, pid: Pid) {
+        if self.detached || pid.0 == 0 || pid.0 == self.self_pid {
+            return;
+        }
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
+        for line in maps.lines() {
+            let mut f = line.split_ascii_whitespace();
+            let (Some(range), Some(perms), Some(_off), Some(dev), Some(inode)) =
+                (f.next(), f.next(), f.next(), f.next(), f.next())
+            else {
+                continue;
+            };
+            let path = f.collect::<Vec<_>>().join(" ");
+            let inode: u64 = inode.parse().unwrap_or(0);
+            if inode == 0 || !perms.contains('x') || !path.starts_with('/') {
+                continue;
+            }
+            if !self.maps_seen.insert((dev.to_owned(), inode)) {
+                continue;
+            }
+            // map_files reaches the mapped file itself, even if deleted or in another mount
+            // namespace; the kernel resolves it to the same inode when attaching.
+            let open = PathBuf::from(format!("/proc/{pid}/map_files/{range}"));
+            if !open.exists() {
+                // The process exited or unmapped it meanwhile; let a later mapping retry.
+                self.maps_seen.remove(&(dev.to_owned(), inode));
+                continue;
+            }
+            if let Err(e) = self.scan_file(&open, &path, false) {
+                self.warnings.push(format!("{path}: {e:#}"));
+            }
+        }
+    }
+
+    /// Scans newly (re)mapped processes the collector noticed.
+    pub fn on_maps_changed<S>(&mut self, collector: &mut Collector<S>) {
+        let mut pids = std::mem::take(&mut collector.maps_changed);
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
+            self.scan_pid(pid);
+        }
+    }
+
+    /// Reads `open` (shown as `display`) once and attaches its probes that are requested.
+    /// `strict`: attach failures are errors rather than warnings.
+    pub fn scan_file(&mut self, open: &Path, display: &str, strict: bool) -> Result<()> {
+        if self.detached {
+            return Ok(());
+        }
+        let key = file_key(open).with_context(|| format!("stat {}", open.display()))?;
+        let probes = match self.files.get(&key) {
+            Some(f) => match &f.probes {
+                Some(p) => p.clone(),
+                None => return Ok(()),
+            },
+            None => {
+                let probes =
+                    notes::read_probes(open).ok().filter(|p| !p.notes.is_empty()).map(Arc::new);
+                self.files.insert(key, ScannedFile { probes: probes.clone() });
+                match probes {
+                    Some(p) => p,
+                    None => return Ok(()),
+                }
+            }
+        };
+        for note in &probes.notes {
+            let Some(role) = self.role_for(key, note) else { continue };
+            if self.attached.contains(&(key, note.pc_offset)) {
+                continue;
+            }
+            match self.attach_site(key, open, display, note, &probes.symbols, role) {
+                Ok(()) => {}
+                Err(e) if strict => return Err(e),
+                Err(e) => self.warnings.push(format!("{e:#}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn role_for(&mut self, key: FileKey, note: &notes::Note) -> Option<ProbeRole> {
+        let mut role = None;
+        for (i, (r, rkey)) in self.requests.iter().enumerate() {
+            if r.provider == note.provider && r.name == note.name && rkey.is_none_or(|k| k == key) {
+                self.found[i] = true;
+                role.get_or_insert(r.role);
+            }
+        }
+        if role.is_none() && note.provider == "rsprof" {
+            role = ProbeRole::rsprof(&note.name);
+        }
+        role
+    }
+
+    fn pmu(&mut self, semaphore: bool) -> Result<u32> {
+        if self.pmu_type.is_none() {
+            let t = read_sys(&format!("{UPROBE_PMU}/type"))
+                .context("this kernel has no uprobe perf PMU")?;
+            self.pmu_type = Some(t.parse().map_err(|_| anyhow!("bad {UPROBE_PMU}/type '{t}'"))?);
+        }
+        if semaphore {
+            let ok = *self.ref_ctr_ok.get_or_insert_with(|| {
+                Path::new(&format!("{UPROBE_PMU}/format/ref_ctr_offset")).exists()
+            });
+            if !ok {
+                bail!(
+                    "this kernel cannot maintain USDT semaphores (no {UPROBE_PMU}/format/ref_ctr_offset; needs Linux 4.20+)"
+                );
+            }
+        }
+        Ok(self.pmu_type.unwrap())
+    }
+
+    fn attach_site(
+        &mut self,
+        key: FileKey,
+        open: &Path,
+        display: &str,
+        note: &notes::Note,
+        symbols: &HashMap<String, u64>,
+        role: ProbeRole,
+    ) -> Result<()> {
+        let what = || format!("USDT {} in {display} at {:#x}", note.full_name(), note.pc);
+        let parsed = args::parse_args(&note.args, note.pc, symbols)
+            .map_err(|e| anyhow!("skipping {}: {e}", what()))?;
+        let mut strings = vec![false; parsed.len()];
+        if let Some(abi) = role.abi() {
+            if parsed.len() < abi.len() {
+                bail!(
+                    "skipping {}: {} arguments, the rsprof ABI has {}",
+                    what(),
+                    parsed.len(),
+                    abi.len()
+                );
+            }
+            strings[..abi.len()].copy_from_slice(abi);
+        }
+        if self.registry.sites.len() >= USDT_MAX_SPECS as usize {
+            bail!("skipping {}: more than {USDT_MAX_SPECS} probe sites", what());
+        }
+        let probe = *self
+            .probe_ids
+            .entry((key, note.provider.clone(), note.name.clone()))
+            .or_insert_with(|| {
+                self.registry.probes.push(ProbeInfo {
+                    provider: note.provider.clone(),
+                    name: note.name.clone(),
+                    path: display.to_owned(),
+                    role,
+                });
+                ProbeId(self.registry.probes.len() as u32 - 1)
+            });
+        let mut spec = UsdtSpec {
+            probe_id: probe.0,
+            arg_count: parsed.len() as u8,
+            role: match role {
+                ProbeRole::RsprofLabelPush => USDT_ROLE_LABEL_PUSH,
+                ProbeRole::RsprofLabelPop => USDT_ROLE_LABEL_POP,
+                _ => USDT_ROLE_SEND,
+            },
+            _pad: [0; 2],
+            args: [UsdtArgSpec::default(); USDT_MAX_ARGS],
+        };
+        let mut slot = 0;
+        for (i, a) in parsed.iter().enumerate() {
+            spec.args[i] = a.spec;
+            if strings[i] {
+                slot += 1;
+                spec.args[i].str_slot = slot;
+            }
+        }
+        let spec_id = self.registry.sites.len() as u32;
+        let pmu = self.pmu(note.semaphore != 0).with_context(what)?;
+        self.specs.set(spec_id, spec, 0).with_context(|| format!("store spec of {}", what()))?;
+        let perf = open_uprobe(pmu, open, note.pc_offset, note.semaphore_offset)
+            .with_context(|| format!("attach {}", what()))?;
+        let link = link_create(&self.prog, &perf, spec_id as u64)
+            .with_context(|| format!("attach {}", what()))?;
+        self.registry.sites.push(SiteInfo {
+            probe,
+            file_offset: note.pc_offset,
+            args: parsed,
+            strings,
+        });
+        self.attached.insert((key, note.pc_offset));
+        self.links.push(Attachment { _link: link, _perf: perf });
+        Ok(())
+    }
+
+    pub fn sites(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Detaches every probe (semaphores drop back); hits already sent stay in the ring.
+    pub fn detach(&mut self) {
+        self.links.clear();
+        self.detached = true;
+    }
+
+    /// Types the collected hits and gathers label names.
+    pub fn finish(mut self, raw: &[RawUsdtHit], counters: UsdtCounters) -> UsdtReport {
+        self.detach();
+        let mut report = UsdtReport {
+            counters,
+            sites: self.registry.sites.len(),
+            warnings: std::mem::take(&mut self.warnings),
+            ..Default::default()
+        };
+        for (i, (r, _)) in self.requests.iter().enumerate() {
+            if !self.found[i] {
+                report.not_found.push(format!("{}:{}", r.provider, r.name));
+            }
+        }
+        report.not_found.dedup();
+        for h in raw {
+            let Some(hit) = self.registry.resolve(h) else {
+                report.unresolved += 1;
+                continue;
+            };
+            let role = self.registry.probes[hit.probe.0 as usize].role;
+            if role == ProbeRole::RsprofLabelPush
+                && let (Some(id), Some(UsdtArg::Str(s))) = (h.args.first(), hit.args.first())
+            {
+                let text = match s {
+                    Ok(s) => s.text.clone(),
+                    Err(_) => hit.args[0].to_string(),
+                };
+                report.label_names.insert((hit.pid, *id), text);
+            }
+            report.hits.push(hit);
+        }
+        report.registry = self.registry;
+        report
+    }
+}
+
+impl UsdtReport {
+    /// Whether the summary has anything to say.
+    pub fn is_empty(&self) -> bool {
+        self.sites == 0
+            && self.hits.is_empty()
+            && self.not_found.is_empty()
+            && self.warnings.is_empty()
+    }
+
+    pub fn hit_counts(&self) -> Vec<(String, u64)> {
+        let mut by_probe: HashMap<String, u64> = HashMap::new();
+        for h in &self.hits {
+            *by_probe.entry(self.registry.probes[h.probe.0 as usize].full_name()).or_default() += 1;
+        }
+        let mut v: Vec<_> = by_probe.into_iter().collect();
+        v.sort();
+        v
+    }
+
+    /// Summary lines (after the sampling summary).
+    pub fn render(&self, label_samples: &HashMap<(Pid, u64), u64>) -> String {
+        let mut s = String::new();
+        let c = &self.counters;
+        let _ = writeln!(
+            s,
+            "usdt: {} hits recorded, {} lost (ring buffer full {}, other {}); {} probe sites attached",
+            self.hits.len(),
+            c.lost_ringbuf_full + c.lost_other,
+            c.lost_ringbuf_full,
+            c.lost_other,
+            self.sites
+        );
+        let counts = self.hit_counts();
+        if !counts.is_empty() {
+            let list: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            let _ = writeln!(s, "  hits by probe: {}", list.join(", "));
+        }
+        let _ = writeln!(
+            s,
+            "  strings: {} null, {} unreadable, {} truncated; argument read errors {}",
+            c.str_null, c.str_unreadable, c.str_truncated, c.arg_errors
+        );
+        if c.label_pushes + c.label_pops > 0 {
+            let _ = writeln!(
+                s,
+                "  labels: {} pushes, {} pops, {} overflows, {} underflows, {} map full; {} samples labelled",
+                c.label_pushes,
+                c.label_pops,
+                c.label_overflows,
+                c.label_underflows,
+                c.label_map_full,
+                c.samples_with_labels
+            );
+            let mut by_label: HashMap<String, u64> = HashMap::new();
+            for (key, n) in label_samples {
+                let name =
+                    self.label_names.get(key).cloned().unwrap_or_else(|| format!("{:#x}", key.1));
+                *by_label.entry(name).or_default() += n;
+            }
+            let mut v: Vec<_> = by_label.into_iter().collect();
+            v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            for (name, n) in v.iter().take(10) {
+                let _ = writeln!(s, "  label '{name}': {n} samples");
+            }
+        }
+        for p in &self.not_found {
+            let _ = writeln!(s, "  warning: USDT probe {p} was not found in any profiled process");
+        }
+        for w in self.warnings.iter().take(20) {
+            let _ = writeln!(s, "  warning: {w}");
+        }
+        if self.warnings.len() > 20 {
+            let _ = writeln!(s, "  ({} more warnings)", self.warnings.len() - 20);
+        }
+        if self.unresolved > 0 {
+            let _ = writeln!(s, "  warning: {} hits with unknown probe ids", self.unresolved);
+        }
+        s
+    }
+
+    /// One line per hit: `TIME_NS PID TID CPU PROVIDER:NAME ARG…`, strings quoted.
+    pub fn dump(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        for h in &self.hits {
+            let p = &self.registry.probes[h.probe.0 as usize];
+            write!(w, "{} {} {} {} {}", h.time_ns, h.pid, h.tid, h.cpu, p.full_name())?;
+            for a in &h.args {
+                match a {
+                    UsdtArg::Str(_) => write!(w, " {:?}", a.to_string())?,
+                    _ => write!(w, " {a}")?,
+                }
+            }
+            writeln!(w)?;
+        }
+        for ((pid, id), name) in &self.label_names {
+            writeln!(w, "label {pid} {id:#x} {name:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `rsprof-bpf list-usdt`: the probes of a file, or of every file a process maps.
+pub fn list(path: Option<&Path>, pid: Option<Pid>) -> Result<String> {
+    let mut files: Vec<(PathBuf, String)> = Vec::new();
+    if let Some(p) = path {
+        if !p.exists() {
+            bail!("no such file: {}", p.display());
+        }
+        files.push((p.to_owned(), p.display().to_string()));
+    }
+    if let Some(pid) = pid {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .map_err(|_| anyhow!("no process with pid {pid}"))?;
+        let mut seen = HashSet::new();
+        for line in maps.lines() {
+            let f: Vec<&str> = line.split_ascii_whitespace().collect();
+            if f.len() < 6 || !f[5].starts_with('/') || f[4] == "0" {
+                continue;
+            }
+            let display = f[5..].join(" ");
+            if seen.insert(display.clone()) {
+                files.push((PathBuf::from(format!("/proc/{pid}/map_files/{}", f[0])), display));
+            }
+        }
+    }
+    let mut out = String::new();
+    for (open, display) in files {
+        let probes = match notes::read_probes(&open) {
+            Ok(p) => p,
+            Err(e) if path.is_some() => return Err(e),
+            Err(_) => continue,
+        };
+        // One line per probe name; sites of one probe (inlined copies) are counted.
+        let mut order: Vec<String> = Vec::new();
+        let mut by_name: HashMap<String, Vec<&notes::Note>> = HashMap::new();
+        for n in &probes.notes {
+            let k = n.full_name();
+            if !by_name.contains_key(&k) {
+                order.push(k.clone());
+            }
+            by_name.entry(k).or_default().push(n);
+        }
+        for k in order {
+            let sites = &by_name[&k];
+            let n = sites[0];
+            let _ = write!(out, "usdt:{display}:{k}");
+            if sites.len() > 1 {
+                let _ = write!(out, "  sites={}", sites.len());
+            }
+            if n.semaphore != 0 {
+                let _ = write!(out, "  semaphore={:#x}", n.semaphore);
+            }
+            let _ = write!(out, "  args: {}", if n.args.is_empty() { "(none)" } else { &n.args });
+            let bad: Vec<String> = sites
+                .iter()
+                .filter_map(|s| args::parse_args(&s.args, s.pc, &probes.symbols).err())
+                .map(|e| e.to_string())
+                .collect();
+            if let Some(e) = bad.first() {
+                let _ = write!(out, "  [cannot record: {e}]");
+            }
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+/// Writes the hit dump for `--usdt-dump`.
+pub fn write_dump(report: &UsdtReport, path: &Path) -> Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
+    );
+    report.dump(&mut f)?;
+    f.flush()?;
+    Ok(())
+}
