@@ -22,6 +22,18 @@ pub struct Cli {
 pub enum Command {
     /// Record a profile (the default command).
     Record(RecordArgs),
+    /// List the USDT probes of a binary or library, or of every file a process maps.
+    ListUsdt(ListUsdtArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["path", "pid"])))]
+pub struct ListUsdtArgs {
+    /// ELF file to read.
+    pub path: Option<PathBuf>,
+    /// Process whose mapped files to read.
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pid: Option<u32>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -54,6 +66,20 @@ pub struct RecordArgs {
     /// Size of the kernel→user ring buffer (bytes; K/M suffixes). Rounded up to a power of two.
     #[arg(long, default_value = "16M", value_parser = parse_size, value_name = "SIZE")]
     pub ring_buffer_size: u64,
+
+    /// Record hits of a USDT probe as instant markers (repeatable). Without @PATH it is looked
+    /// for in every file of the profiled processes. `rsprof` provider probes are always
+    /// recorded.
+    #[arg(long = "usdt", value_name = "PROVIDER:NAME[@PATH]")]
+    pub usdt: Vec<String>,
+
+    /// Record intervals from a USDT start probe to the next end probe on the same thread.
+    #[arg(long = "usdt-interval", value_name = "PROVIDER:START:END[@PATH]")]
+    pub usdt_interval: Vec<String>,
+
+    /// Write every USDT hit as a text line to this file (for debugging and tests).
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub usdt_dump: Option<PathBuf>,
 
     /// Run this command and profile it and its children.
     #[arg(last = true, value_name = "CMD")]

@@ -6,11 +6,15 @@ use profiler_user::{
 
 fn main() {
     let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Record(a)) => a,
-        None => cli.record,
+    let result = match cli.command {
+        Some(Command::Record(a)) => record::run(a),
+        Some(Command::ListUsdt(a)) => {
+            profiler_user::usdt::attach::list(a.path.as_deref(), a.pid.map(profiler_user::ids::Pid))
+                .map(|text| print!("{text}"))
+        }
+        None => record::run(cli.record),
     };
-    if let Err(e) = record::run(args) {
+    if let Err(e) = result {
         eprintln!("rsprof-bpf: error: {e:#}");
         std::process::exit(1);
     }

@@ -28,6 +28,10 @@ use crate::{
     storage::MemoryStore,
     summary,
     symbolize::{ModuleSource, symbolize},
+    usdt::{
+        self, UsdtSession,
+        attach::{UsdtCounters, write_dump},
+    },
 };
 
 fn max_sample_rate() -> u64 {
@@ -91,6 +95,7 @@ pub fn validate(args: &RecordArgs) -> Result<()> {
     if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
         bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
     }
+    usdt::requests_from_args(&args.usdt, &args.usdt_interval)?;
     Ok(())
 }
 
@@ -121,6 +126,16 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let mut targets: Vec<Pid> = args.pid.iter().map(|&p| Pid(p)).collect();
     targets.extend(gated.as_ref().map(|g| g.pid));
     sampler.add_targets(&targets)?;
+    let (requests, intervals) = usdt::requests_from_args(&args.usdt, &args.usdt_interval)?;
+    let mut usdt = UsdtSession::new(&mut sampler, requests, intervals)?;
+    if args.all {
+        usdt.scan_all_processes();
+    }
+    // The command's own binary is attached before it runs; its libraries and later execs
+    // are found when the collector sees their mappings.
+    if let Some(exe) = args.command.first().and_then(|c| usdt::attach::which(c)) {
+        let _ = usdt.scan_file(&exe, &exe.display().to_string(), false);
+    }
 
     let mut collector = Collector::new(MemoryStore::default());
     for &pid in &targets {
@@ -181,10 +196,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
             tokio::select! {
                 ready = afd.readable_mut() => {
                     let mut g = ready?;
-                    drain(g.get_inner_mut(), &mut collector);
+                    drain(g.get_inner_mut(), &mut collector, &mut usdt);
                     g.clear_ready();
                 }
-                _ = poll.tick() => drain(afd.get_mut(), &mut collector),
+                _ = poll.tick() => drain(afd.get_mut(), &mut collector, &mut usdt),
                 _ = sigint.recv() => return Ok::<_, anyhow::Error>("Ctrl-C".to_owned()),
                 _ = sigterm.recv() => return Ok("SIGTERM".to_owned()),
                 _ = &mut sleep => return Ok("duration".to_owned()),
@@ -202,11 +217,16 @@ pub fn run(args: RecordArgs) -> Result<()> {
     })?;
     let end_mono_ns = monotonic_ns();
     sampler.detach();
-    drain(afd.get_mut(), &mut collector);
+    usdt.detach();
+    drain(afd.get_mut(), &mut collector, &mut usdt);
     if status.is_some() {
         eprint!("\r\x1b[2K");
     }
     let counters = sampler.counters()?;
+    let usdt_report = usdt.finish(&collector.usdt_hits, UsdtCounters::read(&sampler)?);
+    if let Some(path) = &args.usdt_dump {
+        write_dump(&usdt_report, path)?;
+    }
 
     let modules: Vec<ModuleSource> = (0..collector.modules.len())
         .map(|i| {
@@ -244,15 +264,23 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 stop_reason: &stop_reason,
             })
         );
+        if !usdt_report.is_empty() {
+            eprint!("{}", usdt_report.render(&collector.label_samples));
+        }
     }
     Ok(())
 }
 
-fn drain(ring: &mut RingBuf<MapData>, collector: &mut Collector<MemoryStore>) {
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    collector: &mut Collector<MemoryStore>,
+    usdt: &mut UsdtSession,
+) {
     while let Some(item) = ring.next() {
         // Undecodable records are counted in the collector's stats and reported.
         let _ = collector.handle_record(&item);
     }
+    usdt.on_maps_changed(collector);
 }
 
 fn oscpu() -> String {
