@@ -105,8 +105,17 @@ pub fn build(name: &str) -> anyhow::Result<PathBuf> {
     } else {
         ("gcc".into(), C_FLAGS)
     };
+    // C fixtures may use the rsprof provider header (include/rsprof.h).
+    let include = format!("-I{}", workspace_root().join("include").display());
+    let extra: Vec<&str> = if is_rust { vec![] } else { vec![include.as_str()] };
     // Recorded next to the binary so a change of flags triggers a rebuild.
-    let recipe = format!("{} {} {}", program.to_string_lossy(), flags.join(" "), src.display());
+    let recipe = format!(
+        "{} {} {} {}",
+        program.to_string_lossy(),
+        flags.join(" "),
+        extra.join(" "),
+        src.display()
+    );
     let recipe_path = out.with_extension("cmd");
 
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,6 +128,7 @@ pub fn build(name: &str) -> anyhow::Result<PathBuf> {
     let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
     let output = Command::new(&program)
         .args(flags)
+        .args(&extra)
         .arg("-o")
         .arg(&tmp)
         .arg(&src)
@@ -139,6 +149,31 @@ pub fn build(name: &str) -> anyhow::Result<PathBuf> {
     fs::write(&recipe_path, &recipe)
         .with_context(|| format!("writing {}", recipe_path.display()))?;
     Ok(out)
+}
+
+/// Builds example `example` of workspace package `package` (release, frame pointers) in its
+/// own target dir under the fixture cache, so it never waits on or invalidates the main
+/// build; returns the executable. Cargo decides whether anything needs rebuilding.
+pub fn build_example(package: &str, example: &str) -> anyhow::Result<PathBuf> {
+    let target = cache_dir().join("cargo");
+    let cargo =
+        std::env::var_os("CARGO").filter(|v| !v.is_empty()).unwrap_or_else(|| "cargo".into());
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let output = Command::new(&cargo)
+        .current_dir(workspace_root())
+        .env("RUSTFLAGS", "-C force-frame-pointers=yes")
+        .args(["build", "--release", "-p", package, "--example", example, "--target-dir"])
+        .arg(&target)
+        .output()
+        .with_context(|| format!("running {}", cargo.to_string_lossy()))?;
+    if !output.status.success() {
+        bail!(
+            "building example {example} of {package} failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(target.join("release").join("examples").join(example))
 }
 
 fn mtime(path: &Path) -> Option<SystemTime> {

@@ -1,0 +1,280 @@
+//! USDT probes for real: `list-usdt` on system binaries, recordings of CPython's GC probes
+//! (semaphore-guarded) and of the rsprof provider from C and Rust fixtures. Hits are checked
+//! through `--usdt-dump` (one line per hit: `TIME PID TID CPU PROVIDER:NAME ARGS…`) and the
+//! summary. Needs root; run serially.
+
+use std::process::{Command, Stdio};
+
+use tests::{
+    fixtures,
+    gecko_schema::validate,
+    harness::{command, output_path, run},
+};
+
+const PYTHON: &str = "/usr/bin/python3.11";
+const LIBJVM: &str = "/usr/lib/jvm/java-17-openjdk-amd64/lib/server/libjvm.so";
+
+fn list_usdt(args: &[&str]) -> (bool, String, String) {
+    let out = command().unwrap().arg("list-usdt").args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+struct Recorded {
+    stderr: String,
+    /// `--usdt-dump` lines split into fields (hits only, not the label table).
+    hits: Vec<Vec<String>>,
+    labels: Vec<String>,
+}
+
+impl Recorded {
+    fn of(&self, probe: &str) -> Vec<&Vec<String>> {
+        self.hits.iter().filter(|h| h[4] == probe).collect()
+    }
+}
+
+/// Records `-- CMD` with `extra` options and a hit dump; checks the profile is valid.
+fn record_cmd(test: &str, extra: &[&str], cmd: &[&str]) -> Recorded {
+    let out = output_path(test, "json");
+    let dump = output_path(test, "hits");
+    let mut args: Vec<&str> =
+        vec!["-o", out.to_str().unwrap(), "--usdt-dump", dump.to_str().unwrap()];
+    args.extend(extra);
+    args.push("--");
+    args.extend(cmd);
+    let done = run(&args).unwrap();
+    assert!(done.status.success(), "rsprof-bpf {args:?} failed:\n{}", done.stderr);
+    let profile = tests::gecko_schema::load(&out).expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let text = std::fs::read_to_string(&dump).unwrap();
+    let (labels, hits): (Vec<&str>, Vec<&str>) =
+        text.lines().partition(|l| l.starts_with("label "));
+    Recorded {
+        stderr: done.stderr,
+        hits: hits.iter().map(|l| split_fields(l)).collect(),
+        labels: labels.into_iter().map(str::to_owned).collect(),
+    }
+}
+
+/// Splits on spaces, keeping `"quoted strings"` (Rust debug escapes) whole.
+fn split_fields(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let (mut quoted, mut escaped) = (false, false);
+    for c in line.chars() {
+        match c {
+            '\\' if quoted && !escaped => {
+                escaped = true;
+                cur.push(c);
+                continue;
+            }
+            '"' if !escaped => {
+                quoted = !quoted;
+                cur.push(c);
+            }
+            ' ' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+        escaped = false;
+    }
+    out.push(cur);
+    out
+}
+
+#[test]
+fn list_usdt_shows_python_gc_start_with_its_semaphore() {
+    let (ok, out, err) = list_usdt(&[PYTHON]);
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("usdt:{PYTHON}:python:gc__start ")))
+        .unwrap_or_else(|| panic!("no python:gc__start in:\n{out}"));
+    assert!(line.contains("semaphore=0x"), "{line}");
+    assert!(line.contains("args: -4@112(%rsp)"), "{line}");
+}
+
+#[test]
+fn list_usdt_lists_hotspot_probes_of_libjvm() {
+    let (ok, out, err) = list_usdt(&[LIBJVM]);
+    assert!(ok, "{err}");
+    let n = out.lines().filter(|l| l.starts_with(&format!("usdt:{LIBJVM}:hotspot"))).count();
+    assert!(n > 50, "{n} hotspot probes:\n{out}");
+    assert!(out.contains(":hotspot:class__loaded "), "{out}");
+}
+
+#[test]
+fn list_usdt_of_a_process_covers_its_executable() {
+    let exe = fixtures::build("usdt_app").unwrap();
+    let mut child = Command::new(&exe).args(["labels", "3"]).stdout(Stdio::null()).spawn().unwrap();
+    let (ok, out, err) = list_usdt(&["-p", &child.id().to_string()]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(ok, "{err}");
+    for probe in ["label_push", "label_pop", "marker", "begin", "end", "counter"] {
+        assert!(out.contains(&format!(":rsprof:{probe} ")), "no rsprof:{probe} in:\n{out}");
+    }
+    let (ok, _, err) = list_usdt(&["/no/such/file"]);
+    assert!(!ok && err.starts_with("rsprof-bpf: error: ") && err.lines().count() == 1, "{err}");
+}
+
+/// python:gc__start's argument is the generation; gc.collect() collects generation 2.
+fn python_gc(test: &str, n: usize) -> (usize, usize, String) {
+    let code = format!("import gc\n[gc.collect() for _ in range({n})]");
+    let r =
+        record_cmd(test, &["--usdt-interval", "python:gc__start:gc__done"], &[PYTHON, "-c", &code]);
+    let starts = r.of("python:gc__start");
+    let dones = r.of("python:gc__done");
+    assert_eq!(starts.len(), dones.len(), "every start has its done:\n{}", r.stderr);
+    let gen2 = starts.iter().filter(|h| h[5] == "2").count();
+    (gen2, starts.len(), r.stderr)
+}
+
+#[test]
+fn python_gc_interval_probes_fire_once_per_collect() {
+    // The interpreter collects on its own too (at start-up and exit); the difference between
+    // N collects and none is exactly N generation-2 starts.
+    let (base, _, _) = python_gc("gc0", 0);
+    let (gen2, starts, stderr) = python_gc("gc50", 50);
+    assert_eq!(gen2 - base, 50, "{gen2} gen-2 collections vs {base} without gc.collect()");
+    assert!(
+        stderr.contains(&format!("python:gc__done {starts}, python:gc__start {starts}")),
+        "summary counts hits by probe:\n{stderr}"
+    );
+    assert!(stderr.contains("usdt: ") && stderr.contains(" 0 lost"), "{stderr}");
+}
+
+fn check_markers(r: &Recorded, n: usize) {
+    let markers = r.of("rsprof:marker");
+    assert_eq!(markers.len(), n, "{}", r.stderr);
+    for (i, m) in markers.iter().enumerate() {
+        assert_eq!(m[5], "\"tick\"");
+        assert_eq!(m[6], format!("\"marker {i}\""));
+    }
+    let begins = r.of("rsprof:begin");
+    let ends = r.of("rsprof:end");
+    assert_eq!((begins.len(), ends.len()), (n, n), "{}", r.stderr);
+    for (i, (b, e)) in begins.iter().zip(&ends).enumerate() {
+        assert_eq!(
+            (b[5].as_str(), b[6].as_str(), e[5].as_str()),
+            ("\"step\"", &*i.to_string(), &*i.to_string())
+        );
+        let (tb, te): (u64, u64) = (b[0].parse().unwrap(), e[0].parse().unwrap());
+        // Each interval spins 1 ms.
+        assert!(te - tb >= 1_000_000 && te - tb < 500_000_000, "interval {i}: {} ns", te - tb);
+    }
+    let counters = r.of("rsprof:counter");
+    assert_eq!(counters.len(), n);
+    assert!(
+        counters.iter().enumerate().all(|(i, c)| c[5] == "\"progress\"" && c[6] == i.to_string())
+    );
+}
+
+#[test]
+fn c_markers_intervals_and_counters_are_recorded() {
+    let exe = fixtures::build("usdt_app").unwrap();
+    let r = record_cmd("c_markers", &[], &[exe.to_str().unwrap(), "markers", "25"]);
+    check_markers(&r, 25);
+    assert!(r.stderr.contains("rsprof:marker 25"), "{}", r.stderr);
+}
+
+#[test]
+fn rust_markers_intervals_and_counters_are_recorded() {
+    let exe = fixtures::build_example("rsprof-probes", "rsprof_demo").unwrap();
+    let r = record_cmd("rust_markers", &[], &[exe.to_str().unwrap(), "markers", "25"]);
+    check_markers(&r, 25);
+}
+
+fn label_samples(stderr: &str, label: &str) -> u64 {
+    let prefix = format!("  label '{label}': ");
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.strip_suffix(" samples"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no samples labelled '{label}':\n{stderr}"))
+}
+
+fn check_labels(r: &Recorded, label: &str) {
+    // Two threads for 2 s, half of it labelled: ~2000 labelled samples at 999 Hz.
+    let n = label_samples(&r.stderr, label);
+    assert!(n > 1000, "{n} samples labelled '{label}':\n{}", r.stderr);
+    // The label text is sent once per process, not once per push (twice at most when both
+    // threads push it first at the same moment).
+    let sent = r.of("rsprof:label_push").len();
+    assert!((1..=2).contains(&sent), "{sent} label_push hits sent: {:?}", r.hits);
+    assert_eq!(r.labels.len(), 1, "{:?}", r.labels);
+    assert!(r.labels[0].ends_with(&format!("{label:?}")), "{:?}", r.labels);
+    assert!(r.stderr.contains(" 0 underflows"), "{}", r.stderr);
+}
+
+#[test]
+fn c_labels_mark_the_samples_taken_under_them() {
+    let exe = fixtures::build("usdt_app").unwrap();
+    let r = record_cmd("c_labels", &[], &[exe.to_str().unwrap(), "labels", "2"]);
+    check_labels(&r, "hot-work");
+}
+
+#[test]
+fn rust_label_guards_mark_the_samples_taken_under_them() {
+    let exe = fixtures::build_example("rsprof-probes", "rsprof_demo").unwrap();
+    let r = record_cmd("rust_labels", &[], &[exe.to_str().unwrap(), "labels", "2"]);
+    check_labels(&r, "rust-hot");
+}
+
+#[test]
+fn bad_strings_and_unbalanced_labels_are_counted_not_fatal() {
+    let exe = fixtures::build("usdt_app").unwrap();
+    let r = record_cmd("edge", &[], &[exe.to_str().unwrap(), "edge"]);
+    let markers = r.of("rsprof:marker");
+    let args: Vec<(&str, &str)> = markers.iter().map(|m| (m[5].as_str(), m[6].as_str())).collect();
+    let big = format!("\"{}…[truncated]\"", "x".repeat(127));
+    let want = [
+        ("\"<null>\"", "\"null name\""),
+        ("\"unreadable\"", "\"<unreadable 0x10>\""),
+        ("\"big\"", big.as_str()),
+        ("\"utf8\"", "\"bad \u{fffd}\u{fffd} bytes[invalid utf-8]\""),
+        ("\"done\"", "\"edge\""),
+    ];
+    assert_eq!(args, want, "{}", r.stderr);
+    let s = &r.stderr;
+    assert!(s.contains("strings: 2 null, 1 unreadable, 1 truncated"), "{s}");
+    // 100 + 2 + 1 pushes; 1 + 100 + 1 pops, the first with nothing pushed; 68 of the 100
+    // nested pushes are deeper than the 32 kept.
+    assert!(
+        s.contains("labels: 103 pushes, 102 pops, 68 overflows, 1 underflows, 0 map full"),
+        "{s}"
+    );
+    // Each label is named once: nested, left-a, left-b, and the NULL label.
+    assert_eq!(r.of("rsprof:label_push").len(), 4, "{:?}", r.hits);
+}
+
+#[test]
+fn bad_usdt_options_give_one_line_errors() {
+    for (args, want) in [
+        (vec!["--all", "--usdt", "python"], "expected PROVIDER:NAME"),
+        (vec!["--all", "--usdt-interval", "python:a:a"], "start and end are the same probe"),
+        (
+            vec!["--all", "-d", "1", "--usdt", "python:nope@/usr/bin/python3.11"],
+            "no USDT probe python:nope",
+        ),
+        (vec!["--all", "-d", "1", "--usdt", "python:gc__start@/no/such/file"], "/no/such/file"),
+    ] {
+        let out = output_path("bad_usdt", "json");
+        let mut a = args.clone();
+        a.extend(["-o", out.to_str().unwrap()]);
+        let done = run(&a).unwrap();
+        assert!(!done.status.success(), "{a:?} succeeded");
+        let lines: Vec<&str> = done.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{a:?}:\n{}", done.stderr);
+        assert!(
+            lines[0].starts_with("rsprof-bpf: error: ") && lines[0].contains(want),
+            "{a:?}: {}",
+            lines[0]
+        );
+    }
+}
