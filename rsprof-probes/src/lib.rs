@@ -20,6 +20,17 @@ use std::ffi::{CStr, CString};
 
 use probe::probe_lazy;
 
+/// Starts the `.probes` section (the `probe` crate's semaphores) on a page of its own. The
+/// kernel finds a semaphore by file offset, and lld gives the RELRO segment and the data
+/// segment one shared file page: a semaphore on that page is incremented in the RELRO
+/// mapping when the program is exec'd while probes are attached, and the probe never fires.
+#[repr(C, align(4096))]
+struct PageAligned(u8);
+
+#[unsafe(link_section = ".probes")]
+#[used]
+static PROBES_PAGE: PageAligned = PageAligned(0);
+
 /// A C string literal, checked at compile time.
 #[doc(hidden)]
 #[macro_export]

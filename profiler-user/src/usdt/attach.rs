@@ -483,6 +483,13 @@ impl UsdtSession {
             .with_context(|| format!("attach {}", what()))?;
         let link = link_create(&self.prog, &perf, spec_id as u64)
             .with_context(|| format!("attach {}", what()))?;
+        if note.semaphore_page_shared {
+            self.warnings.push(format!(
+                "{}: its semaphore shares a file page with another segment; in processes started \
+                 during the recording the kernel may not enable it",
+                what()
+            ));
+        }
         self.registry.sites.push(SiteInfo {
             probe,
             file_offset: note.pc_offset,
@@ -691,6 +698,9 @@ pub fn list(path: Option<&Path>, pid: Option<Pid>) -> Result<String> {
             }
             if n.semaphore != 0 {
                 let _ = write!(out, "  semaphore={:#x}", n.semaphore);
+                if n.semaphore_page_shared {
+                    let _ = write!(out, " (page shared with another segment)");
+                }
             }
             let _ = write!(out, "  args: {}", if n.args.is_empty() { "(none)" } else { &n.args });
             let bad: Vec<String> = sites

@@ -25,6 +25,11 @@ pub struct Note {
     /// Link-time address and file offset of the u16 semaphore (0 when there is none).
     pub semaphore: u64,
     pub semaphore_offset: u64,
+    /// The semaphore's file page is mapped by two PT_LOAD segments (lld's RELRO and data
+    /// segments share one). The kernel finds semaphores by file offset and, in a process
+    /// exec'd while the probe is attached, may increment the copy in the RELRO mapping: the
+    /// probe then stays disabled there. Processes already running are not affected.
+    pub semaphore_page_shared: bool,
     /// The argument string, e.g. `-4@%edi 8@-16(%rbp)`; empty when the probe has none.
     pub args: String,
 }
@@ -49,7 +54,22 @@ struct Segment {
     vaddr: u64,
     memsz: u64,
     offset: u64,
+    filesz: u64,
     exec: bool,
+}
+
+const PAGE: u64 = 4096;
+
+fn page_shared(segs: &[Segment], offset: u64) -> bool {
+    let page = offset & !(PAGE - 1);
+    segs.iter()
+        .filter(|s| {
+            s.filesz > 0
+                && s.offset & !(PAGE - 1) <= page
+                && page < (s.offset + s.filesz).div_ceil(PAGE) * PAGE
+        })
+        .count()
+        > 1
 }
 
 fn vaddr_to_offset(segs: &[Segment], addr: u64, exec: bool) -> Option<u64> {
@@ -92,6 +112,7 @@ pub fn parse_probes(data: &[u8]) -> Result<ElfProbes> {
             vaddr: p.p_vaddr(endian),
             memsz: p.p_memsz(endian),
             offset: p.p_offset(endian),
+            filesz: p.p_filesz(endian),
             exec: p.p_flags(endian) & PF_X != 0,
         })
         .collect();
@@ -147,7 +168,17 @@ pub fn parse_probes(data: &[u8]) -> Result<ElfProbes> {
         let args = String::from_utf8_lossy(args).into_owned();
         // "" or ":…" mean no arguments.
         let args = if args.starts_with(':') { String::new() } else { args };
-        out.notes.push(Note { provider, name, pc, pc_offset, semaphore, semaphore_offset, args });
+        let semaphore_page_shared = semaphore != 0 && page_shared(&segs, semaphore_offset);
+        out.notes.push(Note {
+            provider,
+            name,
+            pc,
+            pc_offset,
+            semaphore,
+            semaphore_offset,
+            semaphore_page_shared,
+            args,
+        });
     }
     if out.notes.iter().any(|n| n.args.contains("(%rip)") || n.args.contains("@$")) {
         for table in [elf.elf_symbol_table(), elf.elf_dynamic_symbol_table()] {
@@ -184,6 +215,7 @@ mod tests {
         assert_ne!(start.semaphore, 0);
         assert_ne!(start.semaphore_offset, 0);
         assert_eq!(start.args, "-4@112(%rsp)");
+        assert!(!start.semaphore_page_shared);
         // The offset must point at the probe's nop in the file.
         let bytes = std::fs::read(PYTHON).unwrap();
         assert_eq!(bytes[start.pc_offset as usize], 0x90, "nop at {:#x}", start.pc_offset);
@@ -200,6 +232,28 @@ mod tests {
         for n in &p.notes {
             assert_eq!(bytes[n.pc_offset as usize], 0x90, "{} at {:#x}", n.full_name(), n.pc);
         }
+    }
+
+    #[test]
+    fn compiled_rsprof_fixture_probes() {
+        let exe = ::tests::fixtures::build("usdt_app").unwrap();
+        let p = read_probes(&exe).unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        for name in ["marker", "begin", "end", "counter", "label_push", "label_pop"] {
+            let sites: Vec<&Note> =
+                p.notes.iter().filter(|n| n.full_name() == format!("rsprof:{name}")).collect();
+            assert!(!sites.is_empty(), "rsprof:{name}");
+            for n in sites {
+                assert_eq!(bytes[n.pc_offset as usize], 0x90, "{name}");
+                assert_ne!(n.semaphore, 0, "{name}");
+                assert!(!n.semaphore_page_shared, "{name}");
+                // The semaphore's bytes in the file are the initial 0.
+                assert_eq!(&bytes[n.semaphore_offset as usize..][..2], &[0, 0]);
+                crate::usdt::args::parse_args(&n.args, n.pc, &p.symbols).unwrap();
+            }
+        }
+        let marker = p.notes.iter().find(|n| n.name == "marker").unwrap();
+        assert_eq!(marker.args.split_whitespace().count(), 2);
     }
 
     #[test]
