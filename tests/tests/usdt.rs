@@ -288,3 +288,25 @@ fn bad_usdt_options_give_one_line_errors() {
         );
     }
 }
+
+#[test]
+fn probes_of_a_program_execed_during_the_recording_are_found() {
+    // The shell is attached before it runs; the fixture it starts is found from its exec.
+    let exe = fixtures::build("usdt_app").unwrap();
+    let script = format!("{} labels 2; true", exe.display());
+    let r = record_cmd("exec_later", &[], &["/bin/sh", "-c", &script]);
+    assert!(label_samples(&r.stderr, "hot-work") > 300, "{}", r.stderr);
+}
+
+#[test]
+fn all_mode_attaches_to_processes_already_running() {
+    let exe = fixtures::build("usdt_app").unwrap();
+    let mut child = Command::new(&exe).args(["labels", "4"]).stdout(Stdio::null()).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = output_path("all_running", "json");
+    let done = run(&["--all", "-d", "2", "-o", out.to_str().unwrap()]).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(label_samples(&done.stderr, "hot-work") > 300, "{}", done.stderr);
+}
