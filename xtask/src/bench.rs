@@ -695,7 +695,7 @@ fn machine_description(cpus: u64, perf_version: Option<&str>) -> String {
 }
 
 /// Current UTC time as `YYYY-MM-DD HH:MM UTC`.
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs =
         SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);

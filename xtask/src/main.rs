@@ -8,6 +8,7 @@
 //! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
 
 mod bench;
+mod bench_usdt;
 mod setup;
 
 use std::ffi::OsString;
@@ -49,6 +50,9 @@ enum Cmd {
     },
     /// Measure the profiler's overhead against perf record and update BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Measure the cost of one USDT probe hit with and without the profiler attached and
+    /// update BENCHMARKS.md.
+    BenchUsdt(bench_usdt::BenchUsdtArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -74,6 +78,7 @@ fn main() {
         Cmd::Run { args } => run(args),
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
         Cmd::Bench(args) => bench::bench(args),
+        Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");
