@@ -52,7 +52,7 @@ const PT_REGS_LAST: u64 = 160;
 #[inline(always)]
 unsafe fn reg(ctx: &ProbeContext, off: u8) -> Result<u64, ()> {
     let off = off as u64;
-    if off > PT_REGS_LAST || off % 8 != 0 {
+    if off > PT_REGS_LAST || !off.is_multiple_of(8) {
         return Err(());
     }
     let mut v: u64 = 0;
@@ -275,7 +275,7 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
         let mm = unsafe { read_kernel_u64(bpf_get_current_task() + cfg.task_mm as u64) };
         let key = LabelSeenKey { mm: mm.unwrap_or(0), label };
         // SAFETY: plain lookup.
-        if unsafe { LABEL_SEEN.get(&key) }.is_some() {
+        if unsafe { LABEL_SEEN.get(key) }.is_some() {
             return 0;
         }
         seen_key = Some(key);
@@ -320,7 +320,7 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
     count(counter::USDT_SENT);
     // Only once the text is on its way: a lost record leaves the label to be named next time.
     if let Some(key) = seen_key {
-        let _ = LABEL_SEEN.insert(&key, &1, 0);
+        let _ = LABEL_SEEN.insert(key, 1, 0);
     }
     0
 }

@@ -84,10 +84,10 @@ fn reg(s: &str) -> Option<u8> {
 /// `sym`, `sym+16`, `sym-8` → (sym, offset).
 fn split_symbol(s: &str) -> (&str, i64) {
     for (i, c) in s.char_indices().skip(1) {
-        if c == '+' || c == '-' {
-            if let Some(off) = parse_int(&s[i..]) {
-                return (&s[..i], off);
-            }
+        if (c == '+' || c == '-')
+            && let Some(off) = parse_int(&s[i..])
+        {
+            return (&s[..i], off);
         }
     }
     (s, 0)
@@ -213,7 +213,8 @@ mod tests {
     #[test]
     fn table() {
         // (text, kind, reg, idx, scale_shift, val_off, size, signed)
-        let cases: &[(&str, u8, u8, u8, u8, i64, u8, bool)] = &[
+        type Case = (&'static str, u8, u8, u8, u8, i64, u8, bool);
+        let cases: &[Case] = &[
             ("8@%rax", USDT_ARG_REG, 80, 0, 0, 0, 8, false),
             ("-4@%eax", USDT_ARG_REG, 80, 0, 0, 0, 4, true),
             ("2@%ax", USDT_ARG_REG, 80, 0, 0, 0, 2, false),
