@@ -174,6 +174,9 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
     let stop_reason = rt.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
+        // With -p / CMD, look for libraries with probes that were loaded but not yet sampled;
+        // with --all, execs and samples in unknown mappings trigger the scans.
+        let mut usdt_rescan = tokio::time::interval(Duration::from_secs(1));
         // Samples are sent without wakeups (lifecycle records still wake us): drain often
         // enough that a 16 MB ring never fills at 999 Hz on hundreds of CPUs.
         let mut poll = tokio::time::interval(Duration::from_millis(20));
@@ -204,6 +207,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 _ = sigterm.recv() => return Ok("SIGTERM".to_owned()),
                 _ = &mut sleep => return Ok("duration".to_owned()),
                 code = &mut child => return Ok(format!("command exit (status {code})")),
+                _ = usdt_rescan.tick(), if !args.all => usdt.rescan_live(&collector),
                 _ = tick.tick() => if let Some(t0) = status {
                     let c = sampler.counters().unwrap_or_default();
                     eprint!(
@@ -280,7 +284,7 @@ fn drain(
         // Undecodable records are counted in the collector's stats and reported.
         let _ = collector.handle_record(&item);
     }
-    usdt.on_maps_changed(collector);
+    usdt.after_drain(collector);
 }
 
 fn oscpu() -> String {

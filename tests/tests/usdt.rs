@@ -252,7 +252,7 @@ fn bad_strings_and_unbalanced_labels_are_counted_not_fatal() {
     ];
     assert_eq!(args, want, "{}", r.stderr);
     let s = &r.stderr;
-    assert!(s.contains("strings: 2 null, 1 unreadable, 1 truncated"), "{s}");
+    assert!(s.contains("strings: 2 null, 1 unreadable (0 of them read later from read-only mappings), 1 truncated"), "{s}");
     // 100 + 2 + 1 pushes; 1 + 100 + 1 pops, the first with nothing pushed; 68 of the 100
     // nested pushes are deeper than the 32 kept.
     assert!(
@@ -309,4 +309,32 @@ fn all_mode_attaches_to_processes_already_running() {
     child.wait().unwrap();
     assert!(done.status.success(), "{}", done.stderr);
     assert!(label_samples(&done.stderr, "hot-work") > 300, "{}", done.stderr);
+}
+
+#[test]
+fn probes_of_a_library_loaded_later_are_found() {
+    let lib = output_path("usdt_lib", "so");
+    let src = fixtures::source_dir().join("usdt_lib.c.in");
+    let include = fixtures::workspace_root().join("include");
+    let st = Command::new("gcc")
+        .args(["-O1", "-shared", "-fPIC", "-x", "c"])
+        .arg(format!("-I{}", include.display()))
+        .arg("-o")
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "building {}", src.display());
+    let exe = fixtures::build("usdt_app").unwrap();
+    let r =
+        record_cmd("dlopen", &[], &[exe.to_str().unwrap(), "dlopen", lib.to_str().unwrap(), "7"]);
+    let markers = r.of("rsprof:marker");
+    assert_eq!(markers.len(), 7, "{}", r.stderr);
+    // The library's strings may not be resident at the first hits (BPF cannot fault them
+    // in); they are read afterwards from its read-only mapping.
+    assert!(
+        markers.iter().all(|m| m[5] == "\"lib\"" && m[6] == "\"from the library\""),
+        "{markers:?}\n{}",
+        r.stderr
+    );
 }

@@ -25,7 +25,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use aya::maps::{Array, MapData};
 use profiler_common::{
     USDT_MAX_ARGS, USDT_MAX_SPECS, USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_ROLE_SEND,
-    UsdtArgSpec, UsdtSpec, counter,
+    USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtSpec, counter,
 };
 
 use super::{
@@ -134,6 +134,35 @@ fn link_create(prog: &OwnedFd, perf: &OwnedFd, cookie: u64) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Reads the C string at `addr` in `pid` if it lies in a read-only file mapping; returns
+/// its bytes (at most `USDT_STR_MAX - 1`) and whether it was cut.
+fn read_readonly_str(pid: Pid, addr: u64) -> Option<(Vec<u8>, bool)> {
+    use std::os::unix::fs::FileExt as _;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let end = maps.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_ascii_whitespace().collect();
+        let (lo, hi) = f.first()?.split_once('-')?;
+        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+        let readonly = f.get(1)?.starts_with("r-");
+        let file = f.get(4).is_some_and(|i| *i != "0");
+        (lo <= addr && addr < hi && readonly && file).then_some(hi)
+    })?;
+    let want = ((end - addr) as usize).min(USDT_STR_MAX);
+    let mut buf = vec![0u8; want];
+    let n = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?.read_at(&mut buf, addr).ok()?;
+    buf.truncate(n);
+    match buf.iter().position(|&b| b == 0) {
+        Some(nul) => {
+            buf.truncate(nul);
+            Some((buf, false))
+        }
+        None => {
+            buf.truncate(USDT_STR_MAX - 1);
+            Some((buf, true))
+        }
+    }
+}
+
 /// A file scanned for notes (kept so each file is read once).
 struct ScannedFile {
     probes: Option<Arc<notes::ElfProbes>>,
@@ -200,6 +229,8 @@ pub struct UsdtReport {
     pub sites: usize,
     /// Requests (`--usdt`, `--usdt-interval`) whose probe was never found.
     pub not_found: Vec<String>,
+    /// Strings the kernel could not read that were read from read-only mappings afterwards.
+    pub strings_recovered: u64,
 }
 
 pub struct UsdtSession {
@@ -219,6 +250,9 @@ pub struct UsdtSession {
     warnings: Vec<String>,
     self_pid: u32,
     detached: bool,
+    /// `collector.usdt_hits[..recover_from]` were already checked by `recover_strings`.
+    recover_from: usize,
+    recovered: u64,
 }
 
 fn file_key(path: &Path) -> std::io::Result<FileKey> {
@@ -270,6 +304,8 @@ impl UsdtSession {
             warnings: Vec::new(),
             self_pid: std::process::id(),
             detached: false,
+            recover_from: 0,
+            recovered: 0,
         };
         let explicit: Vec<(PathBuf, String)> = s
             .requests
@@ -335,6 +371,56 @@ impl UsdtSession {
             }
             if let Err(e) = self.scan_file(&open, &path, false) {
                 self.warnings.push(format!("{path}: {e:#}"));
+            }
+        }
+    }
+
+    /// Re-reads the maps of every profiled process still alive, for libraries loaded
+    /// (dlopen) but not yet seen in a sample.
+    pub fn rescan_live<S>(&mut self, collector: &Collector<S>) {
+        let pids: Vec<Pid> = collector
+            .processes
+            .processes
+            .iter()
+            .filter(|(_, p)| !p.exited)
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in pids {
+            self.scan_pid(pid);
+        }
+    }
+
+    /// After each drain: scans newly (re)mapped processes and recovers unreadable strings.
+    pub fn after_drain<S>(&mut self, collector: &mut Collector<S>) {
+        self.on_maps_changed(collector);
+        self.recover_strings(collector);
+    }
+
+    /// A string the kernel could not copy because its page was not resident yet (a freshly
+    /// loaded library's `.rodata`: BPF cannot fault pages in) is read from the process now,
+    /// but only from a read-only file mapping, whose bytes cannot have changed since the hit.
+    pub fn recover_strings<S>(&mut self, collector: &mut Collector<S>) {
+        let start = self.recover_from.min(collector.usdt_hits.len());
+        self.recover_from = collector.usdt_hits.len();
+        for h in &mut collector.usdt_hits[start..] {
+            let Some(site) = self.registry.sites.get(h.spec_id as usize) else { continue };
+            let mut slot = 0;
+            for (i, &is_str) in site.strings.iter().enumerate() {
+                if !is_str {
+                    continue;
+                }
+                let (Some(s), Some(&addr)) = (h.strs.get_mut(slot), h.args.get(i)) else {
+                    break;
+                };
+                slot += 1;
+                if s.flags & USDT_STR_IS_UNREADABLE == 0 {
+                    continue;
+                }
+                if let Some((bytes, truncated)) = read_readonly_str(h.pid, addr) {
+                    s.bytes = bytes;
+                    s.flags = if truncated { USDT_STR_IS_TRUNCATED } else { 0 };
+                    self.recovered += 1;
+                }
             }
         }
     }
@@ -518,6 +604,7 @@ impl UsdtSession {
             counters,
             sites: self.registry.sites.len(),
             warnings: std::mem::take(&mut self.warnings),
+            strings_recovered: self.recovered,
             ..Default::default()
         };
         for (i, (r, _)) in self.requests.iter().enumerate() {
@@ -587,8 +674,8 @@ impl UsdtReport {
         }
         let _ = writeln!(
             s,
-            "  strings: {} null, {} unreadable, {} truncated; argument read errors {}",
-            c.str_null, c.str_unreadable, c.str_truncated, c.arg_errors
+            "  strings: {} null, {} unreadable ({} of them read later from read-only mappings), {} truncated; argument read errors {}",
+            c.str_null, c.str_unreadable, self.strings_recovered, c.str_truncated, c.arg_errors
         );
         if c.label_pushes + c.label_pops > 0 {
             let _ = writeln!(
