@@ -338,3 +338,20 @@ fn probes_of_a_library_loaded_later_are_found() {
         r.stderr
     );
 }
+
+#[test]
+fn rip_relative_arguments_are_evaluated_at_the_probe() {
+    // `8@rip_value(%rip) -4@rip_array+8(%rip) 8@$rip_value`: two loads of globals and one
+    // address, resolved through the symbol table; the fixture prints the true values.
+    let exe = fixtures::build("usdt_app").unwrap();
+    let r = record_cmd("rip", &["--usdt", "rsprof_test:rip"], &[exe.to_str().unwrap(), "rip", "4"]);
+    let want: Vec<Vec<String>> = r
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("rip "))
+        .map(|l| l.split(' ').map(str::to_owned).collect())
+        .collect();
+    let got: Vec<Vec<String>> = r.of("rsprof_test:rip").iter().map(|h| h[5..].to_vec()).collect();
+    assert_eq!(want.len(), 4, "{}", r.stderr);
+    assert_eq!(got, want);
+}
