@@ -131,6 +131,9 @@ pub fn run(args: RecordArgs) -> Result<()> {
     if args.all {
         usdt.scan_all_processes();
     }
+    for &pid in &targets {
+        usdt.scan_pid(pid);
+    }
     // The command's own binary is attached before it runs; its libraries and later execs
     // are found when the collector sees their mappings.
     if let Some(exe) = args.command.first().and_then(|c| usdt::attach::which(c)) {

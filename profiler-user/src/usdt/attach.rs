@@ -234,8 +234,9 @@ pub struct UsdtReport {
 }
 
 pub struct UsdtSession {
-    prog: OwnedFd,
-    specs: Array<MapData, UsdtSpec>,
+    /// The USDT program and its spec array; `None` when it could not be loaded and nothing
+    /// was asked for explicitly (then `rsprof` probes are not recorded, with a warning).
+    kernel: Option<(OwnedFd, Array<MapData, UsdtSpec>)>,
     pmu_type: Option<u32>,
     ref_ctr_ok: Option<bool>,
     requests: Vec<(ProbeRequest, Option<FileKey>)>,
@@ -277,7 +278,15 @@ impl UsdtSession {
         requests: Vec<ProbeRequest>,
         intervals: Vec<String>,
     ) -> Result<Self> {
-        let (prog, specs) = sampler.usdt_program()?;
+        let mut warnings = Vec::new();
+        let kernel = match sampler.usdt_program() {
+            Ok(k) => Some(k),
+            Err(e) if requests.is_empty() => {
+                warnings.push(format!("USDT probes are not recorded: {e:#}"));
+                None
+            }
+            Err(e) => return Err(e),
+        };
         let mut reqs = Vec::new();
         for r in requests {
             let key = match &r.path {
@@ -289,8 +298,7 @@ impl UsdtSession {
             reqs.push((r, key));
         }
         let mut s = Self {
-            prog,
-            specs,
+            kernel,
             pmu_type: None,
             ref_ctr_ok: None,
             found: vec![false; reqs.len()],
@@ -301,7 +309,7 @@ impl UsdtSession {
             probe_ids: HashMap::new(),
             registry: ProbeRegistry { intervals, ..Default::default() },
             links: Vec::new(),
-            warnings: Vec::new(),
+            warnings,
             self_pid: std::process::id(),
             detached: false,
             recover_from: 0,
@@ -342,7 +350,7 @@ impl UsdtSession {
     /// Scans the files `pid` has mapped executable; attaches requested and `rsprof` probes
     /// found in files not seen before. A process that is gone is skipped.
     pub fn scan_pid(&mut self, pid: Pid) {
-        if self.detached || pid.0 == 0 || pid.0 == self.self_pid {
+        if self.detached || self.kernel.is_none() || pid.0 == 0 || pid.0 == self.self_pid {
             return;
         }
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
@@ -438,7 +446,7 @@ impl UsdtSession {
     /// Reads `open` (shown as `display`) once and attaches its probes that are requested.
     /// `strict`: attach failures are errors rather than warnings.
     pub fn scan_file(&mut self, open: &Path, display: &str, strict: bool) -> Result<()> {
-        if self.detached {
+        if self.detached || self.kernel.is_none() {
             return Ok(());
         }
         let key = file_key(open).with_context(|| format!("stat {}", open.display()))?;
@@ -564,10 +572,11 @@ impl UsdtSession {
         }
         let spec_id = self.registry.sites.len() as u32;
         let pmu = self.pmu(note.semaphore != 0).with_context(what)?;
-        self.specs.set(spec_id, spec, 0).with_context(|| format!("store spec of {}", what()))?;
+        let (prog, specs) = self.kernel.as_mut().context("USDT program not loaded")?;
+        specs.set(spec_id, spec, 0).with_context(|| format!("store spec of {}", what()))?;
         let perf = open_uprobe(pmu, open, note.pc_offset, note.semaphore_offset)
             .with_context(|| format!("attach {}", what()))?;
-        let link = link_create(&self.prog, &perf, spec_id as u64)
+        let link = link_create(prog, &perf, spec_id as u64)
             .with_context(|| format!("attach {}", what()))?;
         if note.semaphore_page_shared {
             self.warnings.push(format!(

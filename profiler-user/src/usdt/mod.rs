@@ -7,6 +7,11 @@
 //!   program to each, with the site's spec index as BPF cookie.
 //! * This module keeps the registry (probe id → what it is) and turns raw hits into typed
 //!   [`UsdtHit`]s.
+//!
+//! For writers: `UsdtSession::finish` returns a [`UsdtReport`] — `hits` (typed, with
+//! `registry.probe(hit.probe).role` saying marker / begin / end / counter / label / user
+//! instant / interval start or end) and `label_names[(pid, label_id)]` naming the label ids
+//! every decoded sample carries in `records::Sample::labels` (outermost first).
 
 pub mod args;
 pub mod attach;
