@@ -55,6 +55,11 @@ pub struct RecordArgs {
     #[arg(long, default_value = "16M", value_parser = parse_size, value_name = "SIZE")]
     pub ring_buffer_size: u64,
 
+    /// Memory for recorded samples and markers (K/M/G suffixes). When full, the oldest data is
+    /// recycled: the profile holds the newest window.
+    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
+    pub buffer_size: u64,
+
     /// Run this command and profile it and its children.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -4,11 +4,12 @@
 use std::time::{Duration, Instant};
 
 use crate::{
+    events::{StoredSample, ThreadKey},
     ids::Pid,
     processes::{ProcessInfo, ProcessTable, read_proc_identity},
     procmaps::{ModuleTable, read_address_space},
     records::{DecodeError, Event, Sample, TaskEvent, TaskKind},
-    storage::{FrameAddr, SampleSink, StoredSample, ThreadKey},
+    storage::{FrameAddr, SampleSink},
 };
 
 /// Re-read /proc/PID/maps for an unknown address at most this often per process.
@@ -23,6 +24,9 @@ pub struct CollectorStats {
     /// User frames in no mapping of their process (e.g. it exited before we read its maps).
     pub unmapped_frames: u64,
     pub first_sample_ns: Option<u64>,
+    /// Exited processes dropped from the process table once their last stored event was
+    /// recycled.
+    pub forgotten_processes: u64,
     pub last_sample_ns: Option<u64>,
 }
 
@@ -122,13 +126,17 @@ impl<S: SampleSink> Collector<S> {
             for (i, &addr) in s.kernel_stack.iter().enumerate().rev() {
                 self.frames.push(FrameAddr::Kernel(if i == 0 { addr } else { addr - 1 }));
             }
-            let stack = (!self.frames.is_empty()).then(|| self.store.intern_stack(&self.frames));
+            let stack = self.store.intern_stack(&self.frames);
             self.store.push_sample(
                 key,
                 StoredSample { time_ns: s.time_ns, cpu_delta_ns: cpu_delta, stack },
             );
         }
         self.stats.unmapped_frames += unmapped;
+        let released = self.store.take_released_pids();
+        if !released.is_empty() {
+            self.stats.forgotten_processes += self.processes.forget_exited(&released) as u64;
+        }
     }
 
     fn on_task(&mut self, t: TaskEvent) {

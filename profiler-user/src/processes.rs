@@ -6,6 +6,7 @@ use std::{collections::BTreeMap, time::Instant};
 use crate::{
     ids::{Pid, Tid},
     procmaps::AddressSpace,
+    profile::{ProcessMeta, ProcessesMeta, ThreadMeta},
 };
 
 #[derive(Debug, Default)]
@@ -68,6 +69,48 @@ impl ProcessTable {
 
     pub fn is_empty(&self) -> bool {
         self.processes.is_empty()
+    }
+
+    /// Names, command lines and times of every process, for a profile writer.
+    pub fn metadata(&self) -> ProcessesMeta {
+        self.processes
+            .iter()
+            .map(|(&pid, p)| {
+                let threads = p
+                    .threads
+                    .iter()
+                    .map(|(&tid, t)| {
+                        let meta = ThreadMeta {
+                            name: t.name.clone(),
+                            previous_names: t.previous_names.clone(),
+                            start_ns: t.start_ns,
+                            end_ns: t.end_ns,
+                        };
+                        (tid, meta)
+                    })
+                    .collect();
+                let meta = ProcessMeta {
+                    name: p.name.clone(),
+                    argv: p.argv.clone(),
+                    start_ns: p.start_ns,
+                    end_ns: p.end_ns,
+                    threads,
+                };
+                (pid, meta)
+            })
+            .collect()
+    }
+
+    /// Forgets processes that have exited, among `pids` (whose stored events are all gone).
+    pub fn forget_exited(&mut self, pids: &[Pid]) -> usize {
+        let mut n = 0;
+        for pid in pids {
+            if self.processes.get(pid).is_some_and(|p| p.exited) {
+                self.processes.remove(pid);
+                n += 1;
+            }
+        }
+        n
     }
 }
 

@@ -17,17 +17,16 @@ use tokio::{
 };
 
 use crate::{
-    assemble::{RecordingInfo, build_profile},
+    assemble::RecordingInfo,
     cli::RecordArgs,
     collector::Collector,
-    gecko,
+    export::{ExportJob, snapshot_path},
     ids::Pid,
     kernel_btf, launch,
     loader::Sampler,
     output::PendingOutput,
-    storage::MemoryStore,
+    storage::ChunkedStore,
     summary,
-    symbolize::{ModuleSource, symbolize},
 };
 
 fn max_sample_rate() -> u64 {
@@ -88,6 +87,9 @@ pub fn validate(args: &RecordArgs) -> Result<()> {
     {
         bail!("invalid duration {d}: must be a positive number of seconds");
     }
+    if args.buffer_size < (64 << 10) || args.buffer_size > (64 << 30) {
+        bail!("invalid buffer size {}: must be between 64K and 64G", args.buffer_size);
+    }
     if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
         bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
     }
@@ -113,6 +115,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let _guard = rt.enter();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
 
     let ring_bytes = args.ring_buffer_size.next_power_of_two() as u32;
     let mut sampler = Sampler::load(config, ring_bytes)?;
@@ -122,7 +125,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     targets.extend(gated.as_ref().map(|g| g.pid));
     sampler.add_targets(&targets)?;
 
-    let mut collector = Collector::new(MemoryStore::default());
+    let mut collector = Collector::new(ChunkedStore::new(args.buffer_size as usize));
     for &pid in &targets {
         collector.register_existing(pid);
     }
@@ -156,6 +159,19 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let status = (!args.quiet && std::io::stderr().is_terminal()).then(Instant::now);
     let mut afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .context("poll ring buffer")?;
+    let logical_cpus = sampler.cpus.len() as u32;
+    let base_info = RecordingInfo {
+        start_mono_ns,
+        start_wall_ms,
+        end_mono_ns: start_mono_ns,
+        frequency: args.frequency,
+        logical_cpus,
+        physical_cpus: physical_cpus().unwrap_or(logical_cpus),
+        product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
+        oscpu: oscpu(),
+    };
+    let info_at = |end_mono_ns| RecordingInfo { end_mono_ns, ..base_info.clone() };
+    let mut snapshots: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
     let stop_reason = rt.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -187,6 +203,13 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 _ = poll.tick() => drain(afd.get_mut(), &mut collector),
                 _ = sigint.recv() => return Ok::<_, anyhow::Error>("Ctrl-C".to_owned()),
                 _ = sigterm.recv() => return Ok("SIGTERM".to_owned()),
+                // A snapshot of what is recorded so far, written while recording goes on.
+                _ = sigusr1.recv() => {
+                    drain(afd.get_mut(), &mut collector);
+                    let path = snapshot_path(&args.output, snapshots.len() as u32 + 1);
+                    let job = ExportJob::capture(&collector, info_at(monotonic_ns()), vec![]);
+                    snapshots.push(spawn_snapshot(job, path, args.quiet)?);
+                }
                 _ = &mut sleep => return Ok("duration".to_owned()),
                 code = &mut child => return Ok(format!("command exit (status {code})")),
                 _ = tick.tick() => if let Some(t0) = status {
@@ -207,35 +230,26 @@ pub fn run(args: RecordArgs) -> Result<()> {
         eprint!("\r\x1b[2K");
     }
     let counters = sampler.counters()?;
+    for t in snapshots {
+        let _ = t.join();
+    }
 
-    let modules: Vec<ModuleSource> = (0..collector.modules.len())
-        .map(|i| {
-            let m = collector.modules.get(crate::procmaps::ModuleId(i as u32));
-            ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
-        })
-        .collect();
-    let symbols = symbolize(collector.store.unique_frames(), modules)?;
-    let info = RecordingInfo {
-        start_mono_ns,
-        start_wall_ms,
-        end_mono_ns,
-        frequency: args.frequency,
-        logical_cpus: sampler.cpus.len() as u32,
-        physical_cpus: physical_cpus().unwrap_or(sampler.cpus.len() as u32),
-        product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
-        oscpu: oscpu(),
-    };
-    let profile = build_profile(&mut collector, &symbols, &info);
+    let store_stats = collector.store.stats;
+    let buffer_bytes =
+        collector.store.buffer().max_chunks() * collector.store.buffer().chunk_size();
+    let collector_stats = collector.stats;
     let out_path = output.path().display().to_string();
-    output.commit(|w| gecko::write_gecko(&profile, w))?;
+    let profile = ExportJob::finish(collector, info_at(end_mono_ns), vec![]).write(output)?;
     if !args.quiet {
         let bytes = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
         eprint!(
             "{}",
             summary::render(&summary::SummaryInput {
                 profile: &profile,
+                store: &store_stats,
+                buffer_bytes,
                 counters: &counters,
-                stats: &collector.stats,
+                stats: &collector_stats,
                 duration_s: (end_mono_ns - start_mono_ns) as f64 / 1e9,
                 frequency: args.frequency,
                 cpus: sampler.cpus.len(),
@@ -248,7 +262,28 @@ pub fn run(args: RecordArgs) -> Result<()> {
     Ok(())
 }
 
-fn drain(ring: &mut RingBuf<MapData>, collector: &mut Collector<MemoryStore>) {
+/// Writes a snapshot on its own thread; failures are reported, never fatal to the recording.
+fn spawn_snapshot(
+    job: ExportJob,
+    path: std::path::PathBuf,
+    quiet: bool,
+) -> Result<std::thread::JoinHandle<()>> {
+    let output = PendingOutput::create(&path);
+    Ok(std::thread::Builder::new().name("snapshot".into()).spawn(move || {
+        let res = output.and_then(|o| job.write(o));
+        match res {
+            Ok(stats) if !quiet => eprintln!(
+                "\rrsprof-bpf: wrote snapshot {} ({} samples)",
+                path.display(),
+                stats.samples
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!("\rrsprof-bpf: snapshot {} failed: {e:#}", path.display()),
+        }
+    })?)
+}
+
+fn drain(ring: &mut RingBuf<MapData>, collector: &mut Collector<ChunkedStore>) {
     while let Some(item) = ring.next() {
         // Undecodable records are counted in the collector's stats and reported.
         let _ = collector.handle_record(&item);
