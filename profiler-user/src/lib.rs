@@ -4,8 +4,11 @@
 //! writer-facing `profile` model.
 
 pub mod assemble;
+pub mod cgroup_filter;
+pub mod cgroupfs;
 pub mod cli;
 pub mod collector;
+pub mod container;
 pub mod gecko;
 pub mod ids;
 pub mod intern;

@@ -101,6 +101,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     for &pid in &args.pid {
         check_pid(pid)?;
     }
+    let cgroups = crate::cgroup_filter::Selection::from_args(&args.cgroup, &args.container)?;
     let mut config = Config::default();
     kernel_btf::fill_offsets(Path::new(kernel_btf::VMLINUX_BTF), &mut config)?;
     if !args.pid.is_empty() || !args.command.is_empty() {
@@ -115,7 +116,14 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
 
     let ring_bytes = args.ring_buffer_size.next_power_of_two() as u32;
-    let mut sampler = Sampler::load(config, ring_bytes)?;
+    let mut sampler = Sampler::load(
+        config,
+        cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default(),
+        ring_bytes,
+    )?;
+    if let Some(c) = &cgroups {
+        sampler.add_cgroups(&c.ids())?;
+    }
     let gated =
         if args.command.is_empty() { None } else { Some(launch::spawn_gated(&args.command)?) };
     let mut targets: Vec<Pid> = args.pid.iter().map(|&p| Pid(p)).collect();
@@ -146,6 +154,11 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 format!("pid {}", pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
             }
             (cmd, _) => format!("'{}' and its children", cmd.join(" ")),
+        };
+        let what = match &cgroups {
+            Some(c) if args.pid.is_empty() && args.command.is_empty() => c.describe(),
+            Some(c) => format!("{what} in {}", c.describe()),
+            None => what,
         };
         eprintln!(
             "rsprof-bpf: sampling {what} on {} CPUs at {} Hz; Ctrl-C to stop",
@@ -244,6 +257,14 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 stop_reason: &stop_reason,
             })
         );
+    }
+    if let Some(c) = &cgroups {
+        // Printed even with -q: an empty profile must not go unexplained.
+        let kept = collector.stats.samples;
+        let note = c.end_note(kept, counters.samples_filtered);
+        if !args.quiet || kept == 0 {
+            eprint!("{note}");
+        }
     }
     Ok(())
 }
