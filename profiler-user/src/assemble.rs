@@ -116,6 +116,7 @@ pub fn build_profile(
                     .min(first_sample),
                 end_time_ms: info_p.and_then(|p| p.end_ns).map(|ns| info.ms(ns)),
                 is_idle: pid.0 == 0,
+                container: info_p.and_then(|p| p.cgroup.identity.clone()),
                 threads,
             }
         })

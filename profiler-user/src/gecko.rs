@@ -48,7 +48,7 @@ const CATEGORIES: [(&str, &str); 5] = [
 
 /// Marker payload schemas (`meta.markerSchema`); add an entry per marker `data.type` we emit.
 fn marker_schema() -> Value {
-    json!([])
+    json!([crate::gecko_container::marker_schema()])
 }
 
 fn categories() -> Value {
@@ -174,11 +174,12 @@ struct GeckoThread<'a>(&'a Profile, &'a Process, &'a Thread);
 impl Serialize for GeckoThread<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (p, pr, t) = (self.0, self.1, self.2);
-        let tables = Tables::build(p, t);
+        let mut tables = Tables::build(p, t);
+        let markers = crate::gecko_container::markers(p, pr, t, &mut tables.strings);
         let mut m = s.serialize_map(None)?;
         m.serialize_entry("name", &t.name)?;
         m.serialize_entry("processType", "default")?;
-        m.serialize_entry("processName", &pr.name)?;
+        m.serialize_entry("processName", &crate::gecko_container::process_name(pr))?;
         m.serialize_entry("pid", &pr.pid.0)?;
         m.serialize_entry("tid", &t.tid.0)?;
         // Ignored by the front-end (it only knows "GeckoMain"); kept for other readers.
@@ -189,7 +190,7 @@ impl Serialize for GeckoThread<'_> {
         m.serialize_entry("frameTable", &Table(FRAME_SCHEMA, &tables.frames))?;
         m.serialize_entry("stackTable", &Table(STACK_SCHEMA, &tables.stacks))?;
         m.serialize_entry("samples", &Table(SAMPLE_SCHEMA, &tables.samples))?;
-        m.serialize_entry("markers", &Table(MARKER_SCHEMA, &EMPTY))?;
+        m.serialize_entry("markers", &Table(MARKER_SCHEMA, &markers))?;
         m.end()
     }
 }
@@ -382,6 +383,7 @@ mod tests {
             start_time_ms: 0.0,
             end_time_ms: None,
             is_idle: false,
+            container: None,
             threads,
         }
     }
@@ -438,6 +440,7 @@ mod tests {
                 ),
                 Process {
                     is_idle: true,
+                    container: None,
                     ..process(
                         0,
                         "swapper",

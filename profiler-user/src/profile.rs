@@ -74,6 +74,8 @@ pub struct Process {
     pub end_time_ms: Option<f64>,
     /// Per-CPU idle tasks are shown as one process of `swapper/N` threads.
     pub is_idle: bool,
+    /// The container or systemd service it runs in (from its cgroup), if any.
+    pub container: Option<crate::container::Identity>,
     pub threads: Vec<Thread>,
 }
 
