@@ -164,9 +164,10 @@ impl Selection {
         if samples == 0 {
             let _ = writeln!(
                 s,
-                "rsprof-bpf: warning: no sample matched the filter ({}); {filtered} samples \
-                 were filtered out in the kernel. Nothing selected ran on a CPU during the \
-                 recording: check the cgroup with `rsprof-bpf list-containers`.",
+                "rsprof-bpf: warning: no sample matched the filter ({}), so the profile is \
+                 empty; {filtered} samples were filtered out in the kernel. Nothing selected \
+                 ran on a CPU during the recording: check the cgroup with \
+                 `rsprof-bpf list-containers`.",
                 self.describe()
             );
         } else {
