@@ -135,6 +135,13 @@ impl Sampler {
         })
     }
 
+    /// (runs, total run time) of the CPU-clock sampler, counted by the kernel only while
+    /// `kernel.bpf_stats_enabled` is 1; None when it was off.
+    pub fn sampler_run_stats(&self) -> Option<(u64, std::time::Duration)> {
+        let info = self.ebpf.program("on_cpu_clock")?.info().ok()?;
+        (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
+    }
+
     /// Stops sampling and lifecycle events; maps stay readable for the final drain.
     pub fn detach(&mut self) {
         if let Some(p) = self.ebpf.program_mut("on_cpu_clock") {
