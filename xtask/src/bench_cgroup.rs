@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ::tests::cgroups::CgroupTree;
 use anyhow::{Context as _, bail};
-use tests::cgroups::CgroupTree;
 
 use crate::{build, display, step, workspace_root};
 
