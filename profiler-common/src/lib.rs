@@ -100,6 +100,23 @@ pub struct Config {
     pub mm_arg_end: u32,
 }
 
+/// Deepest cgroup level the cgroup filter can select (levels are bits of a u64).
+pub const MAX_CGROUP_LEVEL: u32 = 63;
+/// Most cgroups `--cgroup`/`--container` can select at once.
+pub const MAX_SELECTED_CGROUPS: u32 = 1024;
+
+/// The cgroup filter (`--cgroup`, `--container`): a second `.rodata` global, `CGROUP_FILTER`,
+/// next to [`Config`]. A task is selected when its cgroup or one of its ancestors is in the
+/// `SELECTED_CGROUPS` map; only the ancestor levels set in `levels` are looked up.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CgroupFilter {
+    pub enabled: u32,
+    pub _pad: u32,
+    /// Bit L set: some selected cgroup is at level L (root = 0). All bits when unknown.
+    pub levels: u64,
+}
+
 /// Indices into the per-CPU `COUNTERS` array. Every sample the perf event delivers lands in
 /// exactly one of the first four; the rest are per-cause details.
 pub mod counter {
@@ -128,4 +145,6 @@ pub mod counter {
 mod pod {
     // SAFETY: plain `#[repr(C)]` data with no padding-dependent invariants.
     unsafe impl aya::Pod for super::Config {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CgroupFilter {}
 }

@@ -3,7 +3,8 @@
 //!
 //! Fills a `--buffer-size`-sized store (default 64 MiB) until it first recycles, with samples
 //! from 400 threads in 100 processes whose stacks (2–40 frames, kernel and user) are drawn
-//! from a pool of call paths sharing prefixes, as real programs' do. Then writes the whole
+//! from a pool of call paths sharing prefixes, as real programs' do (each process has its own
+//! 200 paths; its threads sample among them). Then writes the whole
 //! buffer as a gzipped Gecko profile. Prints one JSON object.
 
 use std::{
@@ -40,8 +41,10 @@ impl Rng {
 fn stack_pool(rng: &mut Rng, n: usize) -> Vec<Vec<FrameAddr>> {
     let mut pool: Vec<Vec<FrameAddr>> = Vec::with_capacity(n);
     for i in 0..n {
-        let mut s = if i > 0 && rng.below(4) != 0 {
-            let base = &pool[rng.below(i as u64) as usize];
+        // Extend a path of the same process (200 per process), or start a new one.
+        let first = i - i % 200;
+        let mut s = if i > first && rng.below(4) != 0 {
+            let base = &pool[first + rng.below((i - first) as u64) as usize];
             base[..(1 + rng.below(base.len() as u64) as usize).min(base.len())].to_vec()
         } else {
             vec![]
@@ -101,8 +104,11 @@ fn main() {
     let t0 = Instant::now();
     while store.buffer().recycled().chunks == 0 {
         time += 50_000 + rng.below(10_000);
-        let thread = threads[rng.below(threads.len() as u64) as usize];
-        let stack = store.intern_stack(&pool[rng.below(pool.len() as u64) as usize]);
+        let t = rng.below(threads.len() as u64) as usize;
+        let per_process = pool.len() / (threads.len() / 4);
+        let path = (t / 4) * per_process + rng.below(per_process as u64) as usize;
+        let stack = store.intern_stack(&pool[path]);
+        let thread = threads[t];
         let cpu = 900_000 + rng.below(100_000);
         store.push_sample(thread, StoredSample { time_ns: time, cpu_delta_ns: cpu, stack });
         n += 1;

@@ -12,6 +12,7 @@ use serde_json::{Map, Value, json};
 use crate::{
     events::{Event, MarkerField, StoredMarker, ThreadKey},
     gecko::{self, GeckoMeta, GeckoProcess, GeckoThread, ThreadTables},
+    gecko_container,
     ids::{Pid, Tid},
     profile::{FrameIndex, ProcessesMeta, SymbolizedStacks},
     storage::{StoreSnapshot, read_events},
@@ -80,6 +81,8 @@ pub fn write_profile<W: Write>(
     out: W,
 ) -> io::Result<ProfileStats> {
     let tree = SymbolizedStacks::new(snap, symbols);
+    let mut marker_schema = marker_schema;
+    marker_schema.push(gecko_container::marker_schema());
     let keys = field_keys(&marker_schema);
     let mut stats = ProfileStats::default();
     let mut threads: HashMap<ThreadKey, ThreadTables> = HashMap::new();
@@ -190,7 +193,7 @@ fn group_processes(
         .map(|(pid, threads)| {
             let idle = pid.0 == 0;
             let meta = processes.get(&pid);
-            let threads = threads
+            let mut threads: Vec<GeckoThread> = threads
                 .into_iter()
                 .map(|(tid, tables)| {
                     let t = meta.and_then(|p| p.threads.get(&tid));
@@ -217,10 +220,29 @@ fn group_processes(
                 .map(|p| p.name.clone())
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| if idle { "[idle]".into() } else { pid.to_string() });
+            let container = meta.and_then(|p| p.container.as_ref());
+            let end_time_ms = meta.and_then(|p| p.end_ns).map(|ns| info.ms(ns));
+            if let Some(c) = container {
+                // One identity marker per process, spanning its life, on its main thread.
+                threads.sort_by_key(|t| (!t.is_main, t.tid));
+                let start = threads.iter().map(|t| t.register_time_ms).fold(f64::MAX, f64::min);
+                let end = end_time_ms.unwrap_or(info.ms(info.end_mono_ns)).max(start);
+                let (marker_name, data) = gecko_container::marker(c);
+                if let Some(t) = threads.first_mut() {
+                    t.tables.add_marker(
+                        marker_name,
+                        Some(start),
+                        Some(end),
+                        1,
+                        gecko::CATEGORY_OTHER,
+                        &data,
+                    );
+                }
+            }
             GeckoProcess {
                 pid,
-                name,
-                end_time_ms: meta.and_then(|p| p.end_ns).map(|ns| info.ms(ns)),
+                name: gecko_container::process_name(&name, container),
+                end_time_ms,
                 threads,
             }
         })

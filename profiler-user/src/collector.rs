@@ -96,6 +96,10 @@ impl<S: SampleSink> Collector<S> {
             if p.name.is_empty() && p.space_read_at.is_none() && !idle {
                 first_sight(s.pid, p, modules);
             }
+            if !idle {
+                let cache = &mut self.processes.cgroup_paths;
+                p.cgroup.observe(s.pid, s.tid.0 == s.pid.0, s.cgroup_id, cache);
+            }
             if idle && p.name.is_empty() {
                 p.name = "[idle]".into();
             }

@@ -5,18 +5,23 @@
 //! `output` file. `record` wires the stages together.
 
 pub mod assemble;
+pub mod cgroup_filter;
+pub mod cgroupfs;
 pub mod chunks;
 pub mod cli;
 pub mod collector;
+pub mod container;
 pub mod events;
 pub mod export;
 pub mod gecko;
+pub mod gecko_container;
 pub mod ids;
 pub mod intern;
 pub mod kernel_btf;
 pub mod launch;
 pub mod loader;
 pub mod output;
+pub mod process_cgroup;
 pub mod processes;
 pub mod procmaps;
 pub mod profile;

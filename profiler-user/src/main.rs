@@ -6,11 +6,12 @@ use profiler_user::{
 
 fn main() {
     let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Record(a)) => a,
-        None => cli.record,
+    let result = match cli.command {
+        Some(Command::Record(a)) => record::run(a),
+        Some(Command::ListContainers) => profiler_user::cgroup_filter::list_containers(),
+        None => record::run(cli.record),
     };
-    if let Err(e) = record::run(args) {
+    if let Err(e) = result {
         eprintln!("rsprof-bpf: error: {e:#}");
         std::process::exit(1);
     }

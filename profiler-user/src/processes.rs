@@ -55,11 +55,15 @@ pub struct ProcessInfo {
     pub space_read_at: Option<Instant>,
     /// Exit seen: /proc no longer describes this process.
     pub exited: bool,
+    /// Its cgroup and container.
+    pub cgroup: crate::process_cgroup::ProcessCgroup,
 }
 
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     pub processes: BTreeMap<Pid, ProcessInfo>,
+    /// cgroup id → path, for processes gone before their cgroup was read.
+    pub cgroup_paths: crate::cgroupfs::PathCache,
 }
 
 impl ProcessTable {
@@ -95,6 +99,7 @@ impl ProcessTable {
                     start_ns: p.start_ns,
                     end_ns: p.end_ns,
                     threads,
+                    container: p.cgroup.identity.clone(),
                 };
                 (pid, meta)
             })

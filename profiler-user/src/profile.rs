@@ -135,6 +135,8 @@ pub struct ProcessMeta {
     pub start_ns: Option<u64>,
     pub end_ns: Option<u64>,
     pub threads: HashMap<Tid, ThreadMeta>,
+    /// The container or systemd service it runs in (from its cgroup), if any.
+    pub container: Option<crate::container::Identity>,
 }
 
 pub type ProcessesMeta = HashMap<Pid, ProcessMeta>;

@@ -103,6 +103,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     for &pid in &args.pid {
         check_pid(pid)?;
     }
+    let cgroups = crate::cgroup_filter::Selection::from_args(&args.cgroup, &args.container)?;
     let mut config = Config::default();
     kernel_btf::fill_offsets(Path::new(kernel_btf::VMLINUX_BTF), &mut config)?;
     if !args.pid.is_empty() || !args.command.is_empty() {
@@ -118,7 +119,14 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let mut sigusr1 = signal(SignalKind::user_defined1())?;
 
     let ring_bytes = args.ring_buffer_size.next_power_of_two() as u32;
-    let mut sampler = Sampler::load(config, ring_bytes)?;
+    let mut sampler = Sampler::load(
+        config,
+        cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default(),
+        ring_bytes,
+    )?;
+    if let Some(c) = &cgroups {
+        sampler.add_cgroups(&c.ids())?;
+    }
     let gated =
         if args.command.is_empty() { None } else { Some(launch::spawn_gated(&args.command)?) };
     let mut targets: Vec<Pid> = args.pid.iter().map(|&p| Pid(p)).collect();
@@ -149,6 +157,11 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 format!("pid {}", pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
             }
             (cmd, _) => format!("'{}' and its children", cmd.join(" ")),
+        };
+        let what = match &cgroups {
+            Some(c) if args.pid.is_empty() && args.command.is_empty() => c.describe(),
+            Some(c) => format!("{what} in {}", c.describe()),
+            None => what,
         };
         eprintln!(
             "rsprof-bpf: sampling {what} on {} CPUs at {} Hz; Ctrl-C to stop",
@@ -258,6 +271,21 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 stop_reason: &stop_reason,
             })
         );
+    }
+    if let (false, Some((runs, time))) = (args.quiet, sampler.sampler_run_stats()) {
+        eprintln!(
+            "BPF sampler (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s in all",
+            time.as_nanos() as f64 / runs as f64,
+            time.as_secs_f64()
+        );
+    }
+    if let Some(c) = &cgroups {
+        // Printed even with -q: an empty profile must not go unexplained.
+        let kept = collector_stats.samples;
+        let note = c.end_note(kept, counters.samples_filtered);
+        if !args.quiet || kept == 0 {
+            eprint!("{note}");
+        }
     }
     Ok(())
 }

@@ -6,8 +6,10 @@
 //! * `run`    builds, then runs the profiler with the given arguments (as root).
 //! * `test`   setup, build, then the whole test suite, tests running one at a time.
 //! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
+//! * `bench-cgroup` measures the kernel cgroup filter's cost, see `bench_cgroup.rs`.
 
 mod bench;
+mod bench_cgroup;
 mod setup;
 
 use std::ffi::OsString;
@@ -49,6 +51,9 @@ enum Cmd {
     },
     /// Measure the profiler's overhead against perf record and update BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Measure the cgroup filter (kernel cost per filtered-out sample, profiler CPU with 1 of
+    /// N busy cgroups selected vs --all) and update BENCHMARKS.md.
+    BenchCgroup(bench_cgroup::BenchCgroupArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -74,6 +79,7 @@ fn main() {
         Cmd::Run { args } => run(args),
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
         Cmd::Bench(args) => bench::bench(args),
+        Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");
