@@ -145,7 +145,7 @@ pub fn write_profile<W: Write>(
     let procs = group_processes(threads, processes, info);
     stats.processes = procs.len();
     stats.threads = procs.iter().map(|p| p.threads.len()).sum();
-    gecko::write_gecko(&meta, procs, out)?;
+    gecko::write_gecko(&meta, procs, &tree, out)?;
     Ok(stats)
 }
 

@@ -27,7 +27,6 @@ use serde_json::{Value, json};
 use crate::{
     events::StackId,
     ids::{Pid, Tid},
-    intern::Interner,
     profile::{FrameIndex, FrameKind, SymbolizedStacks},
 };
 
@@ -130,10 +129,20 @@ const MARKER_SCHEMA: &[&str] = &["name", "startTime", "endTime", "phase", "categ
 type FrameRow = (u32, bool, Option<u32>, Option<u32>, Option<u32>, Option<u32>, u32, u32);
 type StackRow = (Option<u32>, u32);
 
+enum StrRef {
+    /// The location string of this frame.
+    Frame(FrameIndex),
+    Own(String),
+}
+
 /// One thread's Gecko tables. Frame and stack rows exist only for what its samples use.
 #[derive(Default)]
 pub struct ThreadTables {
-    strings: Interner<String>,
+    /// Location strings are kept as frame references and formatted when written: the same
+    /// location in 400 threads costs 400 small entries, not 400 strings.
+    strings: Vec<StrRef>,
+    frame_strings: HashMap<FrameIndex, u32>,
+    own_strings: HashMap<String, u32>,
     frames: Vec<FrameRow>,
     // The category is part of the key: a frame seen in idle and non-idle samples needs two rows.
     frame_ids: HashMap<(FrameIndex, u32), u32>,
@@ -221,13 +230,23 @@ impl ThreadTables {
         category: u32,
         data: &Value,
     ) {
-        let name = self.strings.intern(name);
+        let name = self.own_string(name);
         if self.marker_count > 0 {
             self.markers.push(b',');
         }
         let row = json!([name, start_ms, end_ms, phase, category, data]);
         let _ = serde_json::to_writer(&mut self.markers, &row);
         self.marker_count += 1;
+    }
+
+    fn own_string(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.own_strings.get(s) {
+            return id;
+        }
+        let id = self.strings.len() as u32;
+        self.strings.push(StrRef::Own(s.to_owned()));
+        self.own_strings.insert(s.to_owned(), id);
+        id
     }
 
     /// The stack row of tree node `id`, creating rows for it and any missing ancestors.
@@ -274,14 +293,12 @@ impl ThreadTables {
         if let Some(&id) = self.frame_ids.get(&(f, category)) {
             return Some(id);
         }
-        let loc = location(
-            &frame.function,
-            &frame.module,
-            frame.file.as_deref(),
-            frame.line,
-            frame.column,
-        );
-        let location = self.strings.intern(loc.as_str());
+        let key = tree.display_key(f);
+        let next = self.strings.len() as u32;
+        let location = *self.frame_strings.entry(key).or_insert_with(|| {
+            self.strings.push(StrRef::Frame(key));
+            next
+        });
         let id = self.frames.len() as u32;
         self.frames.push((location, false, None, None, frame.line, frame.column, category, 0));
         self.frame_ids.insert((f, category), id);
@@ -294,6 +311,7 @@ impl ThreadTables {
 pub fn write_gecko<W: Write>(
     meta: &GeckoMeta,
     mut processes: Vec<GeckoProcess>,
+    tree: &SymbolizedStacks,
     out: W,
 ) -> io::Result<()> {
     let mut w = io::BufWriter::with_capacity(1 << 16, out);
@@ -343,7 +361,7 @@ pub fn write_gecko<W: Write>(
         if i > 0 {
             w.write_all(b",")?;
         }
-        write_process(&mut w, meta, p)?;
+        write_process(&mut w, meta, tree, p)?;
     }
     w.write_all(b"],\"pages\":[],\"pausedRanges\":[],\"sources\":")?;
     serde_json::to_writer(&mut w, &sources())?;
@@ -351,7 +369,12 @@ pub fn write_gecko<W: Write>(
     w.flush()
 }
 
-fn write_process<W: Write>(w: &mut W, meta: &GeckoMeta, mut p: GeckoProcess) -> io::Result<()> {
+fn write_process<W: Write>(
+    w: &mut W,
+    meta: &GeckoMeta,
+    tree: &SymbolizedStacks,
+    mut p: GeckoProcess,
+) -> io::Result<()> {
     // Same startTime as the root, so no time shifting happens on import.
     let sub_meta = json!({
         "version": GECKO_VERSION,
@@ -368,7 +391,7 @@ fn write_process<W: Write>(w: &mut W, meta: &GeckoMeta, mut p: GeckoProcess) -> 
         if i > 0 {
             w.write_all(b",")?;
         }
-        write_thread(w, p.pid, &p.name, t)?;
+        write_thread(w, tree, p.pid, &p.name, t)?;
     }
     w.write_all(b"],\"processes\":[],\"pages\":[],\"pausedRanges\":[],\"sources\":")?;
     serde_json::to_writer(&mut *w, &sources())?;
@@ -381,6 +404,7 @@ fn schema_json(cols: &[&str]) -> Value {
 
 fn write_thread<W: Write>(
     w: &mut W,
+    tree: &SymbolizedStacks,
     pid: Pid,
     process_name: &str,
     t: GeckoThread,
@@ -401,7 +425,22 @@ fn write_thread<W: Write>(
     w.write_all(&head.as_bytes()[..head.len() - 1])?;
     let tables = t.tables;
     w.write_all(b",\"stringTable\":")?;
-    serde_json::to_writer(&mut *w, tables.strings.items())?;
+    w.write_all(b"[")?;
+    for (i, s) in tables.strings.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        match s {
+            StrRef::Own(s) => serde_json::to_writer(&mut *w, s)?,
+            StrRef::Frame(f) => {
+                let loc = tree.frame(*f).map_or_else(String::new, |f| {
+                    location(&f.function, &f.module, f.file.as_deref(), f.line, f.column)
+                });
+                serde_json::to_writer(&mut *w, &loc)?
+            }
+        }
+    }
+    w.write_all(b"]")?;
     w.write_all(b",\"frameTable\":{\"schema\":")?;
     serde_json::to_writer(&mut *w, &schema_json(FRAME_SCHEMA))?;
     w.write_all(b",\"data\":")?;
@@ -548,7 +587,7 @@ mod tests {
 
     fn to_json(meta: &GeckoMeta, p: Vec<GeckoProcess>) -> Value {
         let mut buf = Vec::new();
-        write_gecko(meta, p, &mut buf).unwrap();
+        write_gecko(meta, p, &tree(), &mut buf).unwrap();
         serde_json::from_slice(&buf).unwrap()
     }
 

@@ -44,6 +44,8 @@ pub struct SymbolizedStacks {
     /// By `StackId`: parent and the node's range in `frame_lists`.
     nodes: Vec<Option<(Option<StackId>, Range<u32>)>>,
     frame_lists: Vec<FrameIndex>,
+    /// By frame: the first frame equal to it but for `inlined` (they display the same).
+    same_display: Vec<FrameIndex>,
 }
 
 impl SymbolizedStacks {
@@ -75,6 +77,7 @@ impl SymbolizedStacks {
                 Some((parent, range))
             })
             .collect();
+        out.same_display = same_display(&out.frames);
         out
     }
 
@@ -89,7 +92,13 @@ impl SymbolizedStacks {
                 Some((parent, start..frame_lists.len() as u32))
             })
             .collect();
-        Self { frames, nodes, frame_lists }
+        let same_display = same_display(&frames);
+        Self { frames, nodes, frame_lists, same_display }
+    }
+
+    /// Frames that display the same (equal but for `inlined`) share this index.
+    pub fn display_key(&self, f: FrameIndex) -> FrameIndex {
+        self.same_display.get(f.0 as usize).copied().unwrap_or(f)
     }
 
     /// None for an unknown or pruned id.
@@ -113,6 +122,17 @@ impl SymbolizedStacks {
         }
         None
     }
+}
+
+fn same_display(frames: &[Frame]) -> Vec<FrameIndex> {
+    let mut first: HashMap<Frame, FrameIndex> = HashMap::new();
+    frames
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            *first.entry(Frame { inlined: false, ..f.clone() }).or_insert(FrameIndex(i as u32))
+        })
+        .collect()
 }
 
 /// A thread's metadata as recorded.

@@ -285,20 +285,7 @@ fn render(args: &BenchCgroupArgs, labels: &[&str; 3], results: &[Vec<Run>]) -> S
 }
 
 fn update_section(path: &Path, table: &str) -> anyhow::Result<()> {
-    let section = format!("{SECTION_BEGIN}\n{table}{SECTION_END}\n");
-    let old = fs::read_to_string(path).unwrap_or_default();
-    let new = match (old.find(SECTION_BEGIN), old.find(SECTION_END)) {
-        (Some(b), Some(e)) if b < e => {
-            let end = e + SECTION_END.len();
-            let end = if old[end..].starts_with('\n') { end + 1 } else { end };
-            format!("{}{section}{}", &old[..b], &old[end..])
-        }
-        _ => {
-            let sep = if old.ends_with('\n') { "\n" } else { "\n\n" };
-            format!("{old}{sep}{section}")
-        }
-    };
-    fs::write(path, new).with_context(|| format!("writing {}", path.display()))
+    crate::bench::update_section(path, SECTION_BEGIN, SECTION_END, table)
 }
 
 #[cfg(test)]

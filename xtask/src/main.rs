@@ -10,6 +10,7 @@
 
 mod bench;
 mod bench_cgroup;
+mod bench_storage;
 mod setup;
 
 use std::ffi::OsString;
@@ -54,6 +55,9 @@ enum Cmd {
     /// Measure the cgroup filter (kernel cost per filtered-out sample, profiler CPU with 1 of
     /// N busy cgroups selected vs --all) and update BENCHMARKS.md.
     BenchCgroup(bench_cgroup::BenchCgroupArgs),
+    /// Measure chunked storage (encode and Gecko throughput, bytes per sample) and a long
+    /// recording with a small buffer (RSS over time); update BENCHMARKS.md.
+    BenchStorage(bench_storage::BenchStorageArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -79,6 +83,7 @@ fn main() {
         Cmd::Run { args } => run(args),
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
         Cmd::Bench(args) => bench::bench(args),
+        Cmd::BenchStorage(args) => bench_storage::bench_storage(args),
         Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
     };
     if let Err(err) = result {
