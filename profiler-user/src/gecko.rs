@@ -126,8 +126,17 @@ const STACK_SCHEMA: &[&str] = &["prefix", "frame"];
 const SAMPLE_SCHEMA: &[&str] = &["stack", "time", "eventDelay", "threadCPUDelta"];
 const MARKER_SCHEMA: &[&str] = &["name", "startTime", "endTime", "phase", "category", "data"];
 
-type FrameRow = (u32, bool, Option<u32>, Option<u32>, Option<u32>, Option<u32>, u32, u32);
+/// (location string, frame, category): the rest of the row is read from the frame when written.
+type FrameRow = (u32, FrameIndex, u32);
 type StackRow = (Option<u32>, u32);
+
+/// A sample row, compact until written; `u32::MAX` / `u64::MAX` stand for null.
+#[derive(Clone, Copy)]
+struct SampleRow {
+    time_ms: f64,
+    cpu_delta_ns: u64,
+    stack: u32,
+}
 
 enum StrRef {
     /// The location string of this frame.
@@ -149,8 +158,7 @@ pub struct ThreadTables {
     stacks: Vec<StackRow>,
     stack_ids: HashMap<StackRow, u32>,
     node_ids: HashMap<(StackId, bool), Option<u32>>,
-    /// Sample rows as JSON text, comma-separated.
-    samples: Vec<u8>,
+    samples: Vec<SampleRow>,
     sample_count: u64,
     busy_samples: u64,
     first_sample_ms: f64,
@@ -195,23 +203,11 @@ impl ThreadTables {
         let time_ms =
             time_ms.max(if self.sample_count > 0 { self.last_sample_ms } else { f64::MIN });
         let row = stack.and_then(|s| self.stack(stacks, s, idle));
-        if self.sample_count > 0 {
-            self.samples.push(b',');
-        }
-        let _ = write!(self.samples, "[");
-        match row {
-            Some(r) => {
-                let _ = write!(self.samples, "{r}");
-            }
-            None => self.samples.extend_from_slice(b"null"),
-        }
-        let _ = write!(self.samples, ",{time_ms},0,");
-        match cpu_delta_ns {
-            Some(c) => {
-                let _ = write!(self.samples, "{c}]");
-            }
-            None => self.samples.extend_from_slice(b"null]"),
-        }
+        self.samples.push(SampleRow {
+            time_ms,
+            cpu_delta_ns: cpu_delta_ns.unwrap_or(u64::MAX),
+            stack: row.unwrap_or(u32::MAX),
+        });
         if self.sample_count == 0 {
             self.first_sample_ms = time_ms;
         }
@@ -300,7 +296,7 @@ impl ThreadTables {
             next
         });
         let id = self.frames.len() as u32;
-        self.frames.push((location, false, None, None, frame.line, frame.column, category, 0));
+        self.frames.push((location, f, category));
         self.frame_ids.insert((f, category), id);
         Some(id)
     }
@@ -444,7 +440,17 @@ fn write_thread<W: Write>(
     w.write_all(b",\"frameTable\":{\"schema\":")?;
     serde_json::to_writer(&mut *w, &schema_json(FRAME_SCHEMA))?;
     w.write_all(b",\"data\":")?;
-    serde_json::to_writer(&mut *w, &tables.frames)?;
+    w.write_all(b"[")?;
+    for (i, &(loc, f, category)) in tables.frames.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        let (line, column) = tree.frame(f).map_or((None, None), |f| (f.line, f.column));
+        let row: (u32, bool, Option<u32>, Option<u32>, Option<u32>, Option<u32>, u32, u32) =
+            (loc, false, None, None, line, column, category, 0);
+        serde_json::to_writer(&mut *w, &row)?;
+    }
+    w.write_all(b"]")?;
     w.write_all(b"},\"stackTable\":{\"schema\":")?;
     serde_json::to_writer(&mut *w, &schema_json(STACK_SCHEMA))?;
     w.write_all(b",\"data\":")?;
@@ -452,7 +458,14 @@ fn write_thread<W: Write>(
     w.write_all(b"},\"samples\":{\"schema\":")?;
     serde_json::to_writer(&mut *w, &schema_json(SAMPLE_SCHEMA))?;
     w.write_all(b",\"data\":[")?;
-    w.write_all(&tables.samples)?;
+    for (i, r) in tables.samples.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        let stack = (r.stack != u32::MAX).then_some(r.stack);
+        let cpu = (r.cpu_delta_ns != u64::MAX).then_some(r.cpu_delta_ns);
+        serde_json::to_writer(&mut *w, &(stack, r.time_ms, 0, cpu))?;
+    }
     w.write_all(b"]},\"markers\":{\"schema\":")?;
     serde_json::to_writer(&mut *w, &schema_json(MARKER_SCHEMA))?;
     w.write_all(b",\"data\":[")?;
