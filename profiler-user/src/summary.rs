@@ -86,6 +86,14 @@ pub fn render(i: &SummaryInput) -> String {
             );
         }
     }
+    if i.store.table_pressure_recycles > 0 {
+        let _ = writeln!(
+            s,
+            "  {} of those chunks were recycled early: stack and string tables reached half the \
+             buffer size (many distinct stacks); a larger --buffer-size keeps more",
+            i.store.table_pressure_recycles
+        );
+    }
     if i.store.oversized > 0 {
         let _ =
             writeln!(s, "  warning: {} events too large to store were dropped", i.store.oversized);
