@@ -21,8 +21,12 @@ fn tiny_buffer_keeps_only_the_newest_window() {
     let rec =
         Recording::start(&["--all", "--buffer-size", "64K"], output_path("tiny_buffer", "json.gz"))
             .expect("start recording");
-    // ~2,000 samples/s of ~11 bytes fill 64 KiB (8 chunks) in 3 s: 8 s recycles a dozen.
+    // Two busy fixtures keep both CPUs sampling even on an idle machine (idle CPUs barely
+    // fire): ~2,000 samples/s of ~11 bytes fill 64 KiB (8 chunks) in 3 s, and 8 s recycles a
+    // dozen chunks.
+    let other = thread::spawn(|| run_fixture("split.c", &["8"]).expect("run second fixture"));
     let pid = run_fixture("split.c", &["8"]).expect("run fixture");
+    other.join().unwrap();
     let done = rec.interrupt().expect("stop recording");
     let profile = done.profile().expect("profile written");
     valid(&profile);
