@@ -293,12 +293,9 @@ impl ChunkedBuffer {
         }
     }
 
-    pub fn chunk_size(&self) -> usize {
-        self.chunk_size
-    }
-
-    pub fn max_chunks(&self) -> usize {
-        self.max_chunks
+    /// The most chunk memory this buffer will ever allocate.
+    pub fn limit_bytes(&self) -> usize {
+        self.max_chunks * self.chunk_size
     }
 
     /// Bytes of chunk memory allocated (live chunks plus the spare); never above the limit.
@@ -354,11 +351,6 @@ impl ChunkedBuffer {
         self.live.back().map(|c| c.header.seq)
     }
 
-    /// Sequence number of the oldest live chunk, if any.
-    pub fn oldest_seq(&self) -> Option<u64> {
-        self.live.front().map(|c| c.header.seq)
-    }
-
     /// Drops the oldest chunk now (used when the interned tables outgrow their budget).
     pub fn recycle_oldest(&mut self) -> Option<RecycledChunk> {
         if self.live.len() < 2 {
@@ -387,8 +379,9 @@ impl ChunkedBuffer {
         self.live.iter().filter(|c| c.header.block_count > 0).map(Chunk::to_bytes).collect()
     }
 
-    /// Like `snapshot`, but frees each chunk once copied, so memory does not double.
-    pub fn into_snapshot(mut self) -> Vec<Vec<u8>> {
+    /// Like `snapshot`, but takes the chunks out, freeing each once copied, so memory does
+    /// not double. The buffer is left empty (its recycling record stays).
+    pub fn drain_snapshot(&mut self) -> Vec<Vec<u8>> {
         self.spare = None;
         std::iter::from_fn(|| self.live.pop_front())
             .filter(|c| c.header.block_count > 0)

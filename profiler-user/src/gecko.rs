@@ -128,6 +128,8 @@ const MARKER_SCHEMA: &[&str] = &["name", "startTime", "endTime", "phase", "categ
 
 /// (location string, frame, category): the rest of the row is read from the frame when written.
 type FrameRow = (u32, FrameIndex, u32);
+/// A frame table row as written, in `FRAME_SCHEMA` order.
+type FrameRowJson = (u32, bool, Option<u32>, Option<u32>, Option<u32>, Option<u32>, u32, u32);
 type StackRow = (Option<u32>, u32);
 
 /// A sample row, compact until written; `u32::MAX` / `u64::MAX` stand for null.
@@ -171,10 +173,6 @@ pub struct ThreadTables {
 impl ThreadTables {
     pub fn sample_count(&self) -> u64 {
         self.sample_count
-    }
-
-    pub fn marker_count(&self) -> u64 {
-        self.marker_count
     }
 
     /// Time of the first sample, ms (0 without samples).
@@ -446,8 +444,7 @@ fn write_thread<W: Write>(
             w.write_all(b",")?;
         }
         let (line, column) = tree.frame(f).map_or((None, None), |f| (f.line, f.column));
-        let row: (u32, bool, Option<u32>, Option<u32>, Option<u32>, Option<u32>, u32, u32) =
-            (loc, false, None, None, line, column, category, 0);
+        let row: FrameRowJson = (loc, false, None, None, line, column, category, 0);
         serde_json::to_writer(&mut *w, &row)?;
     }
     w.write_all(b"]")?;
@@ -556,6 +553,16 @@ mod tests {
         }
     }
 
+    /// Process 1 "x" whose main thread has `tables`.
+    fn one_thread_process(tables: ThreadTables) -> Vec<GeckoProcess> {
+        vec![GeckoProcess {
+            pid: Pid(1),
+            name: "x".into(),
+            end_time_ms: None,
+            threads: vec![thread(1, "x", true, tables)],
+        }]
+    }
+
     fn meta() -> GeckoMeta {
         GeckoMeta {
             start_time_ms: 1_700_000_000_000.0,
@@ -629,12 +636,7 @@ mod tests {
         let t = tree();
         let mut tables = ThreadTables::default();
         tables.add_sample(&t, 1.0, Some(StackId(77)), None, false);
-        let p = vec![GeckoProcess {
-            pid: Pid(1),
-            name: "x".into(),
-            end_time_ms: None,
-            threads: vec![thread(1, "x", true, tables)],
-        }];
+        let p = one_thread_process(tables);
         assert_eq!(::tests::gecko_schema::validate(&to_json(&meta(), p)), Ok(()));
         // No threads at all is the one thing the front-end refuses; everything else is valid.
         let errs = ::tests::gecko_schema::validate(&to_json(&meta(), vec![])).unwrap_err();
@@ -724,12 +726,7 @@ mod tests {
         let mut tables = ThreadTables::default();
         tables.add_sample(&t, 1.0, Some(StackId(4)), None, false);
         tables.add_sample(&t, 2.0, Some(StackId(2)), None, false);
-        let p = vec![GeckoProcess {
-            pid: Pid(1),
-            name: "x".into(),
-            end_time_ms: None,
-            threads: vec![thread(1, "x", true, tables)],
-        }];
+        let p = one_thread_process(tables);
         let j = to_json(&meta(), p);
         let th = thread_of(&j, 1);
         let strings: Vec<&str> =

@@ -248,8 +248,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     }
 
     let store_stats = collector.store.stats;
-    let buffer_bytes =
-        collector.store.buffer().max_chunks() * collector.store.buffer().chunk_size();
+    let buffer_bytes = collector.store.buffer().limit_bytes();
     let collector_stats = collector.stats;
     let out_path = output.path().display().to_string();
     let profile = ExportJob::finish(collector, info_at(end_mono_ns), vec![]).write(output)?;

@@ -142,48 +142,28 @@ impl ChunkedStore {
         self.stacks.len()
     }
 
-    pub fn strings(&self) -> usize {
-        self.strings.len()
-    }
-
     pub fn table_bytes(&self) -> usize {
         self.stacks.len() * STACK_NODE_BYTES + self.strings.len() * STRING_BYTES
     }
 
-    /// Stack nodes from `id` to the root.
-    pub fn stack_path(&self, id: StackId) -> Vec<FrameAddr> {
-        let mut v = Vec::new();
-        let mut cur = Some(id);
-        while let Some(n) = cur.and_then(|i| self.stacks.get(i.0)) {
-            v.push(n.1);
-            cur = n.0;
-        }
-        v.reverse();
-        v
+    pub fn snapshot(&self) -> StoreSnapshot {
+        self.snapshot_with(self.buffer.snapshot())
     }
 
-    pub fn snapshot(&self) -> StoreSnapshot {
+    /// The final snapshot: chunks are moved out rather than copied.
+    pub fn into_snapshot(mut self) -> StoreSnapshot {
+        let chunks = self.buffer.drain_snapshot();
+        self.snapshot_with(chunks)
+    }
+
+    fn snapshot_with(&self, chunks: Vec<Vec<u8>>) -> StoreSnapshot {
         StoreSnapshot {
-            chunks: self.buffer.snapshot(),
+            chunks,
             stacks: self.stacks.slots().to_vec(),
             strings: self.strings.slots().to_vec(),
             recycled: self.buffer.recycled(),
             stats: self.stats,
-            buffer_bytes: self.buffer.max_chunks() * self.buffer.chunk_size(),
-        }
-    }
-
-    /// The final snapshot: chunks are moved out rather than copied.
-    pub fn into_snapshot(self) -> StoreSnapshot {
-        let buffer_bytes = self.buffer.max_chunks() * self.buffer.chunk_size();
-        let recycled = self.buffer.recycled();
-        StoreSnapshot {
-            chunks: self.buffer.into_snapshot(),
-            stacks: self.stacks.slots().to_vec(),
-            strings: self.strings.slots().to_vec(),
-            recycled,
-            stats: self.stats,
-            buffer_bytes,
+            buffer_bytes: self.buffer.limit_bytes(),
         }
     }
 
@@ -321,6 +301,18 @@ mod tests {
         ThreadKey { pid: Pid(pid), tid: Tid(tid) }
     }
 
+    /// Frames of stack `id`, root first.
+    fn stack_path(s: &ChunkedStore, id: StackId) -> Vec<FrameAddr> {
+        let mut v = Vec::new();
+        let mut cur = Some(id);
+        while let Some(n) = cur.and_then(|i| s.stacks.get(i.0)) {
+            v.push(n.1);
+            cur = n.0;
+        }
+        v.reverse();
+        v
+    }
+
     fn events_of(s: &ChunkedStore) -> Vec<Event> {
         let mut v = vec![];
         read_events(&s.snapshot(), |e| v.push(e), |e| panic!("{e}"));
@@ -335,7 +327,7 @@ mod tests {
         assert_eq!(s.intern_stack(&a), Some(ia));
         let ib = s.intern_stack(&a[..1]).unwrap();
         assert_ne!(ia, ib);
-        assert_eq!(s.stack_path(ia), a);
+        assert_eq!(stack_path(&s, ia), a);
         assert_eq!(s.stack_nodes(), 2, "the one-frame stack is the prefix node");
         assert_eq!(s.intern_stack(&[]), None);
     }
@@ -546,7 +538,7 @@ mod tests {
 
         fn normalized(i: &Input) -> Input {
             match i.clone() {
-                Input::Marker { phase, start, len, thread, name, text, n } if phase != 1 => {
+                Input::Marker { phase, start, len: _, thread, name, text, n } if phase != 1 => {
                     Input::Marker { phase, start, len: 0, thread, name, text, n }
                 }
                 Input::Marker { phase, start, len, thread, name, text, n } => Input::Marker {
