@@ -106,6 +106,23 @@ pub struct Config {
     pub mm_arg_end: u32,
 }
 
+/// Deepest cgroup level the cgroup filter can select (levels are bits of a u64).
+pub const MAX_CGROUP_LEVEL: u32 = 63;
+/// Most cgroups `--cgroup`/`--container` can select at once.
+pub const MAX_SELECTED_CGROUPS: u32 = 1024;
+
+/// The cgroup filter (`--cgroup`, `--container`): a second `.rodata` global, `CGROUP_FILTER`,
+/// next to [`Config`]. A task is selected when its cgroup or one of its ancestors is in the
+/// `SELECTED_CGROUPS` map; only the ancestor levels set in `levels` are looked up.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CgroupFilter {
+    pub enabled: u32,
+    pub _pad: u32,
+    /// Bit L set: some selected cgroup is at level L (root = 0). All bits when unknown.
+    pub levels: u64,
+}
+
 /// Indices into the per-CPU `COUNTERS` array. Every sample the perf event delivers lands in
 /// exactly one of the first four; the rest are per-cause details.
 pub mod counter {
@@ -254,9 +271,10 @@ pub struct UsdtRecord {
 pub const USDT_RECORD_FIXED: usize =
     core::mem::size_of::<UsdtRecord>() - USDT_MAX_STRS * core::mem::size_of::<UsdtString>();
 
-/// A thread's `rsprof:label_push` stack (map `LABELS`, keyed by tid). Entries are label ids:
-/// the user address of the label string, which userspace names from the first
-/// `rsprof:label_push` hit sent for that address in that process.
+/// A thread's `rsprof:label_push` stack (map `LABELS`, keyed by tid). Entries are
+/// [`label_entry`]s: the user address of the label string (which userspace names from the
+/// first `rsprof:label_push` hit sent for that address in that process) and the pusher's user
+/// stack depth, which places the label under the pushing frame in sampled stacks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct LabelStack {
@@ -264,6 +282,20 @@ pub struct LabelStack {
     pub depth: u32,
     pub _pad: u32,
     pub ids: [u64; LABEL_MAX_DEPTH],
+}
+
+/// Bits of a label entry above the address: user addresses on x86-64 fit in 47 bits.
+pub const LABEL_DEPTH_SHIFT: u32 = 48;
+
+/// A label entry: `addr` plus the number of user frames at the push (0: unknown), capped.
+pub const fn label_entry(addr: u64, depth: u64) -> u64 {
+    let depth = if depth > 0xffff { 0xffff } else { depth };
+    (addr & ((1 << LABEL_DEPTH_SHIFT) - 1)) | (depth << LABEL_DEPTH_SHIFT)
+}
+
+/// Splits a label entry into (address, pusher's user stack depth).
+pub const fn split_label_entry(entry: u64) -> (u64, u32) {
+    (entry & ((1 << LABEL_DEPTH_SHIFT) - 1), (entry >> LABEL_DEPTH_SHIFT) as u32)
 }
 
 /// Key of the "label already named" map: one address space (its `mm_struct` pointer, so an
@@ -280,4 +312,6 @@ mod pod {
     // SAFETY: plain `#[repr(C)]` data with no padding-dependent invariants.
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::UsdtSpec {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CgroupFilter {}
 }

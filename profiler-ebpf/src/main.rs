@@ -3,6 +3,7 @@
 #![no_std]
 #![no_main]
 
+mod cgroup;
 mod usdt;
 
 use aya_ebpf::{
@@ -91,7 +92,8 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
     let cfg = config();
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !selected(&cfg, tgid) || (cfg.filter_mode != FILTER_ALL && tgid == 0) {
+    if !selected(&cfg, tgid) || (cfg.filter_mode != FILTER_ALL && tgid == 0) || !cgroup::selected()
+    {
         count(counter::SAMPLES_FILTERED);
         return 0;
     }
@@ -213,7 +215,7 @@ unsafe fn send_task(rec: *mut TaskRecord, len: u64) {
 fn current_task_record(cfg: &Config) -> Option<(u32, u32, *mut TaskRecord)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !selected(cfg, tgid) {
+    if !selected(cfg, tgid) || !cgroup::selected() {
         return None;
     }
     Some((tgid, pid_tgid as u32, TASK_SCRATCH.get_ptr_mut(0)?))
@@ -264,6 +266,10 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         if TARGETS.insert(&child_tgid, &1, 0).is_err() {
             count(counter::TARGETS_FULL);
         }
+    }
+    // After following children: a `-- CMD` child may move into the selected cgroup later.
+    if !cgroup::selected() {
+        return 0;
     }
     let Some(rec) = TASK_SCRATCH.get_ptr_mut(0) else { return 0 };
     unsafe {

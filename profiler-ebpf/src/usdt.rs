@@ -5,11 +5,11 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
-            bpf_get_attach_cookie, bpf_get_current_task, bpf_get_smp_processor_id,
+            bpf_get_attach_cookie, bpf_get_current_task, bpf_get_smp_processor_id, bpf_get_stack,
             bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str,
         },
     },
@@ -22,7 +22,7 @@ use profiler_common::{
     USDT_ARG_CONST, USDT_ARG_DEREF, USDT_ARG_REG, USDT_ARG_SIB, USDT_MAX_ARGS, USDT_MAX_SPECS,
     USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_STR_IS_NULL,
     USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtRecord,
-    UsdtString, counter,
+    UsdtString, counter, label_entry,
 };
 
 use crate::{EVENTS, config, count, read_kernel_u64, selected};
@@ -41,6 +41,10 @@ static LABELS: HashMap<u32, LabelStack> = HashMap::with_max_entries(32768, 0);
 /// Never written: the zeroed value a thread's first push inserts (too big for the stack).
 #[map]
 static LABEL_ZERO: PerCpuArray<LabelStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Scratch for the user stack walked at a label push (only its length is kept).
+#[map]
+static PUSH_STACK: PerCpuArray<[u64; MAX_STACK_DEPTH]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Labels whose text was already sent for an address space: later pushes send nothing.
 #[map]
@@ -142,8 +146,9 @@ unsafe fn read_str(s: *mut UsdtString, ptr: u64) {
 }
 
 #[inline(always)]
-fn label_push(tid: u32, id: u64) {
+fn label_push(ctx: &ProbeContext, tid: u32, addr: u64) {
     count(counter::LABEL_PUSHES);
+    let id = label_entry(addr, user_depth(ctx));
     let st = match LABELS.get_ptr_mut(tid) {
         Some(p) => p,
         None => {
@@ -168,6 +173,17 @@ fn label_push(tid: u32, id: u64) {
         }
         (*st).depth = d.saturating_add(1);
     }
+}
+
+/// User frames at the probe (the pushing function and its callers), walked as the sampler
+/// walks them, so the label lands right under the pusher in sampled stacks; 0 if unknown.
+#[inline(always)]
+fn user_depth(ctx: &ProbeContext) -> u64 {
+    let Some(buf) = PUSH_STACK.get_ptr_mut(0) else { return 0 };
+    let size = (MAX_STACK_DEPTH * 8) as u32;
+    // SAFETY: `buf` is this CPU's scratch of exactly `size` bytes.
+    let n = unsafe { bpf_get_stack(ctx.as_ptr(), buf.cast(), size, BPF_F_USER_STACK as u64) };
+    if n <= 0 { 0 } else { n as u64 / 8 }
 }
 
 #[inline(always)]
@@ -270,7 +286,7 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
     if spec.role == USDT_ROLE_LABEL_PUSH {
         // SAFETY: as above.
         let label = unsafe { (*rec).args[0] };
-        label_push(tid, label);
+        label_push(&ctx, tid, label);
         // SAFETY: fault-checked kernel read of current->mm.
         let mm = unsafe { read_kernel_u64(bpf_get_current_task() + cfg.task_mm as u64) };
         let key = LabelSeenKey { mm: mm.unwrap_or(0), label };

@@ -1,13 +1,21 @@
-//! Builds the writer-facing [`Profile`] from stored samples, process metadata and symbols.
+//! Turns a storage snapshot into a Gecko profile in one pass: every stored event goes to its
+//! thread's tables as it is decoded, then the threads are spliced into the output with their
+//! process and thread metadata.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    io::{self, Write},
+};
+
+use serde_json::{Map, Value, json};
 
 use crate::{
-    collector::Collector,
+    events::{Event, MarkerField, StoredMarker, ThreadKey},
+    gecko::{self, GeckoMeta, GeckoProcess, GeckoThread, ThreadTables},
+    gecko_container,
     ids::{Pid, Tid},
-    intern::Interner,
-    profile::{self, Frame, FrameIndex, Profile, StackIndex},
-    storage::{MemoryStore, ThreadKey},
+    profile::{FrameIndex, ProcessesMeta, SymbolizedStacks},
+    storage::{StoreSnapshot, read_events},
     symbolize::Symbols,
 };
 
@@ -32,106 +40,229 @@ impl RecordingInfo {
     }
 }
 
-pub fn build_profile(
-    collector: &mut Collector<MemoryStore>,
+/// What the written profile holds, for the summary.
+#[derive(Clone, Debug, Default)]
+pub struct ProfileStats {
+    pub processes: usize,
+    pub threads: usize,
+    pub samples: u64,
+    pub idle_samples: u64,
+    pub markers: u64,
+    /// Self samples per leaf function ("name (in module)"), most first; idle excluded.
+    pub top_functions: Vec<(String, u64)>,
+    /// Time range (ms since start) recycled away to stay within the buffer size.
+    pub dropped_ms: Option<(f64, f64)>,
+    pub dropped_events: u64,
+    /// Corrupt chunks or blocks found while reading storage (skipped).
+    pub corrupt: Vec<String>,
+}
+
+/// Keys of each marker schema's dynamic fields, in order: stored marker fields are positional.
+fn field_keys(schemas: &[Value]) -> HashMap<String, Vec<String>> {
+    schemas
+        .iter()
+        .filter_map(|s| {
+            let name = s["name"].as_str()?.to_owned();
+            let keys = s["data"]
+                .as_array()
+                .map(|d| d.iter().filter_map(|f| f["key"].as_str().map(str::to_owned)).collect())
+                .unwrap_or_default();
+            Some((name, keys))
+        })
+        .collect()
+}
+
+pub fn write_profile<W: Write>(
+    snap: &StoreSnapshot,
+    processes: &ProcessesMeta,
     symbols: &Symbols,
     info: &RecordingInfo,
-) -> Profile {
-    let mut frames: Interner<Frame> = Interner::default();
-    // StackId(i) becomes StackIndex(i).
-    let store = &collector.store;
-    let stacks: Vec<Vec<FrameIndex>> = (0..store.stack_count())
-        .map(|i| {
-            store
-                .stack(crate::storage::StackId(i as u32))
-                .iter()
-                .flat_map(|a| symbols.get(a).map(Vec::as_slice).unwrap_or(&[]))
-                .map(|f| FrameIndex(frames.intern(f)))
-                .collect()
-        })
-        .collect();
-
-    let mut by_process: HashMap<Pid, Vec<(ThreadKey, Vec<profile::Sample>)>> = HashMap::new();
-    for (key, samples) in collector.store.threads() {
-        let converted = samples
-            .iter()
-            .map(|s| profile::Sample {
-                time_ms: info.ms(s.time_ns),
+    marker_schema: Vec<Value>,
+    out: W,
+) -> io::Result<ProfileStats> {
+    let tree = SymbolizedStacks::new(snap, symbols);
+    let mut marker_schema = marker_schema;
+    marker_schema.push(gecko_container::marker_schema());
+    let keys = field_keys(&marker_schema);
+    let mut stats = ProfileStats::default();
+    let mut threads: HashMap<ThreadKey, ThreadTables> = HashMap::new();
+    let mut leaves: HashMap<FrameIndex, u64> = HashMap::new();
+    read_events(
+        snap,
+        |ev| match ev {
+            Event::Sample(key, s) => {
+                let idle = key.is_idle();
+                stats.samples += 1;
+                if idle {
+                    stats.idle_samples += 1;
+                } else if let Some(leaf) = s.stack.and_then(|id| tree.leaf(id)) {
+                    *leaves.entry(leaf).or_default() += 1;
+                }
                 // The idle task's runtime is idle time, not work: don't chart it as CPU use.
-                cpu_delta_ns: Some(if key.is_idle() { 0 } else { s.cpu_delta_ns }),
-                stack: s.stack.map(|id| StackIndex(id.0)),
-                idle: key.is_idle(),
-            })
-            .collect();
-        by_process.entry(key.pid).or_default().push((*key, converted));
-    }
+                let cpu = if idle { 0 } else { s.cpu_delta_ns };
+                threads.entry(key).or_default().add_sample(
+                    &tree,
+                    info.ms(s.time_ns),
+                    s.stack,
+                    Some(cpu),
+                    idle,
+                );
+            }
+            Event::Marker(key, m) => {
+                stats.markers += 1;
+                write_marker(threads.entry(key).or_default(), snap, &keys, info, &m);
+            }
+        },
+        |err| stats.corrupt.push(err),
+    );
 
-    let mut processes: Vec<profile::Process> = by_process
+    stats.top_functions = top_functions(&tree, leaves, 10);
+    let r = snap.recycled;
+    if let Some(first) = r.first_time_ns {
+        stats.dropped_ms = Some((info.ms(first), info.ms(r.last_time_ns)));
+        stats.dropped_events = r.blocks;
+    }
+    let extra = json!({
+        "bufferBytes": snap.buffer_bytes,
+        "recycled": stats.dropped_ms.map(|(a, b)| json!({
+            "startTime": a, "endTime": b, "chunks": r.chunks, "events": r.blocks,
+        })),
+        "corruptChunks": stats.corrupt,
+    });
+    let meta = GeckoMeta {
+        start_time_ms: info.start_wall_ms,
+        interval_ms: 1000.0 / info.frequency as f64,
+        // Recycled data leaves the range: it starts where the kept window does.
+        profiling_start_ms: stats.dropped_ms.map_or(0.0, |(_, end)| end.max(0.0)),
+        profiling_end_ms: info.ms(info.end_mono_ns),
+        logical_cpus: info.logical_cpus,
+        physical_cpus: info.physical_cpus,
+        product: info.product.clone(),
+        oscpu: info.oscpu.clone(),
+        marker_schema,
+        extra,
+    };
+    let procs = group_processes(threads, processes, info);
+    stats.processes = procs.len();
+    stats.threads = procs.iter().map(|p| p.threads.len()).sum();
+    gecko::write_gecko(&meta, procs, &tree, out)?;
+    Ok(stats)
+}
+
+fn write_marker(
+    tables: &mut ThreadTables,
+    snap: &StoreSnapshot,
+    keys: &HashMap<String, Vec<String>>,
+    info: &RecordingInfo,
+    m: &StoredMarker,
+) {
+    let name = snap.string(m.name).unwrap_or("<unknown>");
+    let schema = snap.string(m.schema).unwrap_or("<unknown>");
+    let mut data = Map::new();
+    data.insert("type".into(), schema.into());
+    let schema_keys = keys.get(schema);
+    for (i, f) in m.fields.iter().enumerate() {
+        let key = schema_keys.and_then(|k| k.get(i)).cloned().unwrap_or_else(|| format!("f{i}"));
+        let v: Value = match *f {
+            MarkerField::Str(s) => snap.string(s).unwrap_or("<unknown>").into(),
+            MarkerField::Int(v) => v.into(),
+            MarkerField::Uint(v) => v.into(),
+        };
+        data.insert(key, v);
+    }
+    use crate::events::MarkerPhase::*;
+    let (start, end) = match m.phase {
+        Instant | IntervalStart => (Some(info.ms(m.start_ns)), None),
+        Interval => (Some(info.ms(m.start_ns)), Some(info.ms(m.end_ns))),
+        IntervalEnd => (None, Some(info.ms(m.end_ns))),
+    };
+    tables.add_marker(name, start, end, m.phase as u8, gecko::CATEGORY_OTHER, &Value::Object(data));
+}
+
+fn group_processes(
+    threads: HashMap<ThreadKey, ThreadTables>,
+    processes: &ProcessesMeta,
+    info: &RecordingInfo,
+) -> Vec<GeckoProcess> {
+    let mut by_pid: HashMap<Pid, Vec<(Tid, ThreadTables)>> = HashMap::new();
+    for (key, tables) in threads {
+        by_pid.entry(key.pid).or_default().push((key.tid, tables));
+    }
+    by_pid
         .into_iter()
-        .map(|(pid, mut threads)| {
-            threads.sort_by_key(|(k, _)| k.tid);
-            let info_p = collector.processes.processes.get(&pid);
-            let first_sample = threads
-                .iter()
-                .filter_map(|(_, s)| s.first())
-                .map(|s| s.time_ms)
-                .fold(f64::MAX, f64::min);
-            let threads: Vec<profile::Thread> = threads
+        .map(|(pid, threads)| {
+            let idle = pid.0 == 0;
+            let meta = processes.get(&pid);
+            let mut threads: Vec<GeckoThread> = threads
                 .into_iter()
-                .map(|(key, samples)| {
-                    let t = info_p.and_then(|p| p.threads.get(&key.tid));
-                    let first = samples.first().map_or(0.0, |s| s.time_ms);
-                    profile::Thread {
-                        tid: key.tid,
-                        name: t.map(|t| t.name.clone()).filter(|n| !n.is_empty()).unwrap_or_else(
-                            || {
-                                if key.is_idle() {
-                                    format!("swapper/{}", key.tid)
-                                } else {
-                                    key.tid.to_string()
-                                }
-                            },
-                        ),
-                        previous_names: t.map(|t| t.previous_names.clone()).unwrap_or_default(),
-                        is_main: !key.is_idle() && key.tid == Tid(pid.0),
+                .map(|(tid, tables)| {
+                    let t = meta.and_then(|p| p.threads.get(&tid));
+                    let first =
+                        if tables.sample_count() > 0 { tables.first_sample_ms() } else { 0.0 };
+                    let name =
+                        t.map(|t| t.name.clone()).filter(|n| !n.is_empty()).unwrap_or_else(|| {
+                            if idle { format!("swapper/{tid}") } else { tid.to_string() }
+                        });
+                    GeckoThread {
+                        tid,
+                        name,
+                        is_main: !idle && tid.0 == pid.0,
                         register_time_ms: t
                             .and_then(|t| t.start_ns)
                             .map_or(0.0, |ns| info.ms(ns).max(0.0))
                             .min(first),
                         unregister_time_ms: t.and_then(|t| t.end_ns).map(|ns| info.ms(ns)),
-                        samples,
+                        tables,
                     }
                 })
                 .collect();
-            profile::Process {
+            let name = meta
+                .map(|p| p.name.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| if idle { "[idle]".into() } else { pid.to_string() });
+            let container = meta.and_then(|p| p.container.as_ref());
+            let end_time_ms = meta.and_then(|p| p.end_ns).map(|ns| info.ms(ns));
+            if let Some(c) = container {
+                // One identity marker per process, spanning its life, on its main thread.
+                threads.sort_by_key(|t| (!t.is_main, t.tid));
+                let start = threads.iter().map(|t| t.register_time_ms).fold(f64::MAX, f64::min);
+                let end = end_time_ms.unwrap_or(info.ms(info.end_mono_ns)).max(start);
+                let (marker_name, data) = gecko_container::marker(c);
+                if let Some(t) = threads.first_mut() {
+                    t.tables.add_marker(
+                        marker_name,
+                        Some(start),
+                        Some(end),
+                        1,
+                        gecko::CATEGORY_OTHER,
+                        &data,
+                    );
+                }
+            }
+            GeckoProcess {
                 pid,
-                name: info_p
-                    .map(|p| p.name.clone())
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| pid.to_string()),
-                command_line: info_p.map(|p| p.argv.join(" ")).unwrap_or_default(),
-                start_time_ms: info_p
-                    .and_then(|p| p.start_ns)
-                    .map_or(0.0, |ns| info.ms(ns).max(0.0))
-                    .min(first_sample),
-                end_time_ms: info_p.and_then(|p| p.end_ns).map(|ns| info.ms(ns)),
-                is_idle: pid.0 == 0,
+                name: gecko_container::process_name(&name, container),
+                end_time_ms,
                 threads,
             }
         })
-        .collect();
-    processes.sort_by_key(|p| p.pid);
+        .collect()
+}
 
-    Profile {
-        start_time_ms: info.start_wall_ms,
-        interval_ms: 1000.0 / info.frequency as f64,
-        end_time_ms: info.ms(info.end_mono_ns),
-        logical_cpus: info.logical_cpus,
-        physical_cpus: info.physical_cpus,
-        product: info.product.clone(),
-        oscpu: info.oscpu.clone(),
-        frames: frames.into_items(),
-        stacks,
-        processes,
+fn top_functions(
+    tree: &SymbolizedStacks,
+    leaves: HashMap<FrameIndex, u64>,
+    n: usize,
+) -> Vec<(String, u64)> {
+    // Inlined frames of one address share a leaf; merge by name so a function counts once.
+    let mut by_name: HashMap<String, u64> = HashMap::new();
+    for (f, c) in leaves {
+        if let Some(fr) = tree.frame(f) {
+            *by_name.entry(format!("{} (in {})", fr.function, fr.module)).or_default() += c;
+        }
     }
+    let mut v: Vec<_> = by_name.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v.truncate(n);
+    v
 }

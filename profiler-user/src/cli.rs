@@ -24,6 +24,8 @@ pub enum Command {
     Record(RecordArgs),
     /// List the USDT probes of a binary or library, or of every file a process maps.
     ListUsdt(ListUsdtArgs),
+    /// List the containers and services (cgroups) on this host, with process counts.
+    ListContainers,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -37,15 +39,27 @@ pub struct ListUsdtArgs {
 }
 
 #[derive(Args, Debug, Clone)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["all", "pid", "command"])))]
+// --cgroup/--container alone select like a restricted --all; with -p or CMD they intersect.
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true)
+    .args(["all", "pid", "command", "cgroup", "container"])))]
 pub struct RecordArgs {
     /// Profile every process on the machine.
-    #[arg(short = 'a', long)]
+    #[arg(short = 'a', long, conflicts_with_all = ["pid", "command"])]
     pub all: bool,
 
     /// Profile these processes (comma-separated pids), all their threads.
     #[arg(short = 'p', long = "pid", value_delimiter = ',', value_name = "PID")]
+    #[arg(conflicts_with = "command")]
     pub pid: Vec<u32>,
+
+    /// Only tasks in this cgroup v2 or below it, including cgroups created while recording.
+    /// A directory under the cgroup v2 mount, or a path relative to it. Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Vec<String>,
+
+    /// Only tasks in this container (id or unique id prefix; LXC: name). Repeatable.
+    #[arg(long, value_name = "ID")]
+    pub container: Vec<String>,
 
     /// Sampling frequency per CPU, in Hz.
     #[arg(short = 'F', long, default_value_t = 999, value_name = "HZ")]
@@ -80,6 +94,10 @@ pub struct RecordArgs {
     /// Write every USDT hit as a text line to this file (for debugging and tests).
     #[arg(long, hide = true, value_name = "PATH")]
     pub usdt_dump: Option<PathBuf>,
+    /// Memory for recorded samples and markers (K/M/G suffixes). When full, the oldest data is
+    /// recycled: the profile holds the newest window.
+    #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
+    pub buffer_size: u64,
 
     /// Run this command and profile it and its children.
     #[arg(last = true, value_name = "CMD")]
@@ -121,5 +139,21 @@ mod tests {
         let c = Cli::try_parse_from(["rsprof-bpf", "--", "sleep", "1"]).unwrap();
         assert_eq!(c.record.command, vec!["sleep", "1"]);
         assert!(Cli::try_parse_from(["rsprof-bpf", "-F", "99"]).is_err(), "a target is required");
+    }
+
+    #[test]
+    fn cgroup_filters_combine_with_targets() {
+        let c = Cli::try_parse_from(["rsprof-bpf", "--cgroup", "/a", "--cgroup", "b"]).unwrap();
+        assert_eq!(c.record.cgroup, vec!["/a", "b"]);
+        let c = Cli::try_parse_from(["rsprof-bpf", "-p", "1", "--container", "3f2a"]).unwrap();
+        assert_eq!((c.record.pid, c.record.container), (vec![1], vec!["3f2a".to_owned()]));
+        let c = Cli::try_parse_from(["rsprof-bpf", "--all", "--cgroup", "/a"]).unwrap();
+        assert!(c.record.all);
+        let c = Cli::try_parse_from(["rsprof-bpf", "--cgroup", "/a", "--", "make"]).unwrap();
+        assert_eq!(c.record.command, vec!["make"]);
+        assert!(Cli::try_parse_from(["rsprof-bpf", "--all", "-p", "1"]).is_err());
+        assert!(Cli::try_parse_from(["rsprof-bpf", "-p", "1", "--", "make"]).is_err());
+        let c = Cli::try_parse_from(["rsprof-bpf", "list-containers"]).unwrap();
+        assert!(matches!(c.command, Some(Command::ListContainers)));
     }
 }

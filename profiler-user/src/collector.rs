@@ -4,11 +4,12 @@
 use std::time::{Duration, Instant};
 
 use crate::{
+    events::{StoredSample, ThreadKey},
     ids::Pid,
     processes::{ProcessInfo, ProcessTable, read_proc_identity},
     procmaps::{ModuleTable, read_address_space},
-    records::{DecodeError, Event, RawUsdtHit, Sample, TaskEvent, TaskKind},
-    storage::{FrameAddr, SampleSink, StoredSample, ThreadKey},
+    records::{DecodeError, Event, LabelRef, RawUsdtHit, Sample, TaskEvent, TaskKind},
+    storage::{FrameAddr, SampleSink},
 };
 
 /// Re-read /proc/PID/maps for an unknown address at most this often per process.
@@ -23,6 +24,9 @@ pub struct CollectorStats {
     /// User frames in no mapping of their process (e.g. it exited before we read its maps).
     pub unmapped_frames: u64,
     pub first_sample_ns: Option<u64>,
+    /// Exited processes dropped from the process table once their last stored event was
+    /// recycled.
+    pub forgotten_processes: u64,
     pub last_sample_ns: Option<u64>,
 }
 
@@ -86,8 +90,8 @@ impl<S: SampleSink> Collector<S> {
 
     fn on_sample(&mut self, s: Sample) {
         self.stats.samples += 1;
-        if let Some(&label) = s.labels.last() {
-            *self.label_samples.entry((s.pid, label)).or_default() += 1;
+        if let Some(label) = s.labels.last() {
+            *self.label_samples.entry((s.pid, label.addr)).or_default() += 1;
         }
         self.stats.first_sample_ns.get_or_insert(s.time_ns);
         self.stats.last_sample_ns = Some(s.time_ns);
@@ -108,6 +112,10 @@ impl<S: SampleSink> Collector<S> {
                 first_sight(s.pid, p, modules);
                 self.maps_changed.push(s.pid);
             }
+            if !idle {
+                let cache = &mut self.processes.cgroup_paths;
+                p.cgroup.observe(s.pid, s.tid.0 == s.pid.0, s.cgroup_id, cache);
+            }
             if idle && p.name.is_empty() {
                 p.name = "[idle]".into();
             }
@@ -118,8 +126,18 @@ impl<S: SampleSink> Collector<S> {
                 p.name.clone_from(&s.comm);
             }
 
-            // Root first: user frames outermost..leaf, then kernel frames entry..leaf.
+            // Root first: user frames outermost..leaf with label frames placed under the
+            // frames that pushed them, then kernel frames entry..leaf.
+            let n = s.user_stack.len();
+            let places = label_places(&s.labels, n);
+            let mut next_label = 0;
             for (i, &addr) in s.user_stack.iter().enumerate().rev() {
+                let root_pos = n - 1 - i;
+                while next_label < places.len() && places[next_label] <= root_pos {
+                    let addr = s.labels[next_label].addr;
+                    self.frames.push(FrameAddr::Label { pid: s.pid, addr });
+                    next_label += 1;
+                }
                 // Callers' entries are return addresses; look up the call instruction.
                 let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
                 let mut hit = p.space.lookup(lookup);
@@ -136,16 +154,23 @@ impl<S: SampleSink> Collector<S> {
                     }
                 });
             }
+            for l in &s.labels[next_label..] {
+                self.frames.push(FrameAddr::Label { pid: s.pid, addr: l.addr });
+            }
             for (i, &addr) in s.kernel_stack.iter().enumerate().rev() {
                 self.frames.push(FrameAddr::Kernel(if i == 0 { addr } else { addr - 1 }));
             }
-            let stack = (!self.frames.is_empty()).then(|| self.store.intern_stack(&self.frames));
+            let stack = self.store.intern_stack(&self.frames);
             self.store.push_sample(
                 key,
                 StoredSample { time_ns: s.time_ns, cpu_delta_ns: cpu_delta, stack },
             );
         }
         self.stats.unmapped_frames += unmapped;
+        let released = self.store.take_released_pids();
+        if !released.is_empty() {
+            self.stats.forgotten_processes += self.processes.forget_exited(&released) as u64;
+        }
     }
 
     fn on_task(&mut self, t: TaskEvent) {
@@ -197,6 +222,23 @@ impl<S: SampleSink> Collector<S> {
     }
 }
 
+/// Where each label (outermost first) goes among `n` user frames listed root first: before
+/// frame `place`, i.e. right under the `depth` frames that were on the stack when it was
+/// pushed. An unknown depth (0) or one deeper than this stack (a truncated walk) puts the
+/// label just above the leaf; places never decrease, so labels keep their push order.
+fn label_places(labels: &[LabelRef], n: usize) -> Vec<usize> {
+    let mut prev = 0;
+    labels
+        .iter()
+        .map(|l| {
+            let d = l.depth as usize;
+            let place = if d == 0 || d > n { n } else { d };
+            prev = place.max(prev);
+            prev
+        })
+        .collect()
+}
+
 /// A process known from nothing but its pid: ask /proc for its name, argv and mappings.
 fn first_sight(pid: Pid, p: &mut ProcessInfo, modules: &mut ModuleTable) {
     let (comm, argv) = read_proc_identity(pid);
@@ -214,5 +256,23 @@ fn refresh_space(pid: Pid, p: &mut ProcessInfo, modules: &mut ModuleTable) {
     match read_address_space(pid, modules) {
         Ok(space) => p.space = space,
         Err(_) => p.exited = true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_go_under_their_pusher() {
+        let l = |depth| LabelRef { addr: 0x1000, depth };
+        // main → work (pushed at depth 2) → hot: the label sits between work and hot.
+        assert_eq!(label_places(&[l(2)], 3), vec![2]);
+        // Nested pushes in the same frame keep their order; an inner frame's push goes deeper.
+        assert_eq!(label_places(&[l(2), l(2), l(3)], 4), vec![2, 2, 3]);
+        // Unknown or too deep (truncated stack): just above the leaf.
+        assert_eq!(label_places(&[l(0), l(9)], 3), vec![3, 3]);
+        // An inner label never goes above an outer one.
+        assert_eq!(label_places(&[l(3), l(1)], 4), vec![3, 3]);
     }
 }

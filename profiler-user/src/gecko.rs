@@ -1,5 +1,9 @@
-//! Writes a [`Profile`] as a Firefox Profiler "Gecko profile" (format version 36), streamed
-//! thread by thread: only one thread's tables are held in memory at a time.
+//! Writes a Firefox Profiler "Gecko profile" (format version 36).
+//!
+//! Each thread gets its own [`ThreadTables`] — unique strings, frames and stacks, with its
+//! sample and marker rows already serialized as JSON text — filled in one pass over storage
+//! (the model of Gecko's ThreadStreamingContext). [`write_gecko`] then splices the threads
+//! into the output, freeing each one as it goes; no whole-profile JSON tree is ever built.
 //!
 //! Layout decisions (checked against the firefox-devtools/profiler importer,
 //! `src/profile-logic/process-profile.ts`):
@@ -18,12 +22,12 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 
 use crate::{
-    intern::Interner,
-    profile::{Frame, FrameKind, Process, Profile, StackIndex, Thread},
+    events::StackId,
+    ids::{Pid, Tid},
+    profile::{FrameIndex, FrameKind, SymbolizedStacks},
 };
 
 pub const GECKO_VERSION: u32 = 36;
@@ -46,11 +50,6 @@ const CATEGORIES: [(&str, &str); 5] = [
     ("Label", "lightblue"),
 ];
 
-/// Marker payload schemas (`meta.markerSchema`); add an entry per marker `data.type` we emit.
-fn marker_schema() -> Value {
-    json!([])
-}
-
 fn categories() -> Value {
     CATEGORIES
         .iter()
@@ -58,143 +57,61 @@ fn categories() -> Value {
         .collect()
 }
 
-/// Writes `profile` as uncompressed Gecko JSON; wrap `out` in a gzip encoder to compress.
-pub fn write_gecko<W: Write>(profile: &Profile, out: W) -> io::Result<()> {
-    let mut out = io::BufWriter::new(out);
-    serde_json::to_writer(&mut out, &Root(profile))?;
-    out.flush()
-}
-
-const EMPTY: [(); 0] = [];
-
 /// The Gecko type requires a `sources` table (JS sources); ours is always empty.
 fn sources() -> Value {
     json!({"schema": {"id": 0, "filename": 1, "startLine": 2, "startColumn": 3, "sourceMapURL": 4},
            "data": []})
 }
 
-struct Root<'a>(&'a Profile);
+/// Profile-wide values for `meta`.
+#[derive(Clone, Debug, Default)]
+pub struct GeckoMeta {
+    /// Wall-clock time of the profile's zero, ms since the Unix epoch.
+    pub start_time_ms: f64,
+    /// Sampling interval, ms.
+    pub interval_ms: f64,
+    /// The recorded range, ms since start: where the oldest kept data begins and where
+    /// recording ended. Widened to cover every sample written.
+    pub profiling_start_ms: f64,
+    pub profiling_end_ms: f64,
+    pub logical_cpus: u32,
+    pub physical_cpus: u32,
+    /// e.g. `rsprof-bpf 0.1.0`.
+    pub product: String,
+    /// `uname -srm`-like string.
+    pub oscpu: String,
+    /// `meta.markerSchema` entries, one per marker `data.type` written.
+    pub marker_schema: Vec<Value>,
+    /// Written as `meta.rsprof`: recording details the front-end has no field for.
+    pub extra: Value,
+}
 
-impl Serialize for Root<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let p = self.0;
-        // Samples drained after the stop must stay inside the root range, or the UI hides them.
-        let last_sample = p
-            .processes
-            .iter()
-            .flat_map(|pr| &pr.threads)
-            .filter_map(|t| {
-                t.samples.iter().map(|s| s.time_ms).filter(|t| t.is_finite()).reduce(f64::max)
-            })
-            .fold(0.0, f64::max);
-        let meta = json!({
-            "version": GECKO_VERSION,
-            "interval": p.interval_ms,
-            "startTime": p.start_time_ms,
-            "shutdownTime": null,
-            "profilingStartTime": 0,
-            "profilingEndTime": p.end_time_ms.max(last_sample),
-            "product": p.product,
-            "platform": "Linux",
-            "oscpu": p.oscpu,
-            "processType": 0,
-            "stackwalk": 1,
-            "debug": 0,
-            "gcpoison": 0,
-            "asyncstack": 0,
-            "presymbolicated": true,
-            "physicalCPUs": p.physical_cpus,
-            "logicalCPUs": p.logical_cpus,
-            "categories": categories(),
-            "markerSchema": marker_schema(),
-            "sampleUnits": {"time": "ms", "eventDelay": "ms", "threadCPUDelta": "ns"},
-        });
-        // Without a GeckoMain thread the front-end keeps process tracks in file order, so put
-        // the busiest processes first, as it would do by activity.
-        let mut processes: Vec<&Process> = p.processes.iter().collect();
-        processes.sort_by_key(|pr| {
-            std::cmp::Reverse(
-                pr.threads.iter().flat_map(|t| &t.samples).filter(|s| !s.idle).count(),
-            )
-        });
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("meta", &meta)?;
-        m.serialize_entry("libs", &EMPTY)?;
-        m.serialize_entry("threads", &EMPTY)?;
-        m.serialize_entry("processes", &lazy(processes.iter().map(|pr| SubProcess(p, pr))))?;
-        m.serialize_entry("pages", &EMPTY)?;
-        m.serialize_entry("pausedRanges", &EMPTY)?;
-        m.serialize_entry("sources", &sources())?;
-        m.end()
+pub struct GeckoThread {
+    pub tid: Tid,
+    pub name: String,
+    /// The process's main thread (tid == pid).
+    pub is_main: bool,
+    /// ms since profile start.
+    pub register_time_ms: f64,
+    pub unregister_time_ms: Option<f64>,
+    pub tables: ThreadTables,
+}
+
+pub struct GeckoProcess {
+    pub pid: Pid,
+    /// Shown as the process track's name.
+    pub name: String,
+    pub end_time_ms: Option<f64>,
+    pub threads: Vec<GeckoThread>,
+}
+
+impl GeckoProcess {
+    fn busy_samples(&self) -> u64 {
+        self.threads.iter().map(|t| t.tables.busy_samples).sum()
     }
 }
 
-/// Serializes an iterator as a JSON array without collecting it (consumed on first use).
-struct Lazy<I>(std::cell::Cell<Option<I>>);
-
-fn lazy<I>(it: I) -> Lazy<I> {
-    Lazy(std::cell::Cell::new(Some(it)))
-}
-
-impl<I: Iterator<Item = T>, T: Serialize> Serialize for Lazy<I> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.take().expect("Lazy serialized twice"))
-    }
-}
-
-struct SubProcess<'a>(&'a Profile, &'a Process);
-
-impl Serialize for SubProcess<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (p, pr) = (self.0, self.1);
-        // Same startTime as the root, so no time shifting happens on import.
-        let meta = json!({
-            "version": GECKO_VERSION,
-            "startTime": p.start_time_ms,
-            "shutdownTime": pr.end_time_ms,
-            "categories": categories(),
-            "markerSchema": marker_schema(),
-        });
-        let threads =
-            pr.threads.iter().filter(|t| t.is_main).chain(pr.threads.iter().filter(|t| !t.is_main));
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("meta", &meta)?;
-        m.serialize_entry("libs", &EMPTY)?;
-        m.serialize_entry("threads", &lazy(threads.map(|t| GeckoThread(p, pr, t))))?;
-        m.serialize_entry("processes", &EMPTY)?;
-        m.serialize_entry("pages", &EMPTY)?;
-        m.serialize_entry("pausedRanges", &EMPTY)?;
-        m.serialize_entry("sources", &sources())?;
-        m.end()
-    }
-}
-
-struct GeckoThread<'a>(&'a Profile, &'a Process, &'a Thread);
-
-impl Serialize for GeckoThread<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (p, pr, t) = (self.0, self.1, self.2);
-        let tables = Tables::build(p, t);
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("name", &t.name)?;
-        m.serialize_entry("processType", "default")?;
-        m.serialize_entry("processName", &pr.name)?;
-        m.serialize_entry("pid", &pr.pid.0)?;
-        m.serialize_entry("tid", &t.tid.0)?;
-        // Ignored by the front-end (it only knows "GeckoMain"); kept for other readers.
-        m.serialize_entry("isMainThread", &t.is_main)?;
-        m.serialize_entry("registerTime", &t.register_time_ms)?;
-        m.serialize_entry("unregisterTime", &t.unregister_time_ms)?;
-        m.serialize_entry("stringTable", tables.strings.items())?;
-        m.serialize_entry("frameTable", &Table(FRAME_SCHEMA, &tables.frames))?;
-        m.serialize_entry("stackTable", &Table(STACK_SCHEMA, &tables.stacks))?;
-        m.serialize_entry("samples", &Table(SAMPLE_SCHEMA, &tables.samples))?;
-        m.serialize_entry("markers", &Table(MARKER_SCHEMA, &EMPTY))?;
-        m.end()
-    }
-}
-
-// Column order of each table; the row tuples below follow it.
+// Column order of each table; rows follow it.
 const FRAME_SCHEMA: &[&str] = &[
     "location",
     "relevantForJS",
@@ -209,106 +126,351 @@ const STACK_SCHEMA: &[&str] = &["prefix", "frame"];
 const SAMPLE_SCHEMA: &[&str] = &["stack", "time", "eventDelay", "threadCPUDelta"];
 const MARKER_SCHEMA: &[&str] = &["name", "startTime", "endTime", "phase", "category", "data"];
 
-type FrameRow = (u32, bool, Option<u32>, Option<u32>, Option<u32>, Option<u32>, u32, u32);
+/// (location string, frame, category): the rest of the row is read from the frame when written.
+type FrameRow = (u32, FrameIndex, u32);
+/// A frame table row as written, in `FRAME_SCHEMA` order.
+type FrameRowJson = (u32, bool, Option<u32>, Option<u32>, Option<u32>, Option<u32>, u32, u32);
 type StackRow = (Option<u32>, u32);
-type SampleRow = (Option<u32>, f64, u32, Option<u64>);
 
-struct Table<'a, R: ?Sized>(&'static [&'static str], &'a R);
-
-impl<R: Serialize + ?Sized> Serialize for Table<'_, R> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("schema", &Schema(self.0))?;
-        m.serialize_entry("data", self.1)?;
-        m.end()
-    }
+/// A sample row, compact until written; `u32::MAX` / `u64::MAX` stand for null.
+#[derive(Clone, Copy)]
+struct SampleRow {
+    time_ms: f64,
+    cpu_delta_ns: u64,
+    stack: u32,
 }
 
-struct Schema(&'static [&'static str]);
-
-impl Serialize for Schema {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.0.iter().enumerate().map(|(i, c)| (c, i)))
-    }
+enum StrRef {
+    /// The location string of this frame.
+    Frame(FrameIndex),
+    Own(String),
 }
 
-/// One thread's Gecko tables. Rows are only created for frames and stacks its samples use.
-struct Tables<'a> {
-    profile: &'a Profile,
-    strings: Interner<String>,
+/// One thread's Gecko tables. Frame and stack rows exist only for what its samples use.
+#[derive(Default)]
+pub struct ThreadTables {
+    /// Location strings are kept as frame references and formatted when written: the same
+    /// location in 400 threads costs 400 small entries, not 400 strings.
+    strings: Vec<StrRef>,
+    frame_strings: HashMap<FrameIndex, u32>,
+    own_strings: HashMap<String, u32>,
     frames: Vec<FrameRow>,
     // The category is part of the key: a frame seen in idle and non-idle samples needs two rows.
-    frame_ids: HashMap<(&'a Frame, u32), u32>,
+    frame_ids: HashMap<(FrameIndex, u32), u32>,
     stacks: Vec<StackRow>,
     stack_ids: HashMap<StackRow, u32>,
-    sample_stack_ids: HashMap<(StackIndex, bool), Option<u32>>,
+    node_ids: HashMap<(StackId, bool), Option<u32>>,
     samples: Vec<SampleRow>,
+    sample_count: u64,
+    busy_samples: u64,
+    first_sample_ms: f64,
+    last_sample_ms: f64,
+    markers: Vec<u8>,
+    marker_count: u64,
+    path: Vec<(StackId, bool)>,
 }
 
-impl<'a> Tables<'a> {
-    fn build(profile: &'a Profile, thread: &Thread) -> Self {
-        let mut t = Tables {
-            profile,
-            strings: Interner::default(),
-            frames: Vec::new(),
-            frame_ids: HashMap::new(),
-            stacks: Vec::new(),
-            stack_ids: HashMap::new(),
-            sample_stack_ids: HashMap::new(),
-            samples: Vec::with_capacity(thread.samples.len()),
-        };
-        for s in thread.samples.iter().filter(|s| s.time_ms.is_finite()) {
-            let stack = s.stack.and_then(|st| t.stack(st, s.idle));
-            t.samples.push((stack, s.time_ms, 0, s.cpu_delta_ns));
+impl ThreadTables {
+    pub fn sample_count(&self) -> u64 {
+        self.sample_count
+    }
+
+    /// Time of the first sample, ms (0 without samples).
+    pub fn first_sample_ms(&self) -> f64 {
+        self.first_sample_ms
+    }
+
+    /// Time of the last sample, ms (0 without samples).
+    pub fn last_sample_ms(&self) -> f64 {
+        self.last_sample_ms
+    }
+
+    /// Appends a sample. Samples must come in time order (storage keeps each thread's events
+    /// in order); an earlier time is raised to the previous one so the table stays sorted.
+    pub fn add_sample(
+        &mut self,
+        stacks: &SymbolizedStacks,
+        time_ms: f64,
+        stack: Option<StackId>,
+        cpu_delta_ns: Option<u64>,
+        idle: bool,
+    ) {
+        if !time_ms.is_finite() {
+            return;
         }
-        // Stable, and linear on the already sorted input the model promises.
-        t.samples.sort_by(|a, b| a.1.total_cmp(&b.1));
-        t
+        let time_ms =
+            time_ms.max(if self.sample_count > 0 { self.last_sample_ms } else { f64::MIN });
+        let row = stack.and_then(|s| self.stack(stacks, s, idle));
+        self.samples.push(SampleRow {
+            time_ms,
+            cpu_delta_ns: cpu_delta_ns.unwrap_or(u64::MAX),
+            stack: row.unwrap_or(u32::MAX),
+        });
+        if self.sample_count == 0 {
+            self.first_sample_ms = time_ms;
+        }
+        self.sample_count += 1;
+        self.busy_samples += u64::from(!idle);
+        self.last_sample_ms = time_ms;
     }
 
-    fn string(&mut self, s: String) -> u32 {
-        self.strings.intern(s.as_str())
+    /// Appends a marker row; `data` is its payload object (with `type` naming its schema).
+    pub fn add_marker(
+        &mut self,
+        name: &str,
+        start_ms: Option<f64>,
+        end_ms: Option<f64>,
+        phase: u8,
+        category: u32,
+        data: &Value,
+    ) {
+        let name = self.own_string(name);
+        if self.marker_count > 0 {
+            self.markers.push(b',');
+        }
+        let row = json!([name, start_ms, end_ms, phase, category, data]);
+        let _ = serde_json::to_writer(&mut self.markers, &row);
+        self.marker_count += 1;
     }
 
-    /// Idle samples get the Idle category on every frame, so whichever frame is the leaf the
-    /// front-end sees an idle sample, and call-tree nodes of idle time are coloured as idle.
-    fn stack(&mut self, index: StackIndex, idle: bool) -> Option<u32> {
-        if let Some(&id) = self.sample_stack_ids.get(&(index, idle)) {
+    fn own_string(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.own_strings.get(s) {
             return id;
         }
+        let id = self.strings.len() as u32;
+        self.strings.push(StrRef::Own(s.to_owned()));
+        self.own_strings.insert(s.to_owned(), id);
+        id
+    }
+
+    /// The stack row of tree node `id`, creating rows for it and any missing ancestors.
+    /// Idle samples get the Idle category on every frame, so whichever frame is the leaf the
+    /// front-end sees an idle sample, and call-tree nodes of idle time are coloured as idle.
+    fn stack(&mut self, tree: &SymbolizedStacks, id: StackId, idle: bool) -> Option<u32> {
+        // Walk up to the nearest node that already has a row, then create rows downwards.
+        self.path.clear();
+        let mut cur = Some(id);
         let mut prefix = None;
-        let profile = self.profile;
-        // Dangling indices (a model bug) drop the frame rather than the whole recording.
-        let stack = profile.stacks.get(index.0 as usize).map(Vec::as_slice).unwrap_or_default();
-        for f in stack.iter().filter_map(|fi| profile.frames.get(fi.0 as usize)) {
-            let frame = self.frame(f, idle);
-            let next = self.stacks.len() as u32;
-            // A new row is appended after its prefix, so a prefix always precedes its users.
-            prefix = Some(*self.stack_ids.entry((prefix, frame)).or_insert_with(|| {
-                self.stacks.push((prefix, frame));
-                next
-            }));
+        while let Some(node) = cur {
+            if let Some(&row) = self.node_ids.get(&(node, idle)) {
+                prefix = row;
+                break;
+            }
+            self.path.push((node, idle));
+            // A pruned or unknown node ends the stack there rather than dropping the sample.
+            cur = tree.node(node).and_then(|(parent, _)| parent);
         }
-        self.sample_stack_ids.insert((index, idle), prefix);
+        while let Some((node, _)) = self.path.pop() {
+            if let Some((_, frames)) = tree.node(node) {
+                for &f in frames {
+                    let Some(frame) = self.frame(tree, f, idle) else { continue };
+                    let next = self.stacks.len() as u32;
+                    // A new row is appended after its prefix, so a prefix precedes its users.
+                    prefix = Some(*self.stack_ids.entry((prefix, frame)).or_insert_with(|| {
+                        self.stacks.push((prefix, frame));
+                        next
+                    }));
+                }
+            }
+            self.node_ids.insert((node, idle), prefix);
+        }
         prefix
     }
 
-    fn frame(&mut self, f: &'a Frame, idle: bool) -> u32 {
-        let category = match (idle, f.kind) {
+    fn frame(&mut self, tree: &SymbolizedStacks, f: FrameIndex, idle: bool) -> Option<u32> {
+        let frame = tree.frame(f)?;
+        let category = match (idle, frame.kind) {
             (true, _) => CATEGORY_IDLE,
             (false, FrameKind::User) => CATEGORY_USER,
             (false, FrameKind::Kernel) => CATEGORY_KERNEL,
+            (false, FrameKind::Label) => CATEGORY_LABEL,
         };
         if let Some(&id) = self.frame_ids.get(&(f, category)) {
-            return id;
+            return Some(id);
         }
-        let location =
-            self.string(location(&f.function, &f.module, f.file.as_deref(), f.line, f.column));
+        let key = tree.display_key(f);
+        let next = self.strings.len() as u32;
+        let location = *self.frame_strings.entry(key).or_insert_with(|| {
+            self.strings.push(StrRef::Frame(key));
+            next
+        });
         let id = self.frames.len() as u32;
-        self.frames.push((location, false, None, None, f.line, f.column, category, 0));
+        self.frames.push((location, f, category));
         self.frame_ids.insert((f, category), id);
-        id
+        Some(id)
     }
+}
+
+/// Writes the profile as uncompressed Gecko JSON; wrap `out` in a gzip encoder to compress.
+/// Processes are written busiest first and each thread is freed once written.
+pub fn write_gecko<W: Write>(
+    meta: &GeckoMeta,
+    mut processes: Vec<GeckoProcess>,
+    tree: &SymbolizedStacks,
+    out: W,
+) -> io::Result<()> {
+    let mut w = io::BufWriter::with_capacity(1 << 16, out);
+    // Samples drained after the stop must stay inside the root range, or the UI hides them.
+    let last_sample = processes
+        .iter()
+        .flat_map(|p| &p.threads)
+        .filter(|t| t.tables.sample_count > 0)
+        .map(|t| t.tables.last_sample_ms)
+        .fold(meta.profiling_end_ms, f64::max);
+    let first_sample = processes
+        .iter()
+        .flat_map(|p| &p.threads)
+        .filter(|t| t.tables.sample_count > 0)
+        .map(|t| t.tables.first_sample_ms())
+        .fold(meta.profiling_start_ms, f64::min);
+    let root_meta = json!({
+        "version": GECKO_VERSION,
+        "interval": meta.interval_ms,
+        "startTime": meta.start_time_ms,
+        "shutdownTime": null,
+        "profilingStartTime": first_sample,
+        "profilingEndTime": last_sample,
+        "product": meta.product,
+        "platform": "Linux",
+        "oscpu": meta.oscpu,
+        "processType": 0,
+        "stackwalk": 1,
+        "debug": 0,
+        "gcpoison": 0,
+        "asyncstack": 0,
+        "presymbolicated": true,
+        "physicalCPUs": meta.physical_cpus,
+        "logicalCPUs": meta.logical_cpus,
+        "categories": categories(),
+        "markerSchema": meta.marker_schema,
+        "sampleUnits": {"time": "ms", "eventDelay": "ms", "threadCPUDelta": "ns"},
+        "rsprof": meta.extra,
+    });
+    // Without a GeckoMain thread the front-end keeps process tracks in file order, so put
+    // the busiest processes first, as it would do by activity.
+    processes.sort_by_key(|p| (std::cmp::Reverse(p.busy_samples()), p.pid));
+    w.write_all(b"{\"meta\":")?;
+    serde_json::to_writer(&mut w, &root_meta)?;
+    w.write_all(b",\"libs\":[],\"threads\":[],\"processes\":[")?;
+    for (i, p) in processes.into_iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        write_process(&mut w, meta, tree, p)?;
+    }
+    w.write_all(b"],\"pages\":[],\"pausedRanges\":[],\"sources\":")?;
+    serde_json::to_writer(&mut w, &sources())?;
+    w.write_all(b"}")?;
+    w.flush()
+}
+
+fn write_process<W: Write>(
+    w: &mut W,
+    meta: &GeckoMeta,
+    tree: &SymbolizedStacks,
+    mut p: GeckoProcess,
+) -> io::Result<()> {
+    // Same startTime as the root, so no time shifting happens on import.
+    let sub_meta = json!({
+        "version": GECKO_VERSION,
+        "startTime": meta.start_time_ms,
+        "shutdownTime": p.end_time_ms,
+        "categories": categories(),
+        "markerSchema": meta.marker_schema,
+    });
+    w.write_all(b"{\"meta\":")?;
+    serde_json::to_writer(&mut *w, &sub_meta)?;
+    w.write_all(b",\"libs\":[],\"threads\":[")?;
+    p.threads.sort_by_key(|t| (!t.is_main, t.tid));
+    for (i, t) in p.threads.into_iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        write_thread(w, tree, p.pid, &p.name, t)?;
+    }
+    w.write_all(b"],\"processes\":[],\"pages\":[],\"pausedRanges\":[],\"sources\":")?;
+    serde_json::to_writer(&mut *w, &sources())?;
+    w.write_all(b"}")
+}
+
+fn schema_json(cols: &[&str]) -> Value {
+    Value::Object(cols.iter().enumerate().map(|(i, c)| ((*c).to_owned(), json!(i))).collect())
+}
+
+fn write_thread<W: Write>(
+    w: &mut W,
+    tree: &SymbolizedStacks,
+    pid: Pid,
+    process_name: &str,
+    t: GeckoThread,
+) -> io::Result<()> {
+    let head = json!({
+        "name": t.name,
+        "processType": "default",
+        "processName": process_name,
+        "pid": pid.0,
+        "tid": t.tid.0,
+        // Ignored by the front-end (it only knows "GeckoMain"); kept for other readers.
+        "isMainThread": t.is_main,
+        "registerTime": t.register_time_ms,
+        "unregisterTime": t.unregister_time_ms,
+    });
+    let head = serde_json::to_string(&head)?;
+    // Reopen the header object to append the tables.
+    w.write_all(&head.as_bytes()[..head.len() - 1])?;
+    let tables = t.tables;
+    w.write_all(b",\"stringTable\":")?;
+    w.write_all(b"[")?;
+    for (i, s) in tables.strings.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        match s {
+            StrRef::Own(s) => serde_json::to_writer(&mut *w, s)?,
+            StrRef::Frame(f) => {
+                let loc = tree.frame(*f).map_or_else(String::new, |f| match f.kind {
+                    // A label is its text alone, as the Firefox profiler shows its own labels.
+                    FrameKind::Label => f.function.clone(),
+                    _ => location(&f.function, &f.module, f.file.as_deref(), f.line, f.column),
+                });
+                serde_json::to_writer(&mut *w, &loc)?
+            }
+        }
+    }
+    w.write_all(b"]")?;
+    w.write_all(b",\"frameTable\":{\"schema\":")?;
+    serde_json::to_writer(&mut *w, &schema_json(FRAME_SCHEMA))?;
+    w.write_all(b",\"data\":")?;
+    w.write_all(b"[")?;
+    for (i, &(loc, f, category)) in tables.frames.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        let (line, column) = tree.frame(f).map_or((None, None), |f| (f.line, f.column));
+        let row: FrameRowJson = (loc, false, None, None, line, column, category, 0);
+        serde_json::to_writer(&mut *w, &row)?;
+    }
+    w.write_all(b"]")?;
+    w.write_all(b"},\"stackTable\":{\"schema\":")?;
+    serde_json::to_writer(&mut *w, &schema_json(STACK_SCHEMA))?;
+    w.write_all(b",\"data\":")?;
+    serde_json::to_writer(&mut *w, &tables.stacks)?;
+    w.write_all(b"},\"samples\":{\"schema\":")?;
+    serde_json::to_writer(&mut *w, &schema_json(SAMPLE_SCHEMA))?;
+    w.write_all(b",\"data\":[")?;
+    for (i, r) in tables.samples.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        let stack = (r.stack != u32::MAX).then_some(r.stack);
+        let cpu = (r.cpu_delta_ns != u64::MAX).then_some(r.cpu_delta_ns);
+        serde_json::to_writer(&mut *w, &(stack, r.time_ms, 0, cpu))?;
+    }
+    w.write_all(b"]},\"markers\":{\"schema\":")?;
+    serde_json::to_writer(&mut *w, &schema_json(MARKER_SCHEMA))?;
+    w.write_all(b",\"data\":[")?;
+    w.write_all(&tables.markers)?;
+    w.write_all(b"]}}")
 }
 
 /// `"function (in module)"` with `" (file:line[:col])"` when the line is known. The front-end
@@ -343,8 +505,7 @@ fn location(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{Pid, Tid};
-    use crate::profile::{FrameIndex, Sample};
+    use crate::profile::Frame;
 
     fn frame(kind: FrameKind, function: &str, module: &str) -> Frame {
         Frame {
@@ -358,105 +519,103 @@ mod tests {
         }
     }
 
-    fn sample(time_ms: f64, stack: Option<u32>, cpu: Option<u64>, idle: bool) -> Sample {
-        Sample { time_ms, cpu_delta_ns: cpu, stack: stack.map(StackIndex), idle }
-    }
-
-    fn thread(tid: u32, name: &str, is_main: bool, samples: Vec<Sample>) -> Thread {
-        Thread {
-            tid: Tid(tid),
-            name: name.into(),
-            previous_names: vec![],
-            is_main,
-            register_time_ms: 0.0,
-            unregister_time_ms: None,
-            samples,
-        }
-    }
-
-    fn process(pid: u32, name: &str, threads: Vec<Thread>) -> Process {
-        Process {
-            pid: Pid(pid),
-            name: name.into(),
-            command_line: String::new(),
-            start_time_ms: 0.0,
-            end_time_ms: None,
-            is_idle: false,
-            threads,
-        }
-    }
-
-    /// Frames: 0 main, 1 work (with file/line), 2 hot, 3 kernel; stacks share prefixes.
-    fn sample_profile() -> Profile {
+    /// Frames: 0 main, 1 work (with file/line), 2 hot, 3 kernel, 4 = inlined copy of hot.
+    /// Nodes: 0 main, 1 main>work, 2 main>work>hot, 3 …>hot>syscall, 4 main>work>[hot, hot']
+    fn tree() -> SymbolizedStacks {
         let mut work = frame(FrameKind::User, "work", "app");
         work.file = Some("src/main.rs".into());
         work.line = Some(12);
         work.column = Some(5);
-        Profile {
+        let hot = frame(FrameKind::User, "hot", "libc.so.6");
+        SymbolizedStacks::from_parts(
+            vec![
+                frame(FrameKind::User, "main", "app"),
+                work,
+                hot.clone(),
+                frame(FrameKind::Kernel, "do_syscall_64", "[kernel.kallsyms]"),
+                Frame { inlined: true, ..hot },
+            ],
+            vec![
+                (None, vec![FrameIndex(0)]),
+                (Some(StackId(0)), vec![FrameIndex(1)]),
+                (Some(StackId(1)), vec![FrameIndex(2)]),
+                (Some(StackId(2)), vec![FrameIndex(3)]),
+                (Some(StackId(1)), vec![FrameIndex(2), FrameIndex(4)]),
+            ],
+        )
+    }
+
+    fn thread(tid: u32, name: &str, is_main: bool, tables: ThreadTables) -> GeckoThread {
+        GeckoThread {
+            tid: Tid(tid),
+            name: name.into(),
+            is_main,
+            register_time_ms: 0.0,
+            unregister_time_ms: None,
+            tables,
+        }
+    }
+
+    /// Process 1 "x" whose main thread has `tables`.
+    fn one_thread_process(tables: ThreadTables) -> Vec<GeckoProcess> {
+        vec![GeckoProcess {
+            pid: Pid(1),
+            name: "x".into(),
+            end_time_ms: None,
+            threads: vec![thread(1, "x", true, tables)],
+        }]
+    }
+
+    fn meta() -> GeckoMeta {
+        GeckoMeta {
             start_time_ms: 1_700_000_000_000.0,
             interval_ms: 1.0,
-            end_time_ms: 100.0,
+            profiling_start_ms: 0.0,
+            profiling_end_ms: 100.0,
             logical_cpus: 4,
             physical_cpus: 2,
             product: "rsprof-bpf test".into(),
             oscpu: "Linux 6.8".into(),
-            frames: vec![
-                frame(FrameKind::User, "main", "app"),
-                work,
-                frame(FrameKind::User, "hot", "libc.so.6"),
-                frame(FrameKind::Kernel, "do_syscall_64", "[kernel.kallsyms]"),
-            ],
-            stacks: vec![
-                vec![FrameIndex(0), FrameIndex(1), FrameIndex(2)],
-                vec![FrameIndex(0), FrameIndex(1), FrameIndex(2), FrameIndex(3)],
-                vec![FrameIndex(0), FrameIndex(1)],
-                vec![FrameIndex(0), FrameIndex(1), FrameIndex(2)], // same as stack 0
-            ],
-            processes: vec![
-                process(
-                    10,
-                    "app",
-                    vec![
-                        thread(
-                            11,
-                            "worker",
-                            false,
-                            vec![sample(2.0, Some(2), Some(1_000_000), false)],
-                        ),
-                        thread(
-                            10,
-                            "app",
-                            true,
-                            vec![
-                                sample(1.0, Some(0), Some(0), false),
-                                sample(2.0, Some(1), Some(900_000), false),
-                                sample(3.0, Some(3), Some(1_000_000), false),
-                                sample(4.0, None, None, false),
-                            ],
-                        ),
-                    ],
-                ),
-                Process {
-                    is_idle: true,
-                    ..process(
-                        0,
-                        "swapper",
-                        vec![thread(
-                            0,
-                            "swapper/0",
-                            true,
-                            vec![sample(1.5, Some(2), Some(5), true)],
-                        )],
-                    )
-                },
-            ],
+            marker_schema: vec![],
+            extra: json!({"buffer": 1}),
         }
     }
 
-    fn to_json(p: &Profile) -> Value {
+    fn sample_processes(t: &SymbolizedStacks) -> Vec<GeckoProcess> {
+        let mut main = ThreadTables::default();
+        main.add_sample(t, 1.0, Some(StackId(2)), Some(0), false);
+        main.add_sample(t, 2.0, Some(StackId(3)), Some(900_000), false);
+        main.add_sample(t, 3.0, Some(StackId(2)), Some(1_000_000), false);
+        main.add_sample(t, 4.0, None, None, false);
+        main.add_marker("m", Some(1.0), Some(2.0), 1, CATEGORY_OTHER, &json!({"type": "T"}));
+        let mut worker = ThreadTables::default();
+        worker.add_sample(t, 2.0, Some(StackId(1)), Some(1_000_000), false);
+        let mut idle = ThreadTables::default();
+        idle.add_sample(t, 1.5, Some(StackId(1)), Some(0), true);
+        vec![
+            GeckoProcess {
+                pid: Pid(0),
+                name: "[idle]".into(),
+                end_time_ms: None,
+                threads: vec![thread(0, "swapper/0", false, idle)],
+            },
+            GeckoProcess {
+                pid: Pid(10),
+                name: "app".into(),
+                end_time_ms: None,
+                threads: vec![thread(11, "worker", false, worker), thread(10, "app", true, main)],
+            },
+        ]
+    }
+
+    fn to_json(meta: &GeckoMeta, p: Vec<GeckoProcess>) -> Value {
         let mut buf = Vec::new();
-        write_gecko(p, &mut buf).unwrap();
+        write_gecko(meta, p, &tree(), &mut buf).unwrap();
         serde_json::from_slice(&buf).unwrap()
+    }
+
+    fn sample_json() -> Value {
+        to_json(&meta(), sample_processes(&tree()))
     }
 
     fn thread_of(j: &Value, tid: u64) -> &Value {
@@ -475,27 +634,26 @@ mod tests {
 
     #[test]
     fn validates() {
-        let j = to_json(&sample_profile());
-        assert_eq!(::tests::gecko_schema::validate(&j), Ok(()));
-        // Dangling model indices are dropped, not written as out-of-range references.
-        let mut p = sample_profile();
-        p.stacks.push(vec![FrameIndex(0), FrameIndex(99)]);
-        p.processes[0].threads[0].samples.push(sample(3.0, Some(4), None, false));
-        p.processes[0].threads[0].samples.push(sample(4.0, Some(77), None, false));
-        assert_eq!(::tests::gecko_schema::validate(&to_json(&p)), Ok(()));
-        let empty = to_json(&Profile { interval_ms: 1.0, ..Default::default() });
+        assert_eq!(::tests::gecko_schema::validate(&sample_json()), Ok(()));
+        // Unknown or pruned nodes end the stack there instead of dangling.
+        let t = tree();
+        let mut tables = ThreadTables::default();
+        tables.add_sample(&t, 1.0, Some(StackId(77)), None, false);
+        let p = one_thread_process(tables);
+        assert_eq!(::tests::gecko_schema::validate(&to_json(&meta(), p)), Ok(()));
         // No threads at all is the one thing the front-end refuses; everything else is valid.
-        let errs = ::tests::gecko_schema::validate(&empty).unwrap_err();
+        let errs = ::tests::gecko_schema::validate(&to_json(&meta(), vec![])).unwrap_err();
         assert_eq!(errs.len(), 1, "{errs:?}");
     }
 
     #[test]
     fn meta_and_layout() {
-        let j = to_json(&sample_profile());
+        let j = sample_json();
         assert_eq!(j["meta"]["version"], 36);
         assert_eq!(j["meta"]["presymbolicated"], true);
         assert_eq!(j["meta"]["sampleUnits"]["threadCPUDelta"], "ns");
         assert_eq!(j["meta"]["profilingEndTime"], 100.0);
+        assert_eq!(j["meta"]["rsprof"]["buffer"], 1);
         let cats: Vec<_> =
             j["meta"]["categories"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
         assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label"]);
@@ -506,7 +664,6 @@ mod tests {
         let app = &procs[0];
         assert_eq!(app["meta"]["startTime"], j["meta"]["startTime"]);
         let threads = app["threads"].as_array().unwrap();
-        assert_eq!(threads.len(), 2);
         assert_eq!(
             (threads[0]["tid"].as_u64(), threads[0]["name"].as_str()),
             (Some(10), Some("app"))
@@ -523,7 +680,7 @@ mod tests {
 
     #[test]
     fn table_schemas() {
-        let j = to_json(&sample_profile());
+        let j = sample_json();
         let t = thread_of(&j, 10);
         for (table, schema) in [
             ("frameTable", FRAME_SCHEMA),
@@ -534,7 +691,9 @@ mod tests {
             for (i, c) in schema.iter().enumerate() {
                 assert_eq!(t[table]["schema"][c], i, "{table}.{c}");
             }
-            for row in t[table]["data"].as_array().unwrap() {
+            let rows = t[table]["data"].as_array().unwrap();
+            assert!(!rows.is_empty(), "{table}");
+            for row in rows {
                 assert_eq!(row.as_array().unwrap().len(), schema.len());
             }
         }
@@ -542,10 +701,10 @@ mod tests {
 
     #[test]
     fn stacks_are_a_deduplicated_prefix_tree() {
-        let j = to_json(&sample_profile());
+        let j = sample_json();
         let t = thread_of(&j, 10);
         let stacks = t["stackTable"]["data"].as_array().unwrap();
-        // main, main>work, main>work>hot, main>work>hot>syscall: 4 rows for 4 samples' stacks.
+        // main, main>work, main>work>hot, main>work>hot>syscall.
         assert_eq!(stacks.len(), 4);
         let mut seen = std::collections::HashSet::new();
         for (i, row) in stacks.iter().enumerate() {
@@ -554,7 +713,6 @@ mod tests {
             }
             assert!(seen.insert(row.to_string()), "duplicate stack row {row}");
         }
-        // Model stacks 0 and 3 are identical and share one row.
         let samples = t["samples"]["data"].as_array().unwrap();
         assert_eq!(samples[0][0], samples[2][0]);
         assert_eq!(samples[3][0], Value::Null);
@@ -566,26 +724,27 @@ mod tests {
     }
 
     #[test]
-    fn strings_are_unique_and_locations_formatted() {
-        let mut p = sample_profile();
-        // Frame 4 equals frame 2 and shares its row; frame 5 differs only by `inlined` and
-        // gets its own row but shares the location string.
-        p.frames.push(p.frames[2].clone());
-        p.frames.push(Frame { inlined: true, ..p.frames[2].clone() });
-        p.stacks.push(vec![FrameIndex(0), FrameIndex(4), FrameIndex(5)]);
-        p.processes[0].threads[1].samples.push(sample(5.0, Some(4), None, false));
-        let j = to_json(&p);
-        let t = thread_of(&j, 10);
+    fn inlined_frames_expand_and_strings_stay_unique() {
+        let t = tree();
+        let mut tables = ThreadTables::default();
+        tables.add_sample(&t, 1.0, Some(StackId(4)), None, false);
+        tables.add_sample(&t, 2.0, Some(StackId(2)), None, false);
+        let p = one_thread_process(tables);
+        let j = to_json(&meta(), p);
+        let th = thread_of(&j, 1);
         let strings: Vec<&str> =
-            t["stringTable"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+            th["stringTable"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
         let unique: std::collections::HashSet<_> = strings.iter().collect();
         assert_eq!(unique.len(), strings.len());
-        assert!(strings.contains(&"main (in app)"));
         assert!(strings.contains(&"work (in app) (src/main.rs:12:5)"));
-        assert!(strings.contains(&"do_syscall_64 (in [kernel.kallsyms])"));
+        // hot and its inlined twin share a location string but not a frame row.
         assert_eq!(strings.iter().filter(|s| s.starts_with("hot ")).count(), 1);
-        assert_eq!(t["frameTable"]["data"].as_array().unwrap().len(), 5);
-        let ft = &t["frameTable"];
+        assert_eq!(th["frameTable"]["data"].as_array().unwrap().len(), 4);
+        // Node 4 is main>work>hot>hot': 4 stack rows, the second sample reuses a prefix.
+        assert_eq!(th["stackTable"]["data"].as_array().unwrap().len(), 4);
+        let s = th["samples"]["data"].as_array().unwrap();
+        assert_eq!((s[0][0].as_u64(), s[1][0].as_u64()), (Some(3), Some(2)));
+        let ft = &th["frameTable"];
         let work = ft["data"]
             .as_array()
             .unwrap()
@@ -604,7 +763,7 @@ mod tests {
 
     #[test]
     fn categories_by_kind_and_idle() {
-        let j = to_json(&sample_profile());
+        let j = sample_json();
         let t = thread_of(&j, 10);
         let ft = &t["frameTable"];
         let strings = t["stringTable"].as_array().unwrap();
@@ -623,15 +782,15 @@ mod tests {
         let cats = j["meta"]["categories"].as_array().unwrap();
         assert_eq!(cats[CATEGORY_IDLE as usize]["name"], "Idle");
         assert_eq!(cats[CATEGORY_KERNEL as usize]["name"], "Kernel");
+        assert_eq!(cats[CATEGORY_LABEL as usize]["name"], "Label");
         assert_eq!(cats.iter().position(|c| c["color"] == "grey"), Some(CATEGORY_OTHER as usize));
     }
 
     #[test]
-    fn samples_sorted_with_cpu_deltas() {
-        let mut p = sample_profile();
-        p.processes[0].threads[1].samples.swap(0, 2);
-        let j = to_json(&p);
-        let s = &thread_of(&j, 10)["samples"];
+    fn samples_with_cpu_deltas_and_markers() {
+        let j = sample_json();
+        let th = thread_of(&j, 10);
+        let s = &th["samples"];
         let rows = s["data"].as_array().unwrap();
         let times: Vec<f64> = rows.iter().map(|r| r[col(s, "time")].as_f64().unwrap()).collect();
         assert_eq!(times, [1.0, 2.0, 3.0, 4.0]);
@@ -639,21 +798,25 @@ mod tests {
             rows.iter().map(|r| r[col(s, "threadCPUDelta")].as_u64()).collect();
         assert_eq!(cpu, [Some(0), Some(900_000), Some(1_000_000), None]);
         assert!(rows.iter().all(|r| r[col(s, "eventDelay")] == 0));
+        let m = &th["markers"]["data"][0];
+        let strings = th["stringTable"].as_array().unwrap();
+        assert_eq!(strings[m[0].as_u64().unwrap() as usize], "m");
+        assert_eq!((m[1].as_f64(), m[2].as_f64(), m[3].as_u64()), (Some(1.0), Some(2.0), Some(1)));
+        // An out-of-order sample is raised to keep the table sorted.
+        let mut tb = ThreadTables::default();
+        tb.add_sample(&tree(), 5.0, None, None, false);
+        tb.add_sample(&tree(), 4.0, None, None, false);
+        assert_eq!(tb.last_sample_ms(), 5.0);
     }
 
     #[test]
-    fn root_range_covers_late_samples() {
-        let mut p = sample_profile();
-        p.end_time_ms = 3.5;
-        let j = to_json(&p);
+    fn root_range_covers_every_sample() {
+        let mut m = meta();
+        m.profiling_start_ms = 1.2;
+        m.profiling_end_ms = 3.5;
+        let j = to_json(&m, sample_processes(&tree()));
         assert_eq!(j["meta"]["profilingEndTime"], 4.0);
+        assert_eq!(j["meta"]["profilingStartTime"], 1.0);
         assert_eq!(::tests::gecko_schema::validate(&j), Ok(()));
-    }
-
-    #[test]
-    fn output_is_plain_json() {
-        let mut buf = Vec::new();
-        write_gecko(&sample_profile(), &mut buf).unwrap();
-        assert_eq!(buf[0], b'{');
     }
 }

@@ -14,7 +14,7 @@ use aya::{
     },
     util::online_cpus,
 };
-use profiler_common::{Config, UsdtSpec, counter};
+use profiler_common::{CgroupFilter, Config, UsdtSpec, counter};
 
 use crate::ids::Pid;
 
@@ -50,10 +50,11 @@ impl KernelCounters {
 impl Sampler {
     /// Loads the programs (not yet attached). `ring_bytes` must be a power-of-two multiple of
     /// the page size.
-    pub fn load(config: Config, ring_bytes: u32) -> Result<Self> {
+    pub fn load(config: Config, cgroups: CgroupFilter, ring_bytes: u32) -> Result<Self> {
         bump_memlock_rlimit();
         let ebpf = EbpfLoader::new()
             .override_global("CONFIG", &config, true)
+            .override_global("CGROUP_FILTER", &cgroups, true)
             .map_max_entries("EVENTS", ring_bytes)
             .load(BPF_OBJECT)
             .context("load BPF programs")?;
@@ -67,6 +68,17 @@ impl Sampler {
             BpfHashMap::try_from(self.ebpf.map_mut("TARGETS").context("TARGETS map")?)?;
         for pid in pids {
             map.insert(pid.0, 1, 0).with_context(|| format!("add pid {pid} to filter"))?;
+        }
+        Ok(())
+    }
+
+    /// Selects cgroups (by cgroup v2 id) for the cgroup filter; call before `attach`.
+    pub fn add_cgroups(&mut self, ids: &[u64]) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u64, u8> = BpfHashMap::try_from(
+            self.ebpf.map_mut("SELECTED_CGROUPS").context("SELECTED_CGROUPS map")?,
+        )?;
+        for &id in ids {
+            map.insert(id, 1, 0).with_context(|| format!("add cgroup id {id} to filter"))?;
         }
         Ok(())
     }
@@ -139,6 +151,13 @@ impl Sampler {
             cpu_time_errors: sum(counter::CPU_TIME_ERRORS)?,
             targets_full: sum(counter::TARGETS_FULL)?,
         })
+    }
+
+    /// (runs, total run time) of the CPU-clock sampler, counted by the kernel only while
+    /// `kernel.bpf_stats_enabled` is 1; None when it was off.
+    pub fn sampler_run_stats(&self) -> Option<(u64, std::time::Duration)> {
+        let info = self.ebpf.program("on_cpu_clock")?.info().ok()?;
+        (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
     }
 
     /// Stops sampling and lifecycle events; maps stay readable for the final drain.

@@ -12,6 +12,7 @@ fn main() {
             profiler_user::usdt::attach::list(a.path.as_deref(), a.pid.map(profiler_user::ids::Pid))
                 .map(|text| print!("{text}"))
         }
+        Some(Command::ListContainers) => profiler_user::cgroup_filter::list_containers(),
         None => record::run(cli.record),
     };
     if let Err(e) = result {

@@ -40,22 +40,22 @@ impl PendingOutput {
     }
 
     /// Writes the content through `write` (gzip when the name ends in .gz), syncs and renames.
-    pub fn commit(mut self, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> Result<()> {
+    pub fn commit<T>(mut self, write: impl FnOnce(&mut dyn Write) -> io::Result<T>) -> Result<T> {
         let file = self.file.take().expect("commit once");
         let gz = self.dest.extension().is_some_and(|e| e == "gz");
         let mut buf = BufWriter::with_capacity(1 << 20, file);
-        let file = if gz {
+        let (out, file) = if gz {
             let mut enc = GzEncoder::new(buf, Compression::fast());
-            write(&mut enc).context("write profile")?;
-            enc.finish().context("write profile")?.into_inner().map_err(|e| e.into_error())?
+            let out = write(&mut enc).context("write profile")?;
+            (out, enc.finish().context("write profile")?.into_inner().map_err(|e| e.into_error())?)
         } else {
-            write(&mut buf).context("write profile")?;
-            buf.into_inner().map_err(|e| e.into_error())?
+            let out = write(&mut buf).context("write profile")?;
+            (out, buf.into_inner().map_err(|e| e.into_error())?)
         };
         file.sync_all().context("sync profile")?;
         fs::rename(&self.tmp, &self.dest)
             .with_context(|| format!("rename {} to {}", self.tmp.display(), self.dest.display()))?;
-        Ok(())
+        Ok(out)
     }
 }
 

@@ -1,11 +1,15 @@
 //! What is known about each process and thread seen during the recording: names (and
 //! renames), command lines, start and exit times, and the current address space.
 
-use std::{collections::BTreeMap, time::Instant};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Instant,
+};
 
 use crate::{
     ids::{Pid, Tid},
     procmaps::AddressSpace,
+    profile::{ProcessMeta, ProcessesMeta, ThreadMeta},
 };
 
 #[derive(Debug, Default)]
@@ -54,11 +58,22 @@ pub struct ProcessInfo {
     pub space_read_at: Option<Instant>,
     /// Exit seen: /proc no longer describes this process.
     pub exited: bool,
+    /// Its cgroup and container.
+    pub cgroup: crate::process_cgroup::ProcessCgroup,
+    /// `rsprof:label_push` texts by label address (the label ids samples carry), capped at
+    /// `MAX_LABELS`.
+    pub labels: HashMap<u64, String>,
 }
+
+/// Distinct labels kept per process: a program pushing computed strings must not grow the
+/// table without bound (further labels show as their address).
+pub const MAX_LABELS: usize = 4096;
 
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     pub processes: BTreeMap<Pid, ProcessInfo>,
+    /// cgroup id → path, for processes gone before their cgroup was read.
+    pub cgroup_paths: crate::cgroupfs::PathCache,
 }
 
 impl ProcessTable {
@@ -68,6 +83,50 @@ impl ProcessTable {
 
     pub fn is_empty(&self) -> bool {
         self.processes.is_empty()
+    }
+
+    /// Names, command lines and times of every process, for a profile writer.
+    pub fn metadata(&self) -> ProcessesMeta {
+        self.processes
+            .iter()
+            .map(|(&pid, p)| {
+                let threads = p
+                    .threads
+                    .iter()
+                    .map(|(&tid, t)| {
+                        let meta = ThreadMeta {
+                            name: t.name.clone(),
+                            previous_names: t.previous_names.clone(),
+                            start_ns: t.start_ns,
+                            end_ns: t.end_ns,
+                        };
+                        (tid, meta)
+                    })
+                    .collect();
+                let meta = ProcessMeta {
+                    name: p.name.clone(),
+                    argv: p.argv.clone(),
+                    start_ns: p.start_ns,
+                    end_ns: p.end_ns,
+                    threads,
+                    container: p.cgroup.identity.clone(),
+                    labels: p.labels.clone(),
+                };
+                (pid, meta)
+            })
+            .collect()
+    }
+
+    /// Forgets processes that have exited, among `pids` (whose stored events are all gone).
+    pub fn forget_exited(&mut self, pids: &[Pid]) -> usize {
+        let mut n = 0;
+        for pid in pids {
+            if self.processes.get(pid).is_some_and(|p| p.exited) {
+                self.processes.remove(pid);
+                n += 1;
+            }
+        }
+        n
     }
 }
 

@@ -17,21 +17,17 @@ use tokio::{
 };
 
 use crate::{
-    assemble::{RecordingInfo, build_profile},
+    assemble::RecordingInfo,
     cli::RecordArgs,
     collector::Collector,
-    gecko,
+    export::{ExportJob, snapshot_path},
     ids::Pid,
     kernel_btf, launch,
     loader::Sampler,
     output::PendingOutput,
-    storage::MemoryStore,
+    storage::ChunkedStore,
     summary,
-    symbolize::{ModuleSource, symbolize},
-    usdt::{
-        self, UsdtSession,
-        attach::{UsdtCounters, write_dump},
-    },
+    usdt::{self, UsdtSession, attach::UsdtCounters, markers},
 };
 
 fn max_sample_rate() -> u64 {
@@ -92,6 +88,9 @@ pub fn validate(args: &RecordArgs) -> Result<()> {
     {
         bail!("invalid duration {d}: must be a positive number of seconds");
     }
+    if args.buffer_size < (64 << 10) || args.buffer_size > (64 << 30) {
+        bail!("invalid buffer size {}: must be between 64K and 64G", args.buffer_size);
+    }
     if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
         bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
     }
@@ -106,6 +105,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     for &pid in &args.pid {
         check_pid(pid)?;
     }
+    let cgroups = crate::cgroup_filter::Selection::from_args(&args.cgroup, &args.container)?;
     let mut config = Config::default();
     kernel_btf::fill_offsets(Path::new(kernel_btf::VMLINUX_BTF), &mut config)?;
     if !args.pid.is_empty() || !args.command.is_empty() {
@@ -118,16 +118,24 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let _guard = rt.enter();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
 
     let ring_bytes = args.ring_buffer_size.next_power_of_two() as u32;
-    let mut sampler = Sampler::load(config, ring_bytes)?;
+    let mut sampler = Sampler::load(
+        config,
+        cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default(),
+        ring_bytes,
+    )?;
+    if let Some(c) = &cgroups {
+        sampler.add_cgroups(&c.ids())?;
+    }
     let gated =
         if args.command.is_empty() { None } else { Some(launch::spawn_gated(&args.command)?) };
     let mut targets: Vec<Pid> = args.pid.iter().map(|&p| Pid(p)).collect();
     targets.extend(gated.as_ref().map(|g| g.pid));
     sampler.add_targets(&targets)?;
     let (requests, intervals) = usdt::requests_from_args(&args.usdt, &args.usdt_interval)?;
-    let mut usdt = UsdtSession::new(&mut sampler, requests, intervals)?;
+    let mut usdt = UsdtSession::new(&mut sampler, requests, intervals, args.usdt_dump.as_deref())?;
     if args.all {
         usdt.scan_all_processes();
     }
@@ -140,7 +148,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         let _ = usdt.scan_file(&exe, &exe.display().to_string(), false);
     }
 
-    let mut collector = Collector::new(MemoryStore::default());
+    let mut collector = Collector::new(ChunkedStore::new(args.buffer_size as usize));
     for &pid in &targets {
         collector.register_existing(pid);
     }
@@ -165,6 +173,11 @@ pub fn run(args: RecordArgs) -> Result<()> {
             }
             (cmd, _) => format!("'{}' and its children", cmd.join(" ")),
         };
+        let what = match &cgroups {
+            Some(c) if args.pid.is_empty() && args.command.is_empty() => c.describe(),
+            Some(c) => format!("{what} in {}", c.describe()),
+            None => what,
+        };
         eprintln!(
             "rsprof-bpf: sampling {what} on {} CPUs at {} Hz; Ctrl-C to stop",
             sampler.cpus.len(),
@@ -174,6 +187,19 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let status = (!args.quiet && std::io::stderr().is_terminal()).then(Instant::now);
     let mut afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .context("poll ring buffer")?;
+    let logical_cpus = sampler.cpus.len() as u32;
+    let base_info = RecordingInfo {
+        start_mono_ns,
+        start_wall_ms,
+        end_mono_ns: start_mono_ns,
+        frequency: args.frequency,
+        logical_cpus,
+        physical_cpus: physical_cpus().unwrap_or(logical_cpus),
+        product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
+        oscpu: oscpu(),
+    };
+    let info_at = |end_mono_ns| RecordingInfo { end_mono_ns, ..base_info.clone() };
+    let mut snapshots: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + Duration::from_secs_f64(d));
     let stop_reason = rt.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -208,6 +234,14 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 _ = poll.tick() => drain(afd.get_mut(), &mut collector, &mut usdt),
                 _ = sigint.recv() => return Ok::<_, anyhow::Error>("Ctrl-C".to_owned()),
                 _ = sigterm.recv() => return Ok("SIGTERM".to_owned()),
+                // A snapshot of what is recorded so far, written while recording goes on.
+                _ = sigusr1.recv() => {
+                    drain(afd.get_mut(), &mut collector, &mut usdt);
+                    let path = snapshot_path(&args.output, snapshots.len() as u32 + 1);
+                    let schemas = usdt.marker_schemas();
+                    let job = ExportJob::capture(&collector, info_at(monotonic_ns()), schemas);
+                    snapshots.push(spawn_snapshot(job, path, args.quiet)?);
+                }
                 _ = &mut sleep => return Ok("duration".to_owned()),
                 code = &mut child => return Ok(format!("command exit (status {code})")),
                 _ = usdt_rescan.tick(), if !args.all => usdt.rescan_live(&collector),
@@ -230,39 +264,28 @@ pub fn run(args: RecordArgs) -> Result<()> {
         eprint!("\r\x1b[2K");
     }
     let counters = sampler.counters()?;
-    let usdt_report = usdt.finish(&collector.usdt_hits, UsdtCounters::read(&sampler)?);
-    if let Some(path) = &args.usdt_dump {
-        write_dump(&usdt_report, path)?;
+    for t in snapshots {
+        let _ = t.join();
     }
+    let usdt_report = usdt.finish(&mut collector, UsdtCounters::read(&sampler)?)?;
+    let marker_schemas = markers::schemas(&usdt_report.registry);
 
-    let modules: Vec<ModuleSource> = (0..collector.modules.len())
-        .map(|i| {
-            let m = collector.modules.get(crate::procmaps::ModuleId(i as u32));
-            ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
-        })
-        .collect();
-    let symbols = symbolize(collector.store.unique_frames(), modules)?;
-    let info = RecordingInfo {
-        start_mono_ns,
-        start_wall_ms,
-        end_mono_ns,
-        frequency: args.frequency,
-        logical_cpus: sampler.cpus.len() as u32,
-        physical_cpus: physical_cpus().unwrap_or(sampler.cpus.len() as u32),
-        product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
-        oscpu: oscpu(),
-    };
-    let profile = build_profile(&mut collector, &symbols, &info);
+    let store_stats = collector.store.stats;
+    let buffer_bytes = collector.store.buffer().limit_bytes();
+    let collector_stats = collector.stats;
     let out_path = output.path().display().to_string();
-    output.commit(|w| gecko::write_gecko(&profile, w))?;
+    let profile =
+        ExportJob::finish(collector, info_at(end_mono_ns), marker_schemas).write(output)?;
     if !args.quiet {
         let bytes = std::fs::metadata(&args.output).map(|m| m.len()).unwrap_or(0);
         eprint!(
             "{}",
             summary::render(&summary::SummaryInput {
                 profile: &profile,
+                store: &store_stats,
+                buffer_bytes,
                 counters: &counters,
-                stats: &collector.stats,
+                stats: &collector_stats,
                 duration_s: (end_mono_ns - start_mono_ns) as f64 / 1e9,
                 frequency: args.frequency,
                 cpus: sampler.cpus.len(),
@@ -272,15 +295,51 @@ pub fn run(args: RecordArgs) -> Result<()> {
             })
         );
         if !usdt_report.is_empty() {
-            eprint!("{}", usdt_report.render(&collector.label_samples));
+            eprint!("{}", usdt_report.render());
+        }
+    }
+    if let (false, Some((runs, time))) = (args.quiet, sampler.sampler_run_stats()) {
+        eprintln!(
+            "BPF sampler (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s in all",
+            time.as_nanos() as f64 / runs as f64,
+            time.as_secs_f64()
+        );
+    }
+    if let Some(c) = &cgroups {
+        // Printed even with -q: an empty profile must not go unexplained.
+        let kept = collector_stats.samples;
+        let note = c.end_note(kept, counters.samples_filtered);
+        if !args.quiet || kept == 0 {
+            eprint!("{note}");
         }
     }
     Ok(())
 }
 
+/// Writes a snapshot on its own thread; failures are reported, never fatal to the recording.
+fn spawn_snapshot(
+    job: ExportJob,
+    path: std::path::PathBuf,
+    quiet: bool,
+) -> Result<std::thread::JoinHandle<()>> {
+    let output = PendingOutput::create(&path);
+    Ok(std::thread::Builder::new().name("snapshot".into()).spawn(move || {
+        let res = output.and_then(|o| job.write(o));
+        match res {
+            Ok(stats) if !quiet => eprintln!(
+                "\rrsprof-bpf: wrote snapshot {} ({} samples)",
+                path.display(),
+                stats.samples
+            ),
+            Ok(_) => {}
+            Err(e) => eprintln!("\rrsprof-bpf: snapshot {} failed: {e:#}", path.display()),
+        }
+    })?)
+}
+
 fn drain(
     ring: &mut RingBuf<MapData>,
-    collector: &mut Collector<MemoryStore>,
+    collector: &mut Collector<ChunkedStore>,
     usdt: &mut UsdtSession,
 ) {
     while let Some(item) = ring.next() {

@@ -24,9 +24,17 @@ pub struct Sample {
     pub kernel_stack: Vec<u64>,
     /// Leaf first.
     pub user_stack: Vec<u64>,
-    /// The thread's `rsprof:label_push` stack, outermost first: label ids (user addresses of
-    /// the label strings), named by `usdt::UsdtReport::label_names`.
-    pub labels: Vec<u64>,
+    /// The thread's `rsprof:label_push` stack, outermost first.
+    pub labels: Vec<LabelRef>,
+}
+
+/// One entry of a sampled label stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LabelRef {
+    /// User address of the label string: the label's id within its process.
+    pub addr: u64,
+    /// User frames at the push (the pusher and its callers); 0 if unknown.
+    pub depth: u32,
 }
 
 /// A USDT hit as sent by the kernel; `usdt::ProbeRegistry::resolve` types its arguments.
@@ -155,7 +163,12 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 flags: u32_at(b, o_fl),
                 kernel_stack: (0..kn).map(frame).collect(),
                 user_stack: (kn..kn + un).map(frame).collect(),
-                labels: (kn + un..kn + un + ln).map(frame).collect(),
+                labels: (kn + un..kn + un + ln)
+                    .map(|i| {
+                        let (addr, depth) = profiler_common::split_label_entry(frame(i));
+                        LabelRef { addr, depth }
+                    })
+                    .collect(),
             }))
         }
         EVENT_FORK | EVENT_EXEC | EVENT_EXIT => {
@@ -227,7 +240,7 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profiler_common::{CMDLINE_MAX, MAX_STACK_DEPTH, SampleRecord};
+    use profiler_common::{CMDLINE_MAX, MAX_STACK_DEPTH, SampleRecord, label_entry};
 
     fn bytes_of<T>(v: &T, len: usize) -> Vec<u8> {
         // SAFETY: test-only view of a repr(C) value as bytes.
@@ -256,14 +269,16 @@ mod tests {
             },
             frames: [0; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
         };
-        r.frames[..7].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403, 7, 8]);
+        let (l1, l2) = (label_entry(0x7000, 2), label_entry(0x8000, 3));
+        r.frames[..7].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403, l1, l2]);
         let b = bytes_of(&r, SAMPLE_RECORD_FIXED + 7 * 8);
         let Event::Sample(s) = decode(&b).unwrap() else { panic!() };
         assert_eq!((s.pid, s.tid, s.cpu, s.time_ns), (Pid(10), Tid(11), 1, 42));
         assert_eq!(s.comm, "worker");
         assert_eq!(s.kernel_stack, vec![0xffff_0001, 0xffff_0002]);
         assert_eq!(s.user_stack, vec![0x401, 0x402, 0x403]);
-        assert_eq!(s.labels, vec![7, 8]);
+        let l = |addr, depth| LabelRef { addr, depth };
+        assert_eq!(s.labels, vec![l(0x7000, 2), l(0x8000, 3)]);
         // A record cut before its frames is rejected.
         assert!(matches!(decode(&b[..b.len() - 1]), Err(DecodeError::Short { .. })));
     }

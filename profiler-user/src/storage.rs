@@ -1,16 +1,26 @@
-//! Sample storage: per-thread sample lists and interned, normalized stacks.
+//! Sample and marker storage with a memory limit: events are encoded into the chunked buffer
+//! (`chunks`, `events`); stacks and strings live in interned tables beside it.
 //!
-//! Stacks are stored as [`FrameAddr`]s — kernel addresses and (module, file offset) pairs —
-//! so they mean the same thing after the process is gone. This is the in-memory store; the
-//! chunked, memory-bounded store (issue 3) implements the same `SampleSink` interface.
+//! Stacks are a prefix tree of normalized frames ([`FrameAddr`]: kernel addresses and
+//! (module, file offset) pairs, which mean the same thing after the process is gone), so a
+//! stack costs one node per frame it does not share with one seen before.
+//!
+//! Memory stays bounded: chunk bytes never exceed the buffer size, and each table entry is
+//! stamped with the last chunk that referred to it, so recycling a chunk prunes what only it
+//! used. If the tables alone outgrow half the buffer size (e.g. every sample a new deep stack),
+//! the oldest chunks are recycled early until they fit.
 
 use std::collections::HashMap;
 
 use crate::{
-    ids::{Pid, Tid},
-    intern::Interner,
+    chunks::{ChunkedBuffer, PushError, Recycled, RecycledChunk},
+    events::{self, ChunkTimes, Event, MarkerField, StackId, StoredMarker, StoredSample, StringId},
+    ids::Pid,
+    intern::PrunableInterner,
     procmaps::ModuleId,
 };
+
+pub use crate::events::ThreadKey;
 
 /// A normalized return address / instruction pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -23,115 +33,556 @@ pub enum FrameAddr {
     },
     /// A user address in no known mapping.
     Unmapped(u64),
+    /// An `rsprof:label_push` label of a process, by the address of its text there.
+    Label {
+        pid: Pid,
+        addr: u64,
+    },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StackId(pub u32);
+/// One node of the stack prefix tree: a frame and the stack it was called from.
+pub type StackNode = (Option<StackId>, FrameAddr);
 
-/// A thread as it appears in the profile. Idle tasks all have tid 0, so they are keyed by CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ThreadKey {
-    pub pid: Pid,
-    pub tid: Tid,
-}
+/// Approximate heap cost of one table entry (value stored twice, hash slot, generation).
+const STACK_NODE_BYTES: usize = 80;
+const STRING_BYTES: usize = 112;
 
-impl ThreadKey {
-    pub fn idle(cpu: u32) -> Self {
-        Self { pid: Pid(0), tid: Tid(cpu) }
-    }
-    pub fn is_idle(&self) -> bool {
-        self.pid.0 == 0
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StoredSample {
-    pub time_ns: u64,
-    pub cpu_delta_ns: u64,
-    pub stack: Option<StackId>,
-}
-
-/// Where the collector puts samples.
+/// Where the collector puts what it decoded.
 pub trait SampleSink {
-    /// `frames` is root first.
-    fn intern_stack(&mut self, frames: &[FrameAddr]) -> StackId;
+    /// `frames` is root first; None for an empty stack.
+    fn intern_stack(&mut self, frames: &[FrameAddr]) -> Option<StackId>;
+    fn intern_string(&mut self, s: &str) -> StringId;
     fn push_sample(&mut self, thread: ThreadKey, sample: StoredSample);
+    fn push_marker(&mut self, thread: ThreadKey, marker: StoredMarker);
+    /// Processes no stored event refers to any more (their last events were recycled).
+    fn take_released_pids(&mut self) -> Vec<Pid>;
 }
 
-#[derive(Default)]
-pub struct MemoryStore {
-    stacks: Interner<Vec<FrameAddr>>,
-    threads: HashMap<ThreadKey, Vec<StoredSample>>,
-    sample_count: u64,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub samples: u64,
+    pub markers: u64,
+    /// Events that could not be stored (larger than a chunk).
+    pub oversized: u64,
+    pub pruned_stack_nodes: u64,
+    pub pruned_strings: u64,
+    /// Chunks recycled early because the interned tables reached their budget.
+    pub table_pressure_recycles: u64,
 }
 
-impl SampleSink for MemoryStore {
-    fn intern_stack(&mut self, frames: &[FrameAddr]) -> StackId {
-        StackId(self.stacks.intern(frames))
-    }
-
-    fn push_sample(&mut self, thread: ThreadKey, sample: StoredSample) {
-        self.threads.entry(thread).or_default().push(sample);
-        self.sample_count += 1;
-    }
+pub struct ChunkedStore {
+    buffer: ChunkedBuffer,
+    times: ChunkTimes,
+    stacks: PrunableInterner<StackNode>,
+    strings: PrunableInterner<String>,
+    /// Last chunk holding an event of each process.
+    pid_last_chunk: HashMap<Pid, u64>,
+    released: Vec<Pid>,
+    table_budget: usize,
+    scratch: Vec<u8>,
+    pub stats: StoreStats,
 }
 
-impl MemoryStore {
-    pub fn stack(&self, id: StackId) -> &[FrameAddr] {
-        self.stacks.get(id.0)
+/// A consistent copy of the store, for writing a profile on another thread while recording
+/// goes on.
+#[derive(Clone, Debug, Default)]
+pub struct StoreSnapshot {
+    /// Serialized chunks, oldest first.
+    pub chunks: Vec<Vec<u8>>,
+    /// Stack nodes by `StackId`; None for pruned slots.
+    pub stacks: Vec<Option<StackNode>>,
+    pub strings: Vec<Option<String>>,
+    pub recycled: Recycled,
+    pub stats: StoreStats,
+    pub buffer_bytes: usize,
+}
+
+impl StoreSnapshot {
+    pub fn stack(&self, id: StackId) -> Option<StackNode> {
+        self.stacks.get(id.0 as usize).copied().flatten()
     }
 
-    pub fn stack_count(&self) -> usize {
-        self.stacks.len()
+    pub fn string(&self, id: StringId) -> Option<&str> {
+        self.strings.get(id.0 as usize).and_then(|s| s.as_deref())
     }
 
-    pub fn sample_count(&self) -> u64 {
-        self.sample_count
-    }
-
-    /// Threads with their samples, sorted by time.
-    pub fn threads(&mut self) -> impl Iterator<Item = (&ThreadKey, &Vec<StoredSample>)> {
-        for v in self.threads.values_mut() {
-            v.sort_by_key(|s| s.time_ns);
-        }
-        self.threads.iter()
-    }
-
-    /// Every distinct frame address in any stack.
+    /// Every distinct frame address in a live stack node.
     pub fn unique_frames(&self) -> Vec<FrameAddr> {
-        let mut v: Vec<FrameAddr> = self.stacks.items().iter().flatten().copied().collect();
+        let mut v: Vec<FrameAddr> = self.stacks.iter().flatten().map(|n| n.1).collect();
         v.sort_unstable();
         v.dedup();
         v
     }
 }
 
+impl ChunkedStore {
+    /// `buffer_bytes` bounds the chunks; the interned tables get half as much again.
+    pub fn new(buffer_bytes: usize) -> Self {
+        Self::with_buffer(ChunkedBuffer::new(buffer_bytes), buffer_bytes / 2)
+    }
+
+    pub fn with_buffer(buffer: ChunkedBuffer, table_budget: usize) -> Self {
+        Self {
+            buffer,
+            times: ChunkTimes::default(),
+            stacks: PrunableInterner::default(),
+            strings: PrunableInterner::default(),
+            pid_last_chunk: HashMap::new(),
+            released: Vec::new(),
+            table_budget,
+            scratch: Vec::with_capacity(256),
+            stats: StoreStats::default(),
+        }
+    }
+
+    fn generation(&self) -> u64 {
+        self.buffer.current_seq().unwrap_or(0)
+    }
+
+    pub fn buffer(&self) -> &ChunkedBuffer {
+        &self.buffer
+    }
+
+    pub fn stack_nodes(&self) -> usize {
+        self.stacks.len()
+    }
+
+    pub fn table_bytes(&self) -> usize {
+        self.stacks.len() * STACK_NODE_BYTES + self.strings.len() * STRING_BYTES
+    }
+
+    pub fn snapshot(&self) -> StoreSnapshot {
+        self.snapshot_with(self.buffer.snapshot())
+    }
+
+    /// The final snapshot: chunks are moved out rather than copied.
+    pub fn into_snapshot(mut self) -> StoreSnapshot {
+        let chunks = self.buffer.drain_snapshot();
+        self.snapshot_with(chunks)
+    }
+
+    fn snapshot_with(&self, chunks: Vec<Vec<u8>>) -> StoreSnapshot {
+        StoreSnapshot {
+            chunks,
+            stacks: self.stacks.slots().to_vec(),
+            strings: self.strings.slots().to_vec(),
+            recycled: self.buffer.recycled(),
+            stats: self.stats,
+            buffer_bytes: self.buffer.limit_bytes(),
+        }
+    }
+
+    fn push(&mut self, ev: Event) {
+        let time = ev.time_ns();
+        events::encode(&ev, &mut self.times, &mut self.scratch);
+        match self.buffer.push(&self.scratch, time) {
+            Ok(()) => {}
+            Err(PushError::NeedChunk) => {
+                let recycled = self.buffer.start_chunk(time);
+                self.times = ChunkTimes::new(time);
+                // What this event refers to was stamped with the previous chunk.
+                self.touch(&ev);
+                events::encode(&ev, &mut self.times, &mut self.scratch);
+                if let Err(e) = self.buffer.push(&self.scratch, time) {
+                    unreachable!("an empty chunk refused a block that fits: {e:?}");
+                }
+                if let Some(r) = recycled {
+                    self.after_recycle(r);
+                }
+            }
+            Err(PushError::TooLarge { .. }) => {
+                self.stats.oversized += 1;
+                return;
+            }
+        }
+        self.pid_last_chunk.insert(ev.thread().pid, self.generation());
+        while self.table_bytes() > self.table_budget {
+            match self.buffer.recycle_oldest() {
+                Some(r) => {
+                    self.stats.table_pressure_recycles += 1;
+                    self.after_recycle(r);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn touch(&mut self, ev: &Event) {
+        let g = self.generation();
+        match ev {
+            Event::Sample(_, s) => {
+                let mut cur = s.stack;
+                while let Some(id) = cur {
+                    self.stacks.touch(id.0, g);
+                    cur = self.stacks.get(id.0).and_then(|n| n.0);
+                }
+            }
+            Event::Marker(_, m) => {
+                self.strings.touch(m.name.0, g);
+                self.strings.touch(m.schema.0, g);
+                for f in &m.fields {
+                    if let MarkerField::Str(s) = f {
+                        self.strings.touch(s.0, g);
+                    }
+                }
+            }
+        }
+    }
+
+    fn after_recycle(&mut self, r: RecycledChunk) {
+        self.stats.pruned_stack_nodes += self.stacks.prune(r.seq) as u64;
+        self.stats.pruned_strings += self.strings.prune(r.seq) as u64;
+        self.pid_last_chunk.retain(|pid, last| {
+            let live = *last > r.seq;
+            if !live {
+                self.released.push(*pid);
+            }
+            live
+        });
+    }
+}
+
+impl SampleSink for ChunkedStore {
+    fn intern_stack(&mut self, frames: &[FrameAddr]) -> Option<StackId> {
+        let g = self.generation();
+        let mut parent = None;
+        for &f in frames {
+            parent = Some(StackId(self.stacks.intern(&(parent, f), g)));
+        }
+        parent
+    }
+
+    fn intern_string(&mut self, s: &str) -> StringId {
+        let g = self.generation();
+        StringId(self.strings.intern(s, g))
+    }
+
+    fn push_sample(&mut self, thread: ThreadKey, sample: StoredSample) {
+        self.stats.samples += 1;
+        self.push(Event::Sample(thread, sample));
+    }
+
+    fn push_marker(&mut self, thread: ThreadKey, marker: StoredMarker) {
+        self.stats.markers += 1;
+        self.push(Event::Marker(thread, marker));
+    }
+
+    fn take_released_pids(&mut self) -> Vec<Pid> {
+        std::mem::take(&mut self.released)
+    }
+}
+
+/// Decodes every event of a snapshot, oldest chunk first. A corrupt chunk or block is
+/// reported through `on_error` and skipped; the rest is still read.
+pub fn read_events(
+    snap: &StoreSnapshot,
+    mut on_event: impl FnMut(Event),
+    mut on_error: impl FnMut(String),
+) {
+    for (i, bytes) in snap.chunks.iter().enumerate() {
+        let view = match crate::chunks::ChunkView::parse(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                on_error(format!("chunk {i}: {e}"));
+                continue;
+            }
+        };
+        let mut times = ChunkTimes::new(view.header.base_time_ns);
+        for (j, block) in view.blocks().enumerate() {
+            match events::decode(block, &mut times) {
+                Ok(ev) => on_event(ev),
+                Err(e) => on_error(format!("chunk {} block {j}: {e}", view.header.seq)),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::Tid;
 
-    #[test]
-    fn identical_stacks_share_an_id() {
-        let mut s = MemoryStore::default();
-        let a = [FrameAddr::Kernel(1), FrameAddr::Unmapped(2)];
-        let b = [FrameAddr::Kernel(1)];
-        let ia = s.intern_stack(&a);
-        assert_eq!(s.intern_stack(&a), ia);
-        let ib = s.intern_stack(&b);
-        assert_ne!(ia, ib);
-        assert_eq!(s.stack(ia), &a);
-        assert_eq!(s.unique_frames(), vec![FrameAddr::Kernel(1), FrameAddr::Unmapped(2)]);
+    fn key(pid: u32, tid: u32) -> ThreadKey {
+        ThreadKey { pid: Pid(pid), tid: Tid(tid) }
+    }
+
+    /// Frames of stack `id`, root first.
+    fn stack_path(s: &ChunkedStore, id: StackId) -> Vec<FrameAddr> {
+        let mut v = Vec::new();
+        let mut cur = Some(id);
+        while let Some(n) = cur.and_then(|i| s.stacks.get(i.0)) {
+            v.push(n.1);
+            cur = n.0;
+        }
+        v.reverse();
+        v
+    }
+
+    fn events_of(s: &ChunkedStore) -> Vec<Event> {
+        let mut v = vec![];
+        read_events(&s.snapshot(), |e| v.push(e), |e| panic!("{e}"));
+        v
     }
 
     #[test]
-    fn samples_come_back_sorted_per_thread() {
-        let mut s = MemoryStore::default();
-        let t = ThreadKey { pid: Pid(5), tid: Tid(6) };
-        for time in [30, 10, 20] {
-            s.push_sample(t, StoredSample { time_ns: time, cpu_delta_ns: 0, stack: None });
+    fn stacks_share_prefixes() {
+        let mut s = ChunkedStore::new(1 << 20);
+        let a = [FrameAddr::Kernel(1), FrameAddr::Unmapped(2)];
+        let ia = s.intern_stack(&a).unwrap();
+        assert_eq!(s.intern_stack(&a), Some(ia));
+        let ib = s.intern_stack(&a[..1]).unwrap();
+        assert_ne!(ia, ib);
+        assert_eq!(stack_path(&s, ia), a);
+        assert_eq!(s.stack_nodes(), 2, "the one-frame stack is the prefix node");
+        assert_eq!(s.intern_stack(&[]), None);
+    }
+
+    #[test]
+    fn samples_round_trip_in_order() {
+        let mut s = ChunkedStore::new(1 << 20);
+        let st = s.intern_stack(&[FrameAddr::Kernel(7)]);
+        for t in 0..1000u64 {
+            s.push_sample(
+                key(1, 1 + (t % 3) as u32),
+                StoredSample { time_ns: t * 1000, cpu_delta_ns: t, stack: st },
+            );
         }
-        let (_, v) = s.threads().next().unwrap();
-        assert_eq!(v.iter().map(|x| x.time_ns).collect::<Vec<_>>(), vec![10, 20, 30]);
-        assert_eq!(s.sample_count(), 3);
+        let evs = events_of(&s);
+        assert_eq!(evs.len(), 1000);
+        assert!(evs.iter().enumerate().all(|(i, e)| e.time_ns() == i as u64 * 1000));
+    }
+
+    #[test]
+    fn recycling_prunes_what_only_old_chunks_used() {
+        // 8 chunks of 4 KiB: about 2,500 samples of ~12 bytes fit.
+        let mut s =
+            ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(32 << 10, 4 << 10), 1 << 30);
+        for t in 0..20_000u64 {
+            // A new stack every 100 samples, so old stacks fall out of use.
+            let stack = s.intern_stack(&[FrameAddr::Kernel(1), FrameAddr::Kernel(1000 + t / 100)]);
+            s.push_sample(
+                key(t as u32 / 5000 + 1, 1),
+                StoredSample { time_ns: t * 1_000_000, cpu_delta_ns: 1, stack },
+            );
+            assert!(s.buffer().allocated_bytes() <= 32 << 10);
+        }
+        let snap = s.snapshot();
+        let evs = events_of(&s);
+        let oldest = evs.first().unwrap().time_ns();
+        assert!(oldest > 15_000 * 1_000_000, "only the newest window is left: {oldest}");
+        assert_eq!(evs.last().unwrap().time_ns(), 19_999 * 1_000_000);
+        assert!(snap.recycled.first_time_ns == Some(0) && snap.recycled.last_time_ns < oldest);
+        // Every referenced stack is alive; dead ones are gone.
+        for e in &evs {
+            let Event::Sample(_, smp) = e else { panic!() };
+            let mut cur = smp.stack;
+            while let Some(id) = cur {
+                cur = snap.stack(id).expect("live sample references a pruned stack").0;
+            }
+        }
+        assert!(s.stack_nodes() < 60, "{} nodes", s.stack_nodes());
+        assert!(s.stats.pruned_stack_nodes > 100);
+        // Processes 1..=3 have no events left.
+        let mut released = s.take_released_pids();
+        released.sort();
+        assert_eq!(released, vec![Pid(1), Pid(2), Pid(3)]);
+    }
+
+    #[test]
+    fn table_budget_recycles_early() {
+        // Each sample adds two nodes; a 4 KiB chunk holds ~450 samples, i.e. ~900 nodes.
+        let budget = 3000 * STACK_NODE_BYTES;
+        let mut s =
+            ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(64 << 10, 4 << 10), budget);
+        for t in 0..20_000u64 {
+            let stack = s.intern_stack(&[FrameAddr::Kernel(t), FrameAddr::Kernel(t + 1)]);
+            s.push_sample(key(1, 1), StoredSample { time_ns: t, cpu_delta_ns: 0, stack });
+            // The budget holds up to what the chunk being written refers to.
+            assert!(s.table_bytes() <= budget + 1000 * STACK_NODE_BYTES, "{}", s.stack_nodes());
+        }
+        assert!(s.stats.table_pressure_recycles > 0);
+        let snap = s.snapshot();
+        for e in events_of(&s) {
+            let Event::Sample(_, smp) = e else { panic!() };
+            assert!(snap.stack(smp.stack.unwrap()).is_some());
+        }
+    }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::events::MarkerPhase;
+
+        /// An event as the collector hands it over, with stacks and strings spelled out.
+        #[derive(Clone, Debug, PartialEq)]
+        enum Input {
+            Sample {
+                thread: (u32, u32),
+                time: u64,
+                cpu: u64,
+                frames: Vec<u64>,
+            },
+            Marker {
+                thread: (u32, u32),
+                phase: u8,
+                start: u64,
+                len: u64,
+                name: String,
+                text: String,
+                n: i64,
+            },
+        }
+
+        fn input() -> impl Strategy<Value = Input> {
+            let thread = (0u32..4, 0u32..4);
+            prop_oneof![
+                4 => (thread.clone(), any::<u64>(), 0u64..10_000_000, prop::collection::vec(0u64..50, 0..40))
+                    .prop_map(|(thread, time, cpu, frames)| Input::Sample { thread, time, cpu, frames }),
+                1 => (thread, 0u8..4, any::<u64>(), 0u64..1 << 40, "[a-c]{0,3}", "\\PC{0,12}", any::<i64>())
+                    .prop_map(|(thread, phase, start, len, name, text, n)| Input::Marker {
+                        thread, phase, start, len, name, text, n
+                    }),
+            ]
+        }
+
+        fn key((pid, tid): (u32, u32)) -> ThreadKey {
+            ThreadKey { pid: Pid(pid), tid: Tid(tid) }
+        }
+
+        fn store(s: &mut ChunkedStore, i: &Input) {
+            match i {
+                Input::Sample { thread, time, cpu, frames } => {
+                    let frames: Vec<FrameAddr> =
+                        frames.iter().map(|&f| FrameAddr::Kernel(f)).collect();
+                    let stack = s.intern_stack(&frames);
+                    s.push_sample(
+                        key(*thread),
+                        StoredSample { time_ns: *time, cpu_delta_ns: *cpu, stack },
+                    );
+                }
+                Input::Marker { thread, phase, start, len, name, text, n } => {
+                    let phase = [
+                        MarkerPhase::Instant,
+                        MarkerPhase::Interval,
+                        MarkerPhase::IntervalStart,
+                        MarkerPhase::IntervalEnd,
+                    ][*phase as usize];
+                    let end = if phase == MarkerPhase::Interval {
+                        start.saturating_add(*len)
+                    } else {
+                        *start
+                    };
+                    let m = StoredMarker {
+                        phase,
+                        start_ns: *start,
+                        end_ns: end,
+                        name: s.intern_string(name),
+                        schema: s.intern_string("Schema"),
+                        fields: vec![MarkerField::Str(s.intern_string(text)), MarkerField::Int(*n)],
+                    };
+                    s.push_marker(key(*thread), m);
+                }
+            }
+        }
+
+        /// Reads a snapshot back into inputs, resolving every id (a pruned id fails the test).
+        fn read_back(snap: &StoreSnapshot) -> Vec<Input> {
+            let mut out = vec![];
+            read_events(
+                snap,
+                |ev| {
+                    out.push(match ev {
+                        Event::Sample(t, smp) => {
+                            let mut frames = vec![];
+                            let mut cur = smp.stack;
+                            while let Some(id) = cur {
+                                let (parent, FrameAddr::Kernel(f)) =
+                                    snap.stack(id).expect("pruned stack")
+                                else {
+                                    panic!()
+                                };
+                                frames.push(f);
+                                cur = parent;
+                            }
+                            frames.reverse();
+                            Input::Sample {
+                                thread: (t.pid.0, t.tid.0),
+                                time: smp.time_ns,
+                                cpu: smp.cpu_delta_ns,
+                                frames,
+                            }
+                        }
+                        Event::Marker(t, m) => {
+                            let [MarkerField::Str(text), MarkerField::Int(n)] = m.fields[..] else {
+                                panic!()
+                            };
+                            assert_eq!(snap.string(m.schema), Some("Schema"));
+                            let phase = m.phase as u8;
+                            let start = if m.phase == MarkerPhase::IntervalEnd {
+                                m.end_ns
+                            } else {
+                                m.start_ns
+                            };
+                            Input::Marker {
+                                thread: (t.pid.0, t.tid.0),
+                                phase,
+                                start,
+                                len: m.end_ns - m.start_ns,
+                                name: snap.string(m.name).expect("pruned name").to_owned(),
+                                text: snap.string(text).expect("pruned text").to_owned(),
+                                n,
+                            }
+                        }
+                    })
+                },
+                |e| panic!("{e}"),
+            );
+            out
+        }
+
+        fn normalized(i: &Input) -> Input {
+            match i.clone() {
+                Input::Marker { phase, start, len: _, thread, name, text, n } if phase != 1 => {
+                    Input::Marker { phase, start, len: 0, thread, name, text, n }
+                }
+                Input::Marker { phase, start, len, thread, name, text, n } => Input::Marker {
+                    len: start.saturating_add(len) - start,
+                    phase,
+                    start,
+                    thread,
+                    name,
+                    text,
+                    n,
+                },
+                other => other,
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(300))]
+
+            /// Whatever the chunk size (so recycling happens at every possible point), the
+            /// store reads back exactly the newest events it was given, every id resolvable,
+            /// and never holds more chunk bytes than its limit.
+            #[test]
+            fn round_trip_keeps_the_newest_suffix(
+                inputs in prop::collection::vec(input(), 1..300),
+                chunk in 200usize..1200,
+                chunks in 2usize..6,
+            ) {
+                let mut s = ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(chunk * chunks, chunk), usize::MAX);
+                for i in &inputs {
+                    store(&mut s, i);
+                    prop_assert!(s.buffer().allocated_bytes() <= chunk * chunks);
+                }
+                let snap = s.snapshot();
+                let dropped = snap.recycled.blocks as usize + s.stats.oversized as usize;
+                prop_assert_eq!(s.stats.oversized, 0);
+                let expected: Vec<Input> = inputs[dropped..].iter().map(normalized).collect();
+                prop_assert_eq!(read_back(&snap), expected);
+                prop_assert_eq!(read_back(&s.into_snapshot()).len(), inputs.len() - dropped);
+            }
+        }
     }
 }

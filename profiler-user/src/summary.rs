@@ -1,11 +1,15 @@
 //! The text summary printed when a recording ends.
 
-use std::{collections::HashMap, fmt::Write as _};
+use std::fmt::Write as _;
 
-use crate::{collector::CollectorStats, loader::KernelCounters, profile::Profile};
+use crate::{
+    assemble::ProfileStats, collector::CollectorStats, loader::KernelCounters, storage::StoreStats,
+};
 
 pub struct SummaryInput<'a> {
-    pub profile: &'a Profile,
+    pub profile: &'a ProfileStats,
+    pub store: &'a StoreStats,
+    pub buffer_bytes: usize,
     pub counters: &'a KernelCounters,
     pub stats: &'a CollectorStats,
     pub duration_s: f64,
@@ -16,36 +20,11 @@ pub struct SummaryInput<'a> {
     pub stop_reason: &'a str,
 }
 
-/// Self samples per leaf function ("name (in module)"), most first; idle samples excluded.
-pub fn top_functions(profile: &Profile, n: usize) -> Vec<(String, u64)> {
-    let mut counts: HashMap<u32, u64> = HashMap::new();
-    for p in profile.processes.iter().filter(|p| !p.is_idle) {
-        for t in &p.threads {
-            for s in &t.samples {
-                if let Some(&leaf) = s.stack.and_then(|st| profile.stacks[st.0 as usize].last()) {
-                    *counts.entry(leaf.0).or_default() += 1;
-                }
-            }
-        }
-    }
-    // Inlined frames of one address share a leaf; merge by name so a function counts once.
-    let mut by_name: HashMap<String, u64> = HashMap::new();
-    for (f, c) in counts {
-        let fr = &profile.frames[f as usize];
-        *by_name.entry(format!("{} (in {})", fr.function, fr.module)).or_default() += c;
-    }
-    let mut v: Vec<_> = by_name.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    v.truncate(n);
-    v
-}
-
 pub fn render(i: &SummaryInput) -> String {
     let c = i.counters;
     let recorded = i.stats.samples;
     let lost = c.lost_samples();
     let mut s = String::new();
-    let threads: usize = i.profile.processes.iter().map(|p| p.threads.len()).sum();
     let _ = writeln!(
         s,
         "rsprof-bpf: {:.1} s on {} CPUs at {} Hz, stopped by {}",
@@ -83,14 +62,57 @@ pub fn render(i: &SummaryInput) -> String {
             i.stats.idle_samples
         );
     }
-    let _ = writeln!(s, "processes: {}, threads: {}", i.profile.processes.len(), threads);
-    let busy = recorded - i.stats.idle_samples;
-    let top = top_functions(i.profile, 10);
-    if !top.is_empty() {
+    let p = i.profile;
+    match p.dropped_ms {
+        Some((a, b)) => {
+            let _ = writeln!(
+                s,
+                "buffer: {} full, recycled {} events from {:.3}s to {:.3}s; the profile holds the \
+                 newest {} samples",
+                human_bytes(i.buffer_bytes),
+                p.dropped_events,
+                a / 1e3,
+                b / 1e3,
+                p.samples
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "buffer: {} samples, {} markers kept in {} (nothing recycled)",
+                p.samples,
+                p.markers,
+                human_bytes(i.buffer_bytes)
+            );
+        }
+    }
+    if i.store.table_pressure_recycles > 0 {
+        let _ = writeln!(
+            s,
+            "  {} of those chunks were recycled early: stack and string tables reached half the \
+             buffer size (many distinct stacks); a larger --buffer-size keeps more",
+            i.store.table_pressure_recycles
+        );
+    }
+    if i.store.oversized > 0 {
+        let _ =
+            writeln!(s, "  warning: {} events too large to store were dropped", i.store.oversized);
+    }
+    for c in &p.corrupt {
+        let _ = writeln!(s, "  warning: corrupt storage skipped: {c}");
+    }
+    let _ = writeln!(s, "processes: {}, threads: {}", p.processes, p.threads);
+    let busy = p.samples - p.idle_samples;
+    if !p.top_functions.is_empty() {
         let _ = writeln!(s, "top functions by self samples:");
-        for (name, n) in top {
-            let _ =
-                writeln!(s, "  {:5.1}%  {:>7}  {}", 100.0 * n as f64 / busy.max(1) as f64, n, name);
+        for (name, n) in &p.top_functions {
+            let _ = writeln!(
+                s,
+                "  {:5.1}%  {:>7}  {}",
+                100.0 * *n as f64 / busy.max(1) as f64,
+                n,
+                name
+            );
         }
     }
     let _ = writeln!(
@@ -100,4 +122,13 @@ pub fn render(i: &SummaryInput) -> String {
         i.output_bytes as f64 / 1e6
     );
     s
+}
+
+fn human_bytes(b: usize) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        b => format!("{b} B"),
+    }
 }

@@ -13,7 +13,7 @@ use blazesym::symbolize::{
 
 use crate::{
     procmaps::ModuleId,
-    profile::{Frame, FrameKind},
+    profile::{Frame, FrameKind, ProcessesMeta},
     storage::FrameAddr,
 };
 
@@ -39,6 +39,32 @@ pub fn symbolize(addrs: Vec<FrameAddr>, modules: Vec<ModuleSource>) -> Result<Sy
         })
         .context("start symbolizer thread")?;
     rx.recv().map_err(|_| anyhow!("symbolizer thread panicked"))
+}
+
+/// Adds a frame for every label address, named by the text its process sent with its first
+/// `rsprof:label_push`.
+pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &ProcessesMeta) {
+    for &a in addrs {
+        let FrameAddr::Label { pid, addr } = a else { continue };
+        let text = processes.get(&pid).and_then(|p| p.labels.get(&addr));
+        let function = match text {
+            Some(t) => t.clone(),
+            // The naming hit was lost (ring buffer full) and no later push resent it.
+            None => format!("label {addr:#x}"),
+        };
+        symbols.insert(
+            a,
+            vec![Frame {
+                kind: FrameKind::Label,
+                function,
+                module: String::new(),
+                file: None,
+                line: None,
+                column: None,
+                inlined: false,
+            }],
+        );
+    }
 }
 
 struct SymbolizerThread {
@@ -68,6 +94,8 @@ impl SymbolizerThread {
                 FrameAddr::Unmapped(addr) => {
                     self.out.insert(a, vec![unknown(FrameKind::User, addr, "[unknown]")]);
                 }
+                // Named from the process's label texts, see `name_labels`.
+                FrameAddr::Label { .. } => {}
             }
         }
         self.kernel(&kernel);

@@ -118,7 +118,10 @@ pub fn end(id: u64) -> bool {
 }
 
 /// Pushes a label on this thread's label stack; prefer [`label`].
-#[inline]
+///
+/// Always inlined, as is [`label`]: the profiler places the label under the frame the probe
+/// fires in, which must be the caller's.
+#[inline(always)]
 pub fn label_push(label: &'static CStr) -> bool {
     probe_lazy!(rsprof, label_push, label.as_ptr())
 }
@@ -163,6 +166,7 @@ impl Drop for LabelGuard {
     }
 }
 
+#[inline(always)]
 pub fn label(label: &'static CStr) -> LabelGuard {
     LabelGuard { pushed: label_push(label) }
 }

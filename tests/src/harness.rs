@@ -106,6 +106,31 @@ impl Recording {
         self.child.id()
     }
 
+    /// Sends `sig` to rsprof-bpf.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for a stderr line containing `needle` and returns it.
+    pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> Result<String> {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.stderr_lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return Ok(line);
+                    }
+                }
+                Err(_) => {
+                    bail!("no line with {needle:?} within {timeout:?}:\n{}", self.seen.join("\n"))
+                }
+            }
+        }
+    }
+
     /// Sends SIGINT (as Ctrl-C would) and waits for the profile to be written.
     pub fn interrupt(self) -> Result<Finished> {
         // SAFETY: signalling our own child.

@@ -1,3 +1,4 @@
+pub mod cgroups;
 pub mod fixtures;
 pub mod gecko_schema;
 pub mod harness;

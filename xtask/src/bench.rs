@@ -719,19 +719,26 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
-/// Replaces the generated section of BENCHMARKS.md (or appends it, or creates the file).
+/// Replaces this benchmark's generated section of BENCHMARKS.md (or appends it, or creates
+/// the file).
 fn update_benchmarks_md(path: &Path, table: &str) -> anyhow::Result<()> {
-    let section = format!("{SECTION_BEGIN}\n{}{SECTION_END}\n", table);
+    update_section(path, SECTION_BEGIN, SECTION_END, table)
+}
+
+/// Replaces the section between the `begin` and `end` marker lines of a generated file (or
+/// appends it, or creates the file). Every `cargo xtask bench*` owns one section.
+pub fn update_section(path: &Path, begin: &str, end: &str, table: &str) -> anyhow::Result<()> {
+    let section = format!("{begin}\n{table}{end}\n");
     let old = match fs::read_to_string(path) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let new = match (old.find(SECTION_BEGIN), old.find(SECTION_END)) {
+    let new = match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if b < e => {
-            let end = e + SECTION_END.len();
-            let end = if old[end..].starts_with('\n') { end + 1 } else { end };
-            format!("{}{section}{}", &old[..b], &old[end..])
+            let stop = e + end.len();
+            let stop = if old[stop..].starts_with('\n') { stop + 1 } else { stop };
+            format!("{}{section}{}", &old[..b], &old[stop..])
         }
         _ if old.trim().is_empty() => format!(
             "# Benchmarks\n\nProfiling overhead of rsprof-bpf, measured with `cargo xtask bench` \

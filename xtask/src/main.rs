@@ -6,8 +6,11 @@
 //! * `run`    builds, then runs the profiler with the given arguments (as root).
 //! * `test`   setup, build, then the whole test suite, tests running one at a time.
 //! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
+//! * `bench-cgroup` measures the kernel cgroup filter's cost, see `bench_cgroup.rs`.
 
 mod bench;
+mod bench_cgroup;
+mod bench_storage;
 mod bench_usdt;
 mod setup;
 
@@ -53,6 +56,12 @@ enum Cmd {
     /// Measure the cost of one USDT probe hit with and without the profiler attached and
     /// update BENCHMARKS.md.
     BenchUsdt(bench_usdt::BenchUsdtArgs),
+    /// Measure the cgroup filter (kernel cost per filtered-out sample, profiler CPU with 1 of
+    /// N busy cgroups selected vs --all) and update BENCHMARKS.md.
+    BenchCgroup(bench_cgroup::BenchCgroupArgs),
+    /// Measure chunked storage (encode and Gecko throughput, bytes per sample) and a long
+    /// recording with a small buffer (RSS over time); update BENCHMARKS.md.
+    BenchStorage(bench_storage::BenchStorageArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -79,6 +88,8 @@ fn main() {
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
         Cmd::Bench(args) => bench::bench(args),
         Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
+        Cmd::BenchStorage(args) => bench_storage::bench_storage(args),
+        Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

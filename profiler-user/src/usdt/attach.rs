@@ -30,9 +30,13 @@ use profiler_common::{
 
 use super::{
     ProbeId, ProbeInfo, ProbeRegistry, ProbeRequest, ProbeRole, SiteInfo, UsdtArg, UsdtHit, args,
+    markers::{self, MarkerMaker, MarkerStats},
     notes,
 };
-use crate::{collector::Collector, ids::Pid, loader::Sampler, records::RawUsdtHit};
+use crate::{
+    collector::Collector, ids::Pid, loader::Sampler, processes::MAX_LABELS, records::RawUsdtHit,
+    storage::SampleSink,
+};
 
 /// A file by (st_dev, st_ino), as `stat` reports it.
 type FileKey = (u64, u64);
@@ -212,17 +216,21 @@ impl UsdtCounters {
     }
 }
 
-/// What the recording saw, for writers (markers, label frames) and the summary.
+/// What the recording saw, for the summary. The hits themselves became markers in storage.
 #[derive(Debug, Default)]
 pub struct UsdtReport {
     pub registry: ProbeRegistry,
-    /// Typed hits in arrival order (per CPU in time order; sort by `time_ns` for a global
-    /// order).
-    pub hits: Vec<UsdtHit>,
+    /// Hits received and typed.
+    pub hits: u64,
+    /// Hits by probe (`provider:name`), sorted by name.
+    pub hit_counts: Vec<(String, u64)>,
     /// Hits whose probe/spec ids were not handed out (corrupt records).
     pub unresolved: u64,
-    /// Label text by (process, label id); label ids are what samples carry.
-    pub label_names: HashMap<(Pid, u64), String>,
+    pub markers: MarkerStats,
+    /// Samples by innermost label text, most first.
+    pub label_samples: Vec<(String, u64)>,
+    /// Labels left unnamed because their process already had `MAX_LABELS` names.
+    pub labels_over_limit: u64,
     pub counters: UsdtCounters,
     pub warnings: Vec<String>,
     /// Sites attached over the recording.
@@ -251,9 +259,14 @@ pub struct UsdtSession {
     warnings: Vec<String>,
     self_pid: u32,
     detached: bool,
-    /// `collector.usdt_hits[..recover_from]` were already checked by `recover_strings`.
-    recover_from: usize,
     recovered: u64,
+    markers: MarkerMaker,
+    hits: u64,
+    hit_counts: HashMap<ProbeId, u64>,
+    unresolved: u64,
+    labels_over_limit: u64,
+    /// `--usdt-dump`: one line per hit, written as hits arrive.
+    dump: Option<(PathBuf, std::io::BufWriter<std::fs::File>)>,
 }
 
 fn file_key(path: &Path) -> std::io::Result<FileKey> {
@@ -277,6 +290,7 @@ impl UsdtSession {
         sampler: &mut Sampler,
         requests: Vec<ProbeRequest>,
         intervals: Vec<String>,
+        dump: Option<&Path>,
     ) -> Result<Self> {
         let mut warnings = Vec::new();
         let kernel = match sampler.usdt_program() {
@@ -312,8 +326,22 @@ impl UsdtSession {
             warnings,
             self_pid: std::process::id(),
             detached: false,
-            recover_from: 0,
             recovered: 0,
+            markers: MarkerMaker::default(),
+            hits: 0,
+            hit_counts: HashMap::new(),
+            unresolved: 0,
+            labels_over_limit: 0,
+            dump: match dump {
+                Some(p) => Some((
+                    p.to_owned(),
+                    std::io::BufWriter::new(
+                        std::fs::File::create(p)
+                            .with_context(|| format!("create {}", p.display()))?,
+                    ),
+                )),
+                None => None,
+            },
         };
         let explicit: Vec<(PathBuf, String)> = s
             .requests
@@ -398,19 +426,61 @@ impl UsdtSession {
         }
     }
 
-    /// After each drain: scans newly (re)mapped processes and recovers unreadable strings.
-    pub fn after_drain<S>(&mut self, collector: &mut Collector<S>) {
+    /// After each drain: scans newly (re)mapped processes, recovers unreadable strings, and
+    /// turns the drained hits into markers and label names.
+    pub fn after_drain<S: SampleSink>(&mut self, collector: &mut Collector<S>) {
         self.on_maps_changed(collector);
         self.recover_strings(collector);
+        let mut raw = std::mem::take(&mut collector.usdt_hits);
+        for h in &raw {
+            self.consume(h, collector);
+        }
+        // Keep the allocation for the next drain.
+        raw.clear();
+        collector.usdt_hits = raw;
+    }
+
+    fn consume<S: SampleSink>(&mut self, raw: &RawUsdtHit, collector: &mut Collector<S>) {
+        let Some(hit) = self.registry.resolve(raw) else {
+            self.unresolved += 1;
+            return;
+        };
+        self.hits += 1;
+        *self.hit_counts.entry(hit.probe).or_default() += 1;
+        if let Some((_, w)) = &mut self.dump {
+            let _ = dump_hit(w, &self.registry, &hit);
+        }
+        let role = self.registry.probes[hit.probe.0 as usize].role;
+        if role == ProbeRole::RsprofLabelPush
+            && let (Some(&addr), Some(arg)) = (raw.args.first(), hit.args.first())
+        {
+            let text = match arg {
+                UsdtArg::Str(Ok(s)) => s.text.clone(),
+                other => other.to_string(),
+            };
+            let labels = &mut collector.processes.processes.entry(hit.pid).or_default().labels;
+            if labels.len() < MAX_LABELS || labels.contains_key(&addr) {
+                if let Some((_, w)) = &mut self.dump {
+                    let _ = writeln!(w, "label {} {addr:#x} {text:?}", hit.pid);
+                }
+                labels.insert(addr, text);
+            } else {
+                self.labels_over_limit += 1;
+            }
+        }
+        self.markers.hit(&self.registry, &hit, &mut collector.store);
+    }
+
+    /// `meta.markerSchema` entries for the markers of the probes attached so far.
+    pub fn marker_schemas(&self) -> Vec<serde_json::Value> {
+        markers::schemas(&self.registry)
     }
 
     /// A string the kernel could not copy because its page was not resident yet (a freshly
     /// loaded library's `.rodata`: BPF cannot fault pages in) is read from the process now,
     /// but only from a read-only file mapping, whose bytes cannot have changed since the hit.
     pub fn recover_strings<S>(&mut self, collector: &mut Collector<S>) {
-        let start = self.recover_from.min(collector.usdt_hits.len());
-        self.recover_from = collector.usdt_hits.len();
-        for h in &mut collector.usdt_hits[start..] {
+        for h in &mut collector.usdt_hits {
             let Some(site) = self.registry.sites.get(h.spec_id as usize) else { continue };
             let mut slot = 0;
             for (i, &is_str) in site.strings.iter().enumerate() {
@@ -606,80 +676,91 @@ impl UsdtSession {
         self.detached = true;
     }
 
-    /// Types the collected hits and gathers label names.
-    pub fn finish(mut self, raw: &[RawUsdtHit], counters: UsdtCounters) -> UsdtReport {
+    /// Detaches, stores the intervals still open as incomplete markers and sums up. Call
+    /// after the last drain.
+    pub fn finish<S: SampleSink>(
+        mut self,
+        collector: &mut Collector<S>,
+        counters: UsdtCounters,
+    ) -> Result<UsdtReport> {
         self.detach();
-        let mut report = UsdtReport {
-            counters,
-            sites: self.registry.sites.len(),
-            warnings: std::mem::take(&mut self.warnings),
-            strings_recovered: self.recovered,
-            ..Default::default()
-        };
+        self.markers.finish(&self.registry, &mut collector.store);
+        if let Some((path, mut w)) = self.dump.take() {
+            w.flush().with_context(|| format!("write {}", path.display()))?;
+        }
+        let mut not_found = Vec::new();
         for (i, (r, _)) in self.requests.iter().enumerate() {
             if !self.found[i] {
-                report.not_found.push(format!("{}:{}", r.provider, r.name));
+                not_found.push(format!("{}:{}", r.provider, r.name));
             }
         }
-        report.not_found.dedup();
-        for h in raw {
-            let Some(hit) = self.registry.resolve(h) else {
-                report.unresolved += 1;
-                continue;
-            };
-            let role = self.registry.probes[hit.probe.0 as usize].role;
-            if role == ProbeRole::RsprofLabelPush
-                && let (Some(id), Some(UsdtArg::Str(s))) = (h.args.first(), hit.args.first())
-            {
-                let text = match s {
-                    Ok(s) => s.text.clone(),
-                    Err(_) => hit.args[0].to_string(),
-                };
-                report.label_names.insert((hit.pid, *id), text);
-            }
-            report.hits.push(hit);
+        not_found.dedup();
+        let mut hit_counts: Vec<(String, u64)> = self
+            .hit_counts
+            .iter()
+            .map(|(p, &n)| (self.registry.probes[p.0 as usize].full_name(), n))
+            .collect();
+        hit_counts.sort();
+        let mut by_label: HashMap<String, u64> = HashMap::new();
+        for (&(pid, addr), &n) in &collector.label_samples {
+            let name = collector
+                .processes
+                .processes
+                .get(&pid)
+                .and_then(|p| p.labels.get(&addr).cloned())
+                .unwrap_or_else(|| format!("{addr:#x}"));
+            *by_label.entry(name).or_default() += n;
         }
-        report.registry = self.registry;
-        report
+        let mut label_samples: Vec<_> = by_label.into_iter().collect();
+        label_samples.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(UsdtReport {
+            sites: self.registry.sites.len(),
+            registry: self.registry,
+            hits: self.hits,
+            hit_counts,
+            unresolved: self.unresolved,
+            markers: self.markers.stats,
+            label_samples,
+            labels_over_limit: self.labels_over_limit,
+            counters,
+            warnings: self.warnings,
+            not_found,
+            strings_recovered: self.recovered,
+        })
     }
 }
 
 impl UsdtReport {
     /// Whether the summary has anything to say.
     pub fn is_empty(&self) -> bool {
-        self.sites == 0
-            && self.hits.is_empty()
-            && self.not_found.is_empty()
-            && self.warnings.is_empty()
-    }
-
-    pub fn hit_counts(&self) -> Vec<(String, u64)> {
-        let mut by_probe: HashMap<String, u64> = HashMap::new();
-        for h in &self.hits {
-            *by_probe.entry(self.registry.probes[h.probe.0 as usize].full_name()).or_default() += 1;
-        }
-        let mut v: Vec<_> = by_probe.into_iter().collect();
-        v.sort();
-        v
+        self.sites == 0 && self.hits == 0 && self.not_found.is_empty() && self.warnings.is_empty()
     }
 
     /// Summary lines (after the sampling summary).
-    pub fn render(&self, label_samples: &HashMap<(Pid, u64), u64>) -> String {
+    pub fn render(&self) -> String {
         let mut s = String::new();
         let c = &self.counters;
         let _ = writeln!(
             s,
             "usdt: {} hits recorded, {} lost (ring buffer full {}, other {}); {} probe sites attached",
-            self.hits.len(),
+            self.hits,
             c.lost_ringbuf_full + c.lost_other,
             c.lost_ringbuf_full,
             c.lost_other,
             self.sites
         );
-        let counts = self.hit_counts();
-        if !counts.is_empty() {
-            let list: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
+        if !self.hit_counts.is_empty() {
+            let list: Vec<String> =
+                self.hit_counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
             let _ = writeln!(s, "  hits by probe: {}", list.join(", "));
+        }
+        let m = &self.markers;
+        if self.hits > 0 {
+            let _ = writeln!(
+                s,
+                "  markers: {} instant, {} intervals, {} counter values; incomplete: {} never ended, {} ended without a begin",
+                m.instants, m.intervals, m.counters, m.unended, m.unbegun
+            );
         }
         let _ = writeln!(
             s,
@@ -697,16 +778,15 @@ impl UsdtReport {
                 c.label_map_full,
                 c.samples_with_labels
             );
-            let mut by_label: HashMap<String, u64> = HashMap::new();
-            for (key, n) in label_samples {
-                let name =
-                    self.label_names.get(key).cloned().unwrap_or_else(|| format!("{:#x}", key.1));
-                *by_label.entry(name).or_default() += n;
-            }
-            let mut v: Vec<_> = by_label.into_iter().collect();
-            v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            for (name, n) in v.iter().take(10) {
+            for (name, n) in self.label_samples.iter().take(10) {
                 let _ = writeln!(s, "  label '{name}': {n} samples");
+            }
+            if self.labels_over_limit > 0 {
+                let _ = writeln!(
+                    s,
+                    "  warning: {} label texts not kept: over {MAX_LABELS} distinct labels in one process",
+                    self.labels_over_limit
+                );
             }
         }
         for p in &self.not_found {
@@ -723,25 +803,19 @@ impl UsdtReport {
         }
         s
     }
+}
 
-    /// One line per hit: `TIME_NS PID TID CPU PROVIDER:NAME ARG…`, strings quoted.
-    pub fn dump(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
-        for h in &self.hits {
-            let p = &self.registry.probes[h.probe.0 as usize];
-            write!(w, "{} {} {} {} {}", h.time_ns, h.pid, h.tid, h.cpu, p.full_name())?;
-            for a in &h.args {
-                match a {
-                    UsdtArg::Str(_) => write!(w, " {:?}", a.to_string())?,
-                    _ => write!(w, " {a}")?,
-                }
-            }
-            writeln!(w)?;
+/// One `--usdt-dump` line: `TIME_NS PID TID CPU PROVIDER:NAME ARG…`, strings quoted.
+fn dump_hit(w: &mut impl std::io::Write, reg: &ProbeRegistry, h: &UsdtHit) -> std::io::Result<()> {
+    let p = &reg.probes[h.probe.0 as usize];
+    write!(w, "{} {} {} {} {}", h.time_ns, h.pid, h.tid, h.cpu, p.full_name())?;
+    for a in &h.args {
+        match a {
+            UsdtArg::Str(_) => write!(w, " {:?}", a.to_string())?,
+            _ => write!(w, " {a}")?,
         }
-        for ((pid, id), name) in &self.label_names {
-            writeln!(w, "label {pid} {id:#x} {name:?}")?;
-        }
-        Ok(())
     }
+    writeln!(w)
 }
 
 /// `rsprof-bpf list-usdt`: the probes of a file, or of every file a process maps.
@@ -811,14 +885,4 @@ pub fn list(path: Option<&Path>, pid: Option<Pid>) -> Result<String> {
         }
     }
     Ok(out)
-}
-
-/// Writes the hit dump for `--usdt-dump`.
-pub fn write_dump(report: &UsdtReport, path: &Path) -> Result<()> {
-    let mut f = std::io::BufWriter::new(
-        std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
-    );
-    report.dump(&mut f)?;
-    f.flush()?;
-    Ok(())
 }

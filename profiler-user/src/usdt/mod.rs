@@ -8,13 +8,15 @@
 //! * This module keeps the registry (probe id → what it is) and turns raw hits into typed
 //!   [`UsdtHit`]s.
 //!
-//! For writers: `UsdtSession::finish` returns a [`UsdtReport`] — `hits` (typed, with
-//! `registry.probe(hit.probe).role` saying marker / begin / end / counter / label / user
-//! instant / interval start or end) and `label_names[(pid, label_id)]` naming the label ids
-//! every decoded sample carries in `records::Sample::labels` (outermost first).
+//! * `markers` turns typed hits into stored markers as they are drained, and describes them
+//!   in marker schemas.
+//!
+//! Label texts go to the process table (`ProcessInfo::labels`), where the writers name the
+//! label frames samples carry.
 
 pub mod args;
 pub mod attach;
+pub mod markers;
 pub mod notes;
 
 use std::{fmt, path::PathBuf};

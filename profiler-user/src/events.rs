@@ -1,0 +1,363 @@
+//! Stored events and their block encoding.
+//!
+//! A block is one event: a kind byte, then LEB128 varints. Thread timestamps are deltas from
+//! the same thread's previous event in the same chunk (zigzag, so a marker that starts before
+//! the thread's last sample still encodes), and a thread's first event in a chunk is relative
+//! to the chunk's base time: every chunk decodes without its predecessors. Stacks and strings
+//! are ids into tables kept beside the chunks.
+
+use std::collections::HashMap;
+
+use crate::ids::{Pid, Tid};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u32);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StringId(pub u32);
+
+/// A thread as it appears in the profile. Idle tasks all have tid 0, so they are keyed by CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadKey {
+    pub pid: Pid,
+    pub tid: Tid,
+}
+
+impl ThreadKey {
+    pub fn idle(cpu: u32) -> Self {
+        Self { pid: Pid(0), tid: Tid(cpu) }
+    }
+    pub fn is_idle(&self) -> bool {
+        self.pid.0 == 0
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredSample {
+    pub time_ns: u64,
+    pub cpu_delta_ns: u64,
+    pub stack: Option<StackId>,
+}
+
+/// Gecko marker phases, same numbering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkerPhase {
+    Instant = 0,
+    Interval = 1,
+    IntervalStart = 2,
+    IntervalEnd = 3,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkerField {
+    Str(StringId),
+    Int(i64),
+    Uint(u64),
+}
+
+/// A marker on a thread. `schema` names its payload type (a `meta.markerSchema` entry) and
+/// `fields` follow that schema's field order. Instant and IntervalStart markers have
+/// `end_ns == start_ns`; IntervalEnd markers have `start_ns == end_ns`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredMarker {
+    pub phase: MarkerPhase,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub name: StringId,
+    pub schema: StringId,
+    pub fields: Vec<MarkerField>,
+}
+
+impl StoredMarker {
+    /// The time the marker is filed under (its start, or its end for an IntervalEnd).
+    pub fn time_ns(&self) -> u64 {
+        if self.phase == MarkerPhase::IntervalEnd { self.end_ns } else { self.start_ns }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Sample(ThreadKey, StoredSample),
+    Marker(ThreadKey, StoredMarker),
+}
+
+impl Event {
+    pub fn thread(&self) -> ThreadKey {
+        match self {
+            Event::Sample(t, _) | Event::Marker(t, _) => *t,
+        }
+    }
+
+    pub fn time_ns(&self) -> u64 {
+        match self {
+            Event::Sample(_, s) => s.time_ns,
+            Event::Marker(_, m) => m.time_ns(),
+        }
+    }
+}
+
+const KIND_SAMPLE: u8 = 1;
+const KIND_MARKER: u8 = 2;
+const FIELD_STR: u8 = 0;
+const FIELD_INT: u8 = 1;
+const FIELD_UINT: u8 = 2;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    UnknownKind(u8),
+    /// A varint or field runs off the end of the block, or a value is out of range.
+    Malformed(&'static str),
+    /// Bytes left over after the event.
+    TrailingBytes(usize),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::UnknownKind(k) => write!(f, "unknown block kind {k}"),
+            Self::Malformed(what) => write!(f, "malformed block ({what})"),
+            Self::TrailingBytes(n) => write!(f, "{n} bytes after the event in a block"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn put(out: &mut Vec<u8>, v: u64) {
+    leb128::write::unsigned(out, v).expect("Vec write");
+}
+
+/// Per-chunk delta state, identical on the encoding and the decoding side.
+#[derive(Debug, Default)]
+pub struct ChunkTimes {
+    base_ns: u64,
+    last: HashMap<ThreadKey, u64>,
+}
+
+impl ChunkTimes {
+    pub fn new(base_ns: u64) -> Self {
+        Self { base_ns, last: HashMap::new() }
+    }
+
+    fn delta(&mut self, thread: ThreadKey, time_ns: u64) -> u64 {
+        let prev = self.last.insert(thread, time_ns).unwrap_or(self.base_ns);
+        zigzag(time_ns.wrapping_sub(prev) as i64)
+    }
+
+    fn undelta(&mut self, thread: ThreadKey, delta: u64) -> u64 {
+        let prev = self.last.get(&thread).copied().unwrap_or(self.base_ns);
+        let t = prev.wrapping_add(unzigzag(delta) as u64);
+        self.last.insert(thread, t);
+        t
+    }
+}
+
+fn put_thread(out: &mut Vec<u8>, t: ThreadKey) {
+    put(out, t.tid.0 as u64);
+    // Most events come from a process's main thread or its idle key: pid == tid costs a byte.
+    put(out, if t.pid.0 == t.tid.0 { 0 } else { t.pid.0 as u64 + 1 });
+}
+
+/// Appends the encoding of `ev` to `out` (cleared first).
+pub fn encode(ev: &Event, times: &mut ChunkTimes, out: &mut Vec<u8>) {
+    out.clear();
+    match ev {
+        Event::Sample(t, s) => {
+            out.push(KIND_SAMPLE);
+            put_thread(out, *t);
+            put(out, times.delta(*t, s.time_ns));
+            put(out, s.cpu_delta_ns);
+            put(out, s.stack.map_or(0, |id| id.0 as u64 + 1));
+        }
+        Event::Marker(t, m) => {
+            out.push(KIND_MARKER);
+            put_thread(out, *t);
+            out.push(m.phase as u8);
+            put(out, times.delta(*t, m.time_ns()));
+            if m.phase == MarkerPhase::Interval {
+                put(out, m.end_ns.saturating_sub(m.start_ns));
+            }
+            put(out, m.name.0 as u64);
+            put(out, m.schema.0 as u64);
+            put(out, m.fields.len() as u64);
+            for f in &m.fields {
+                match *f {
+                    MarkerField::Str(s) => {
+                        out.push(FIELD_STR);
+                        put(out, s.0 as u64);
+                    }
+                    MarkerField::Int(v) => {
+                        out.push(FIELD_INT);
+                        put(out, zigzag(v));
+                    }
+                    MarkerField::Uint(v) => {
+                        out.push(FIELD_UINT);
+                        put(out, v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        leb128::read::unsigned(&mut self.0).map_err(|_| DecodeError::Malformed(what))
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        u32::try_from(self.u64(what)?).map_err(|_| DecodeError::Malformed(what))
+    }
+
+    fn byte(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        let (&b, rest) = self.0.split_first().ok_or(DecodeError::Malformed(what))?;
+        self.0 = rest;
+        Ok(b)
+    }
+
+    fn thread(&mut self) -> Result<ThreadKey, DecodeError> {
+        let tid = self.u32("tid")?;
+        let pid = match self.u64("pid")? {
+            0 => tid,
+            p => u32::try_from(p - 1).map_err(|_| DecodeError::Malformed("pid"))?,
+        };
+        Ok(ThreadKey { pid: Pid(pid), tid: Tid(tid) })
+    }
+}
+
+pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<Event, DecodeError> {
+    let mut r = Reader(block);
+    let ev = match r.byte("kind")? {
+        KIND_SAMPLE => {
+            let t = r.thread()?;
+            let time_ns = times.undelta(t, r.u64("time")?);
+            let cpu_delta_ns = r.u64("cpu delta")?;
+            let stack = r.u32("stack")?.checked_sub(1).map(StackId);
+            Event::Sample(t, StoredSample { time_ns, cpu_delta_ns, stack })
+        }
+        KIND_MARKER => {
+            let t = r.thread()?;
+            let phase = match r.byte("phase")? {
+                0 => MarkerPhase::Instant,
+                1 => MarkerPhase::Interval,
+                2 => MarkerPhase::IntervalStart,
+                3 => MarkerPhase::IntervalEnd,
+                _ => return Err(DecodeError::Malformed("phase")),
+            };
+            let time = times.undelta(t, r.u64("time")?);
+            let end_ns = if phase == MarkerPhase::Interval {
+                time.checked_add(r.u64("duration")?).ok_or(DecodeError::Malformed("duration"))?
+            } else {
+                time
+            };
+            let name = StringId(r.u32("name")?);
+            let schema = StringId(r.u32("schema")?);
+            let n = r.u64("field count")?;
+            // Each field takes at least two bytes: refuse counts the block cannot hold.
+            if n > r.0.len() as u64 / 2 {
+                return Err(DecodeError::Malformed("field count"));
+            }
+            let mut fields = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                fields.push(match r.byte("field tag")? {
+                    FIELD_STR => MarkerField::Str(StringId(r.u32("string field")?)),
+                    FIELD_INT => MarkerField::Int(unzigzag(r.u64("int field")?)),
+                    FIELD_UINT => MarkerField::Uint(r.u64("uint field")?),
+                    _ => return Err(DecodeError::Malformed("field tag")),
+                });
+            }
+            Event::Marker(t, StoredMarker { phase, start_ns: time, end_ns, name, schema, fields })
+        }
+        k => return Err(DecodeError::UnknownKind(k)),
+    };
+    if !r.0.is_empty() {
+        return Err(DecodeError::TrailingBytes(r.0.len()));
+    }
+    Ok(ev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(pid: u32, tid: u32) -> ThreadKey {
+        ThreadKey { pid: Pid(pid), tid: Tid(tid) }
+    }
+
+    #[test]
+    fn events_round_trip_with_per_thread_deltas() {
+        let evs = vec![
+            Event::Sample(
+                key(10, 10),
+                StoredSample { time_ns: 1_000, cpu_delta_ns: 0, stack: None },
+            ),
+            Event::Sample(
+                key(10, 11),
+                StoredSample { time_ns: 900, cpu_delta_ns: 5, stack: Some(StackId(0)) },
+            ),
+            Event::Marker(
+                key(10, 10),
+                StoredMarker {
+                    phase: MarkerPhase::Interval,
+                    start_ns: 500,
+                    end_ns: 2_000,
+                    name: StringId(3),
+                    schema: StringId(1),
+                    fields: vec![
+                        MarkerField::Str(StringId(2)),
+                        MarkerField::Int(-7),
+                        MarkerField::Uint(u64::MAX),
+                    ],
+                },
+            ),
+            Event::Sample(
+                key(10, 10),
+                StoredSample {
+                    time_ns: 2_000_000,
+                    cpu_delta_ns: 999_000,
+                    stack: Some(StackId(u32::MAX - 1)),
+                },
+            ),
+        ];
+        let (mut enc, mut dec) = (ChunkTimes::new(1_000), ChunkTimes::new(1_000));
+        let mut buf = Vec::new();
+        for ev in &evs {
+            encode(ev, &mut enc, &mut buf);
+            assert_eq!(&decode(&buf, &mut dec).unwrap(), ev);
+        }
+        // A typical sample: kind 1, tid 2 + pid 1, ~1 ms delta 3, ~1 ms cpu 3, stack id 3 bytes.
+        let typical = Event::Sample(
+            key(4000, 4000),
+            StoredSample {
+                time_ns: 2_000_000,
+                cpu_delta_ns: 999_000,
+                stack: Some(StackId(40_000)),
+            },
+        );
+        encode(&typical, &mut ChunkTimes::new(1_000_000), &mut buf);
+        assert_eq!(buf.len(), 13);
+    }
+
+    #[test]
+    fn malformed_blocks_are_errors() {
+        let mut t = ChunkTimes::new(0);
+        assert_eq!(decode(&[], &mut t), Err(DecodeError::Malformed("kind")));
+        assert_eq!(decode(&[9], &mut t), Err(DecodeError::UnknownKind(9)));
+        assert!(decode(&[KIND_SAMPLE, 0x80], &mut t).is_err());
+        assert_eq!(
+            decode(&[KIND_SAMPLE, 1, 0, 0, 0, 0, 7], &mut t),
+            Err(DecodeError::TrailingBytes(1))
+        );
+        assert!(decode(&[KIND_MARKER, 1, 0, 0, 0, 0, 0, 0x7f], &mut t).is_err());
+    }
+}

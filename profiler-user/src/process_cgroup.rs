@@ -1,0 +1,62 @@
+//! Which cgroup (and so which container) each profiled process is in. Samples carry the task's
+//! cgroup id; the path behind it is read from `/proc/PID/cgroup` the first time a process is
+//! seen and again only when its main thread shows up in a different cgroup.
+
+use crate::{
+    cgroupfs::PathCache,
+    container::{self, Identity},
+    ids::Pid,
+};
+
+#[derive(Debug, Default)]
+pub struct ProcessCgroup {
+    /// cgroup v2 id of the latest sample that set `path`; 0 = not seen yet.
+    pub id: u64,
+    /// Path below the cgroup v2 mount, when known.
+    pub path: Option<String>,
+    pub identity: Option<Identity>,
+}
+
+impl ProcessCgroup {
+    /// Called for every sample; a comparison unless the cgroup changed.
+    pub fn observe(&mut self, pid: Pid, main_thread: bool, cgroup_id: u64, cache: &mut PathCache) {
+        if cgroup_id == self.id || cgroup_id == 0 || (self.id != 0 && !main_thread) {
+            return;
+        }
+        self.id = cgroup_id;
+        let from_proc = std::fs::read_to_string(format!("/proc/{}/cgroup", pid.0))
+            .ok()
+            .and_then(|t| container::v2_path_from_proc(&t).map(str::to_owned));
+        self.path = match from_proc {
+            Some(p) => {
+                cache.remember(cgroup_id, &p);
+                Some(p)
+            }
+            // Gone already: find the cgroup by id (it may still exist).
+            None => cache.lookup(cgroup_id),
+        };
+        self.identity = self.path.as_deref().and_then(container::parse);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    #[test]
+    fn own_process_resolves_to_its_cgroup() {
+        let m = crate::cgroupfs::V2Mount::find().expect("test host has cgroup v2");
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let path = container::v2_path_from_proc(&own).unwrap().to_owned();
+        let id = std::fs::metadata(m.cgroup(&path).unwrap().dir).unwrap().ino();
+        let mut pc = ProcessCgroup::default();
+        let mut cache = PathCache::default();
+        pc.observe(Pid(std::process::id()), true, id, &mut cache);
+        assert_eq!((pc.id, pc.path.as_deref()), (id, Some(path.as_str())));
+        // A dead pid falls back to the id → path cache.
+        let mut gone = ProcessCgroup::default();
+        gone.observe(Pid(u32::MAX - 1), true, id, &mut cache);
+        assert_eq!(gone.path.as_deref(), Some(path.as_str()));
+    }
+}
