@@ -2,7 +2,8 @@
 //!
 //!   rsprof_demo labels SECONDS   two threads: main → work → [label "rust-hot"] → hot half
 //!                                the time, unlabelled() the other half
-//!   rsprof_demo markers N        N markers "tick"/"marker i", N intervals "step", N counters
+//!   rsprof_demo markers N        N markers "tick"/"marker i", N intervals "step", N counters;
+//!                                meanwhile a thread named "worker" fires N "worker-tick"
 
 use std::{
     hint::black_box,
@@ -22,14 +23,17 @@ fn spin(d: Duration) {
     black_box(x);
 }
 
+// The two bodies differ so that the linker cannot fold them into one function.
 #[inline(never)]
 fn hot() {
     spin(Duration::from_millis(10));
+    black_box("hot");
 }
 
 #[inline(never)]
 fn unlabelled() {
     spin(Duration::from_millis(10));
+    black_box("unlabelled");
 }
 
 #[inline(never)]
@@ -56,6 +60,15 @@ fn main() {
         }
         "markers" => {
             let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
+            let worker = std::thread::Builder::new()
+                .name("worker".into())
+                .spawn(move || {
+                    for _ in 0..n {
+                        marker!("worker-tick", "w");
+                        spin(Duration::from_micros(500));
+                    }
+                })
+                .unwrap();
             for i in 0..n {
                 marker!("tick", "marker {i}");
                 let t0 = Instant::now();
@@ -66,6 +79,7 @@ fn main() {
                 println!("interval {i} {}", t0.elapsed().as_nanos());
                 counter!("progress", i as i64);
             }
+            worker.join().unwrap();
         }
         m => {
             eprintln!("unknown mode {m}");

@@ -19,6 +19,8 @@ use crate::fixtures;
 pub struct Finished {
     pub status: ExitStatus,
     pub stderr: String,
+    /// What rsprof-bpf and a `-- CMD` child printed (empty for a `Recording`).
+    pub stdout: String,
     pub output: PathBuf,
 }
 
@@ -148,6 +150,7 @@ impl Recording {
         Ok(Finished {
             status,
             stderr: std::mem::take(&mut self.seen).join("\n"),
+            stdout: String::new(),
             output: std::mem::take(&mut self.output),
         })
     }
@@ -164,6 +167,7 @@ pub fn run(args: &[&str]) -> Result<Finished> {
     Ok(Finished {
         status: out.status,
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         output: PathBuf::new(),
     })
 }

@@ -155,6 +155,54 @@ pub fn count_samples_with_path(thread: &Value, functions: &[&str]) -> usize {
     sample_stacks(thread).iter().filter(|st| contains_path(st, functions)).count()
 }
 
+/// A marker row of a thread, read through the markers schema.
+#[derive(Clone, Debug)]
+pub struct Marker<'v> {
+    pub name: &'v str,
+    pub start: Option<f64>,
+    pub end: Option<f64>,
+    pub phase: u64,
+    pub data: &'v Value,
+}
+
+pub fn markers(thread: &Value) -> Vec<Marker<'_>> {
+    let strings = thread["stringTable"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let names = column(thread, "markers", "name");
+    let starts = column(thread, "markers", "startTime");
+    let ends = column(thread, "markers", "endTime");
+    let phases = column(thread, "markers", "phase");
+    let data = column(thread, "markers", "data");
+    (0..names.len())
+        .map(|i| Marker {
+            name: names[i]
+                .as_u64()
+                .and_then(|n| strings.get(n as usize)?.as_str())
+                .unwrap_or("<bad name>"),
+            start: starts[i].as_f64(),
+            end: ends[i].as_f64(),
+            phase: phases[i].as_u64().unwrap_or(u64::MAX),
+            data: data[i],
+        })
+        .collect()
+}
+
+/// Name of the category of every frame whose location is `location`.
+pub fn frame_categories(profile: &Value, thread: &Value, location: &str) -> Vec<String> {
+    let strings = thread["stringTable"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let locs = column(thread, "frameTable", "location");
+    let cats = column(thread, "frameTable", "category");
+    locs.iter()
+        .zip(cats)
+        .filter(|(l, _)| {
+            l.as_u64().and_then(|i| strings.get(i as usize)?.as_str()) == Some(location)
+        })
+        .map(|(_, c)| {
+            let i = c.as_u64().unwrap_or(u64::MAX) as usize;
+            profile["meta"]["categories"][i]["name"].as_str().unwrap_or("<none>").to_owned()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

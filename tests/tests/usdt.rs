@@ -1,14 +1,20 @@
 //! USDT probes for real: `list-usdt` on system binaries, recordings of CPython's GC probes
-//! (semaphore-guarded) and of the rsprof provider from C and Rust fixtures. Hits are checked
-//! through `--usdt-dump` (one line per hit: `TIME PID TID CPU PROVIDER:NAME ARGS…`) and the
-//! summary. Needs root; run serially.
+//! (semaphore-guarded) and of the rsprof provider from C and Rust fixtures. Markers and label
+//! frames are checked in the Gecko profile; argument values also through `--usdt-dump` (one
+//! line per hit: `TIME PID TID CPU PROVIDER:NAME ARGS…`); counts in the summary. Needs root;
+//! run serially.
 
 use std::process::{Command, Stdio};
 
+use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
     harness::{command, output_path, run},
+    profile_query::{
+        Marker, contains_path, frame_categories, function_name, markers, sample_stacks, threads,
+        threads_of_pid,
+    },
 };
 
 const PYTHON: &str = "/usr/bin/python3.11";
@@ -25,6 +31,8 @@ fn list_usdt(args: &[&str]) -> (bool, String, String) {
 
 struct Recorded {
     stderr: String,
+    stdout: String,
+    profile: Value,
     /// `--usdt-dump` lines split into fields (hits only, not the label table).
     hits: Vec<Vec<String>>,
     labels: Vec<String>,
@@ -56,6 +64,8 @@ fn record_cmd(test: &str, extra: &[&str], cmd: &[&str]) -> Recorded {
         text.lines().partition(|l| l.starts_with("label "));
     Recorded {
         stderr: done.stderr,
+        stdout: done.stdout,
+        profile,
         hits: hits.iter().map(|l| split_fields(l)).collect(),
         labels: labels.into_iter().map(str::to_owned).collect(),
     }
@@ -123,6 +133,7 @@ fn list_usdt_of_a_process_covers_its_executable() {
 }
 
 /// python:gc__start's argument is the generation; gc.collect() collects generation 2.
+/// Returns (generation-2 gc interval markers in the profile, all gc markers, stderr).
 fn python_gc(test: &str, n: usize) -> (usize, usize, String) {
     let code = format!("import gc\n[gc.collect() for _ in range({n})]");
     let r =
@@ -130,48 +141,108 @@ fn python_gc(test: &str, n: usize) -> (usize, usize, String) {
     let starts = r.of("python:gc__start");
     let dones = r.of("python:gc__done");
     assert_eq!(starts.len(), dones.len(), "every start has its done:\n{}", r.stderr);
-    let gen2 = starts.iter().filter(|h| h[5] == "2").count();
-    (gen2, starts.len(), r.stderr)
+    let gc: Vec<Marker> = threads(&r.profile)
+        .iter()
+        .flat_map(|t| markers(t.thread))
+        .filter(|m| m.name == "python:gc__start:gc__done")
+        .collect();
+    assert_eq!(gc.len(), starts.len(), "one marker per collection:\n{}", r.stderr);
+    for m in &gc {
+        assert_eq!(m.phase, 1, "complete intervals: {m:?}");
+        assert!(m.end.unwrap() >= m.start.unwrap(), "{m:?}");
+        assert_eq!(m.data["type"], "USDT interval python:gc__start:gc__done", "{m:?}");
+    }
+    let schema = r.profile["meta"]["markerSchema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "USDT interval python:gc__start:gc__done")
+        .expect("schema for the interval");
+    assert!(schema["display"].as_array().unwrap().iter().any(|d| d == "timeline-overview"));
+    let gen2 = gc.iter().filter(|m| m.data["start0"] == 2).count();
+    (gen2, gc.len(), r.stderr)
 }
 
 #[test]
 fn python_gc_interval_probes_fire_once_per_collect() {
     // The interpreter collects on its own too (at start-up and exit); the difference between
-    // N collects and none is exactly N generation-2 starts.
+    // N collects and none is exactly N generation-2 gc markers.
     let (base, _, _) = python_gc("gc0", 0);
-    let (gen2, starts, stderr) = python_gc("gc50", 50);
+    let (gen2, all, stderr) = python_gc("gc50", 50);
     assert_eq!(gen2 - base, 50, "{gen2} gen-2 collections vs {base} without gc.collect()");
     assert!(
-        stderr.contains(&format!("python:gc__done {starts}, python:gc__start {starts}")),
+        stderr.contains(&format!("python:gc__done {all}, python:gc__start {all}")),
         "summary counts hits by probe:\n{stderr}"
     );
+    assert!(stderr.contains(&format!("0 instant, {all} intervals")), "{stderr}");
     assert!(stderr.contains("usdt: ") && stderr.contains(" 0 lost"), "{stderr}");
 }
 
+/// The fixture's main thread and the one it named `name`.
+fn main_and_named<'v>(profile: &'v Value, name: &str) -> (&'v Value, &'v Value) {
+    let all = threads(profile);
+    let named = all.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no thread {name}"));
+    let main = threads_of_pid(profile, named.pid as u32)
+        .into_iter()
+        .find(|t| t.tid == t.pid)
+        .expect("main thread");
+    (main.thread, named.thread)
+}
+
 fn check_markers(r: &Recorded, n: usize) {
-    let markers = r.of("rsprof:marker");
-    assert_eq!(markers.len(), n, "{}", r.stderr);
-    for (i, m) in markers.iter().enumerate() {
-        assert_eq!(m[5], "\"tick\"");
-        assert_eq!(m[6], format!("\"marker {i}\""));
+    let (main, worker) = main_and_named(&r.profile, "worker");
+    let on_main = markers(main);
+    let named =
+        |ms: &[Marker<'_>], name: &str| -> usize { ms.iter().filter(|m| m.name == name).count() };
+    let ticks: Vec<&Marker> = on_main.iter().filter(|m| m.name == "tick").collect();
+    assert_eq!(ticks.len(), n, "{}", r.stderr);
+    for (i, m) in ticks.iter().enumerate() {
+        assert_eq!((m.phase, m.end), (0, None), "instant: {m:?}");
+        assert_eq!(m.data["type"], "RsprofMarker");
+        assert_eq!(m.data["text"], format!("marker {i}"));
     }
-    let begins = r.of("rsprof:begin");
-    let ends = r.of("rsprof:end");
-    assert_eq!((begins.len(), ends.len()), (n, n), "{}", r.stderr);
-    for (i, (b, e)) in begins.iter().zip(&ends).enumerate() {
+    // Intervals as long as the app measured around its begin..end, within 1 ms.
+    let measured: Vec<f64> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("interval "))
+        .map(|l| l.split(' ').nth(1).unwrap().parse::<f64>().unwrap() / 1e6)
+        .collect();
+    assert_eq!(measured.len(), n, "{}", r.stdout);
+    let steps: Vec<&Marker> = on_main.iter().filter(|m| m.name == "step").collect();
+    assert_eq!(steps.len(), n, "{}", r.stderr);
+    for (i, m) in steps.iter().enumerate() {
         assert_eq!(
-            (b[5].as_str(), b[6].as_str(), e[5].as_str()),
-            ("\"step\"", &*i.to_string(), &*i.to_string())
+            (m.phase, &m.data["id"], &m.data["type"]),
+            (1, &i.into(), &"RsprofInterval".into())
         );
-        let (tb, te): (u64, u64) = (b[0].parse().unwrap(), e[0].parse().unwrap());
-        // Each interval spins 1 ms.
-        assert!(te - tb >= 1_000_000 && te - tb < 500_000_000, "interval {i}: {} ns", te - tb);
+        let d = m.end.unwrap() - m.start.unwrap();
+        assert!(
+            d >= 1.0 && (d - measured[i]).abs() < 1.0,
+            "step {i}: {d} ms, app measured {} ms",
+            measured[i]
+        );
     }
-    let counters = r.of("rsprof:counter");
+    let counters: Vec<&Marker> = on_main.iter().filter(|m| m.name == "progress").collect();
     assert_eq!(counters.len(), n);
-    assert!(
-        counters.iter().enumerate().all(|(i, c)| c[5] == "\"progress\"" && c[6] == i.to_string())
-    );
+    for (i, m) in counters.iter().enumerate() {
+        assert_eq!((&m.data["type"], &m.data["value"]), (&"RsprofCounter".into(), &i.into()));
+    }
+    assert_eq!(named(&on_main, "worker-tick"), 0, "worker markers stay on the worker thread");
+    let on_worker = markers(worker);
+    assert_eq!(named(&on_worker, "worker-tick"), n, "{}", r.stderr);
+    assert_eq!(on_worker.len(), n, "only its own markers: {on_worker:?}");
+    let schemas: Vec<&str> = r.profile["meta"]["markerSchema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    for s in ["RsprofMarker", "RsprofInterval", "RsprofCounter"] {
+        assert!(schemas.contains(&s), "{schemas:?}");
+    }
+    assert!(r.stderr.contains(&format!("markers: {} instant, {n} intervals, {n} counter values; incomplete: 0 never ended, 0 ended without a begin", 2 * n)), "{}", r.stderr);
+    assert_eq!(r.of("rsprof:marker").len(), 2 * n);
 }
 
 #[test]
@@ -179,7 +250,7 @@ fn c_markers_intervals_and_counters_are_recorded() {
     let exe = fixtures::build("usdt_app").unwrap();
     let r = record_cmd("c_markers", &[], &[exe.to_str().unwrap(), "markers", "25"]);
     check_markers(&r, 25);
-    assert!(r.stderr.contains("rsprof:marker 25"), "{}", r.stderr);
+    assert!(r.stderr.contains("rsprof:marker 50"), "{}", r.stderr);
 }
 
 #[test]
@@ -197,6 +268,49 @@ fn label_samples(stderr: &str, label: &str) -> u64 {
         .and_then(|rest| rest.strip_suffix(" samples"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no samples labelled '{label}':\n{stderr}"))
+}
+
+/// `label` sits between `work` and `hot` in the call tree (`outer` → work → [label] → hot on
+/// the main thread) for nearly every sample in `hot`, never above `unlabelled`, and is in the
+/// Label category.
+fn check_label_frames(r: &Recorded, label: &str, outer: &str, f: impl Fn(&str) -> String) {
+    let (work, hot, unlabelled) = (f("work"), f("hot"), f("unlabelled"));
+    let all = threads(&r.profile);
+    let mut checked = 0;
+    for t in all.iter().filter(|t| !t.name.starts_with("swapper")) {
+        let stacks = sample_stacks(t.thread);
+        let in_hot: Vec<&Vec<String>> =
+            stacks.iter().filter(|s| s.iter().any(|l| function_name(l) == hot)).collect();
+        if in_hot.len() < 100 {
+            continue;
+        }
+        checked += 1;
+        let under = in_hot.iter().filter(|s| contains_path(s, &[&work, label, &hot])).count();
+        assert!(
+            under * 100 >= in_hot.len() * 95,
+            "{under} of {} samples in {hot} are under {work} → {label}",
+            in_hot.len()
+        );
+        let wrong = stacks
+            .iter()
+            .filter(|s| {
+                s.iter().any(|l| l == label) && s.iter().any(|l| function_name(l) == unlabelled)
+            })
+            .count();
+        assert_eq!(wrong, 0, "label above {unlabelled}");
+        if t.tid == t.pid {
+            let full = stacks.iter().filter(|s| contains_path(s, &[&f(outer), &work, label, &hot]));
+            assert!(full.count() * 100 >= in_hot.len() * 95, "{outer} → {work} → {label} → {hot}");
+        }
+        let cats = frame_categories(&r.profile, t.thread, label);
+        assert!(!cats.is_empty() && cats.iter().all(|c| c == "Label"), "{cats:?}");
+    }
+    assert_eq!(
+        checked,
+        2,
+        "both threads ran hot(): {:?}",
+        all.iter().map(|t| t.name).collect::<Vec<_>>()
+    );
 }
 
 fn check_labels(r: &Recorded, label: &str) {
@@ -227,6 +341,7 @@ fn c_labels_mark_the_samples_taken_under_them() {
     let exe = fixtures::build("usdt_app").unwrap();
     let r = record_cmd("c_labels", &[], &[exe.to_str().unwrap(), "labels", "2"]);
     check_labels(&r, "hot-work");
+    check_label_frames(&r, "hot-work", "main", str::to_owned);
 }
 
 #[test]
@@ -234,14 +349,15 @@ fn rust_label_guards_mark_the_samples_taken_under_them() {
     let exe = fixtures::build_example("rsprof-probes", "rsprof_demo").unwrap();
     let r = record_cmd("rust_labels", &[], &[exe.to_str().unwrap(), "labels", "2"]);
     check_labels(&r, "rust-hot");
+    check_label_frames(&r, "rust-hot", "main", |f| format!("rsprof_demo::{f}"));
 }
 
 #[test]
 fn bad_strings_and_unbalanced_labels_are_counted_not_fatal() {
     let exe = fixtures::build("usdt_app").unwrap();
     let r = record_cmd("edge", &[], &[exe.to_str().unwrap(), "edge"]);
-    let markers = r.of("rsprof:marker");
-    let args: Vec<(&str, &str)> = markers.iter().map(|m| (m[5].as_str(), m[6].as_str())).collect();
+    let hits = r.of("rsprof:marker");
+    let args: Vec<(&str, &str)> = hits.iter().map(|m| (m[5].as_str(), m[6].as_str())).collect();
     let big = format!("\"{}…[truncated]\"", "x".repeat(127));
     let want = [
         ("\"<null>\"", "\"null name\""),
@@ -261,6 +377,28 @@ fn bad_strings_and_unbalanced_labels_are_counted_not_fatal() {
     );
     // Each label is named once: nested, left-a, left-b, and the NULL label.
     assert_eq!(r.of("rsprof:label_push").len(), 4, "{:?}", r.hits);
+
+    // The profile shows all of it.
+    let all = threads(&r.profile);
+    let ms: Vec<Marker> = all.iter().flat_map(|t| markers(t.thread)).collect();
+    let text = |name: &str| -> Vec<String> {
+        ms.iter().filter(|m| m.name == name).map(|m| m.data["text"].to_string()).collect()
+    };
+    assert_eq!(text("<null>"), ["\"null name\""]);
+    assert_eq!(text("unreadable"), ["\"<unreadable 0x10>\""]);
+    assert_eq!(text("big"), [big.as_str()]);
+    // An end without a begin and a begin never ended are kept as incomplete markers.
+    let end = ms.iter().find(|m| m.name == "rsprof:end without begin").expect("unmatched end");
+    assert_eq!((end.phase, end.start, &end.data["id"]), (3, None, &12345.into()));
+    let begin = ms.iter().find(|m| m.name == "never-ended").expect("never-ended begin");
+    assert_eq!((begin.phase, begin.end, &begin.data["id"]), (2, None, &99.into()));
+    assert!(s.contains("incomplete: 1 never ended, 1 ended without a begin"), "{s}");
+    // 100 nested pushes: samples carry the 32 kept levels; the thread that exited with two
+    // labels pushed has them in its stacks.
+    let stacks: Vec<Vec<String>> = all.iter().flat_map(|t| sample_stacks(t.thread)).collect();
+    let deepest = stacks.iter().map(|st| st.iter().filter(|l| *l == "nested").count()).max();
+    assert_eq!(deepest, Some(32), "{s}");
+    assert!(stacks.iter().any(|st| contains_path(st, &["left-a", "left-b"])), "{s}");
 }
 
 #[test]
@@ -301,14 +439,34 @@ fn probes_of_a_program_execed_during_the_recording_are_found() {
 #[test]
 fn all_mode_attaches_to_processes_already_running() {
     let exe = fixtures::build("usdt_app").unwrap();
-    let mut child = Command::new(&exe).args(["labels", "4"]).stdout(Stdio::null()).spawn().unwrap();
+    let mut labels =
+        Command::new(&exe).args(["labels", "4"]).stdout(Stdio::null()).spawn().unwrap();
+    // Exits about a second into the recording, mid-interval for all the profiler knows.
+    let mut markers_child =
+        Command::new(&exe).args(["markers", "1000"]).stdout(Stdio::null()).spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let out = output_path("all_running", "json");
     let done = run(&["--all", "-d", "2", "-o", out.to_str().unwrap()]).unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    labels.kill().unwrap();
+    labels.wait().unwrap();
+    let exited_early = markers_child.try_wait().unwrap().is_some();
+    let _ = markers_child.kill();
+    markers_child.wait().unwrap();
     assert!(done.status.success(), "{}", done.stderr);
+    assert!(exited_early, "the markers fixture outlived the recording");
     assert!(label_samples(&done.stderr, "hot-work") > 300, "{}", done.stderr);
+    let profile = tests::gecko_schema::load(&out).unwrap();
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let pid = markers_child.id();
+    let ms: Vec<Marker> =
+        threads_of_pid(&profile, pid).iter().flat_map(|t| markers(t.thread)).collect();
+    let steps = ms.iter().filter(|m| m.name == "step" && m.phase == 1).count();
+    // Attached mid-run: at most the interval in flight at attach time lacks its begin.
+    let unbegun = ms.iter().filter(|m| m.name == "rsprof:end without begin").count();
+    assert!(steps > 300 && unbegun <= 1, "{steps} steps, {unbegun} unmatched ends");
+    assert!(ms.iter().filter(|m| m.name == "tick").count() >= steps, "{ms:?}");
 }
 
 #[test]
