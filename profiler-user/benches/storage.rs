@@ -139,6 +139,9 @@ fn main() {
                 FrameAddr::Unmapped(x) => {
                     (FrameKind::User, format!("0x{x:x}"), "[unknown]".to_owned())
                 }
+                FrameAddr::Label { addr, .. } => {
+                    (FrameKind::Label, format!("label {addr:x}"), String::new())
+                }
             };
             (
                 a,

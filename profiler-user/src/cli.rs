@@ -19,6 +19,8 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once per run: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Record a profile (the default command).
     Record(RecordArgs),
