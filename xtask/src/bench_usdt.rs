@@ -25,7 +25,11 @@ const SECTION_END: &str = "<!-- END cargo xtask bench-usdt -->";
 const KINDS: &[(&str, u64, &str)] = &[
     ("counter", 1, "`RSPROF_COUNTER(name, i)`: 1 string + 1 integer"),
     ("marker", 1, "`RSPROF_MARKER(name, text)`: 2 strings"),
-    ("label", 2, "`RSPROF_LABEL_PUSH(l)` + `RSPROF_LABEL_POP()`: kernel-side stack (the push walks the user stack to place the label), nothing sent"),
+    (
+        "label",
+        2,
+        "`RSPROF_LABEL_PUSH(l)` + `RSPROF_LABEL_POP()`: kernel-side stack (the push walks the user stack to place the label), nothing sent",
+    ),
 ];
 
 #[derive(clap::Args)]

@@ -391,3 +391,200 @@ pub fn schemas(reg: &ProbeRegistry) -> Vec<Value> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        events::Event,
+        storage::{ChunkedStore, read_events},
+        usdt::{ProbeId, SiteInfo, UsdtString},
+    };
+
+    /// A marker read back from storage: (tid, phase, name, start, end, fields as text).
+    type Row = (u32, MarkerPhase, String, u64, u64, Vec<String>);
+
+    fn registry() -> ProbeRegistry {
+        let roles = [
+            ProbeRole::RsprofMarker,
+            ProbeRole::RsprofBegin,
+            ProbeRole::RsprofEnd,
+            ProbeRole::RsprofCounter,
+            ProbeRole::UserIntervalStart(IntervalId(0)),
+            ProbeRole::UserIntervalEnd(IntervalId(0)),
+            ProbeRole::UserInstant,
+        ];
+        let mut reg =
+            ProbeRegistry { intervals: vec!["py:start:done@/bin/py".into()], ..Default::default() };
+        for (i, role) in roles.into_iter().enumerate() {
+            reg.probes.push(ProbeInfo {
+                provider: "p".into(),
+                name: format!("n{i}"),
+                path: "/x".into(),
+                role,
+            });
+            let args = crate::usdt::args::parse_args("-4@%edi", 0, &HashMap::new()).unwrap();
+            reg.sites.push(SiteInfo {
+                probe: ProbeId(i as u32),
+                file_offset: 0,
+                args,
+                strings: vec![],
+            });
+        }
+        reg
+    }
+
+    fn s(t: &str) -> UsdtArg {
+        UsdtArg::Str(Ok(UsdtString { text: t.into(), truncated: false }))
+    }
+
+    fn hit(t: u64, tid: u32, probe: u32, args: Vec<UsdtArg>) -> UsdtHit {
+        UsdtHit { time_ns: t, pid: Pid(1), tid: Tid(tid), cpu: 0, probe: ProbeId(probe), args }
+    }
+
+    fn run(hits: &[UsdtHit]) -> (Vec<Row>, MarkerStats) {
+        let reg = registry();
+        let mut store = ChunkedStore::new(1 << 20);
+        let mut mm = MarkerMaker::default();
+        for h in hits {
+            mm.hit(&reg, h, &mut store);
+        }
+        mm.finish(&reg, &mut store);
+        let snap = store.into_snapshot();
+        let mut rows = Vec::new();
+        read_events(
+            &snap,
+            |ev| {
+                let Event::Marker(key, m) = ev else { return };
+                let text = |id| snap.string(id).unwrap().to_owned();
+                let fields = m
+                    .fields
+                    .iter()
+                    .map(|f| match *f {
+                        MarkerField::Str(id) => text(id),
+                        MarkerField::Int(v) => v.to_string(),
+                        MarkerField::Uint(v) => v.to_string(),
+                    })
+                    .collect();
+                rows.push((key.tid.0, m.phase, text(m.name), m.start_ns, m.end_ns, fields));
+            },
+            |e| panic!("{e}"),
+        );
+        (rows, mm.stats)
+    }
+
+    #[test]
+    fn begin_end_pair_by_id_on_the_beginning_thread() {
+        use MarkerPhase::*;
+        let (rows, stats) = run(&[
+            hit(10, 7, 1, vec![s("outer"), UsdtArg::Uint(1)]),
+            hit(20, 7, 1, vec![s("inner"), UsdtArg::Uint(2)]),
+            hit(30, 7, 2, vec![UsdtArg::Uint(2)]),
+            // Ended on another thread of the process: still drawn on the beginning thread.
+            hit(40, 8, 2, vec![UsdtArg::Uint(1)]),
+            hit(50, 8, 2, vec![UsdtArg::Uint(9)]),
+            hit(60, 7, 1, vec![s("left open"), UsdtArg::Uint(3)]),
+        ]);
+        let row = |tid, phase, name: &str, a, b, f: &str| {
+            (tid, phase, name.to_owned(), a, b, vec![f.to_owned()])
+        };
+        assert_eq!(
+            rows,
+            vec![
+                row(7, Interval, "inner", 20, 30, "2"),
+                row(7, Interval, "outer", 10, 40, "1"),
+                row(8, IntervalEnd, UNMATCHED_END, 50, 50, "9"),
+                row(7, IntervalStart, "left open", 60, 60, "3"),
+            ]
+        );
+        assert_eq!((stats.intervals, stats.unbegun, stats.unended), (2, 1, 1));
+    }
+
+    #[test]
+    fn instants_counters_and_user_probes() {
+        use MarkerPhase::*;
+        let (rows, stats) = run(&[
+            hit(1, 7, 0, vec![s("tick"), UsdtArg::Str(Err(crate::usdt::StrError::Null))]),
+            hit(2, 7, 3, vec![s("depth"), UsdtArg::Int(-4)]),
+            hit(3, 7, 6, vec![UsdtArg::Uint(5), UsdtArg::Int(-1)]),
+        ]);
+        let r = |phase, name: &str, t, f: &[&str]| {
+            (7, phase, name.to_owned(), t, t, f.iter().map(|s| s.to_string()).collect())
+        };
+        assert_eq!(
+            rows,
+            vec![
+                r(Instant, "tick", 1, &["<null>"]),
+                r(Instant, "depth", 2, &["-4"]),
+                r(Instant, "p:n6", 3, &["5", "-1"]),
+            ]
+        );
+        assert_eq!((stats.instants, stats.counters), (2, 1));
+    }
+
+    #[test]
+    fn user_intervals_pair_per_thread_innermost_first() {
+        use MarkerPhase::*;
+        let (rows, stats) = run(&[
+            hit(10, 7, 4, vec![UsdtArg::Int(2)]),
+            hit(11, 8, 4, vec![UsdtArg::Int(0)]),
+            hit(12, 7, 4, vec![UsdtArg::Int(1)]),
+            hit(13, 7, 5, vec![UsdtArg::Int(100)]),
+            hit(14, 7, 5, vec![UsdtArg::Int(200)]),
+            hit(15, 7, 5, vec![UsdtArg::Int(300)]),
+        ]);
+        let r = |tid, phase, a, b, f: &[&str]| {
+            (
+                tid,
+                phase,
+                "py:start:done".to_owned(),
+                a,
+                b,
+                f.iter().map(|s| s.to_string()).collect(),
+            )
+        };
+        assert_eq!(
+            rows,
+            vec![
+                r(7, Interval, 12, 13, &["1", "100"]),
+                r(7, Interval, 10, 14, &["2", "200"]),
+                r(7, IntervalEnd, 15, 15, &["", "300"]),
+                r(8, IntervalStart, 11, 11, &["0"]),
+            ]
+        );
+        assert_eq!((stats.intervals, stats.unbegun, stats.unended), (2, 1, 1));
+    }
+
+    #[test]
+    fn open_intervals_are_bounded() {
+        let reg = registry();
+        let mut store = ChunkedStore::new(64 << 20);
+        let mut mm = MarkerMaker::default();
+        for id in 0..MAX_OPEN_INTERVALS as u64 + 10 {
+            mm.hit(&reg, &hit(id, 7, 1, vec![s("b"), UsdtArg::Uint(id)]), &mut store);
+        }
+        assert_eq!(mm.open_intervals(), MAX_OPEN_INTERVALS);
+        assert_eq!(mm.stats.unended, 10);
+    }
+
+    #[test]
+    fn schemas_list_fields_in_stored_order() {
+        let schemas = schemas(&registry());
+        let by_name = |n: &str| schemas.iter().find(|s| s["name"] == n).unwrap().clone();
+        let keys = |v: &Value| -> Vec<String> {
+            v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|f| f["key"].as_str().map(str::to_owned))
+                .collect()
+        };
+        assert_eq!(keys(&by_name(SCHEMA_MARKER)), ["text"]);
+        assert_eq!(keys(&by_name(SCHEMA_INTERVAL)), ["id"]);
+        assert_eq!(by_name(SCHEMA_COUNTER)["graphs"][0]["key"], "value");
+        assert_eq!(keys(&by_name("USDT p:n6")), ["arg0"]);
+        let iv = by_name("USDT interval py:start:done@/bin/py");
+        assert_eq!(keys(&iv), ["start0", "end0"]);
+        assert!(iv["display"].as_array().unwrap().iter().any(|d| d == "timeline-overview"));
+    }
+}
