@@ -166,45 +166,40 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         }
 
         let len = SAMPLE_RECORD_FIXED as u64 + (kframes + uframes + labels) * 8;
-        let len = if len > core::mem::size_of::<SampleRecord>() as u64 {
-            core::mem::size_of::<SampleRecord>() as u64
-        } else {
-            len
-        };
-        // No wakeup per sample: userspace drains on a timer, so a busy machine costs a few
-        // hundred wakeups a second instead of one per sample.
-        let ret = aya_ebpf::helpers::generated::bpf_ringbuf_output(
-            core::ptr::addr_of!(EVENTS).cast_mut().cast(),
-            rec.cast(),
-            len,
-            BPF_RB_NO_WAKEUP as u64,
-        );
-        if ret < 0 {
-            count(counter::LOST_RINGBUF_FULL);
-        } else {
+        if output(rec, len, false) {
             count(counter::SAMPLES_SENT);
+        } else {
+            count(counter::LOST_RINGBUF_FULL);
         }
     }
     0
 }
 
-/// Sends the first `len` bytes of this CPU's task scratch record.
+/// Copies the first `len` bytes of `*rec` (at most its size, as the verifier needs) to the
+/// ring buffer; false when it is full. Samples and USDT hits do not wake userspace: it drains
+/// on a timer, so a busy machine costs a few hundred wakeups a second instead of one per
+/// record. Task events (rare) do.
 #[inline(always)]
-unsafe fn send_task(rec: *mut TaskRecord, len: u64) {
-    let len = if len > core::mem::size_of::<TaskRecord>() as u64 {
-        core::mem::size_of::<TaskRecord>() as u64
-    } else {
-        len
-    };
+pub(crate) unsafe fn output<T>(rec: *const T, len: u64, wake: bool) -> bool {
+    let size = core::mem::size_of::<T>() as u64;
+    let len = if len > size { size } else { len };
+    let flags = if wake { 0 } else { BPF_RB_NO_WAKEUP as u64 };
+    // SAFETY: `rec` points to at least `size` readable bytes (a scratch map value).
     let ret = unsafe {
         aya_ebpf::helpers::generated::bpf_ringbuf_output(
             core::ptr::addr_of!(EVENTS).cast_mut().cast(),
-            rec.cast(),
+            rec.cast_mut().cast(),
             len,
-            0,
+            flags,
         )
     };
-    if ret < 0 {
+    ret >= 0
+}
+
+/// Sends the first `len` bytes of this CPU's task scratch record.
+#[inline(always)]
+unsafe fn send_task(rec: *mut TaskRecord, len: u64) {
+    if !unsafe { output(rec, len, true) } {
         count(counter::LOST_TASK_EVENTS);
     }
 }

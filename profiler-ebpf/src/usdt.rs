@@ -5,7 +5,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
@@ -25,7 +25,7 @@ use profiler_common::{
     UsdtString, counter, label_entry,
 };
 
-use crate::{EVENTS, config, count, read_kernel_u64, selected};
+use crate::{config, count, output, read_kernel_u64, selected};
 
 #[map]
 static USDT_SPECS: Array<profiler_common::UsdtSpec> = Array::with_max_entries(USDT_MAX_SPECS, 0);
@@ -314,22 +314,12 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
         }
     }
     let len = USDT_RECORD_FIXED as u64 + nstr * core::mem::size_of::<UsdtString>() as u64;
-    let len = if len > core::mem::size_of::<UsdtRecord>() as u64 {
-        core::mem::size_of::<UsdtRecord>() as u64
-    } else {
-        len
-    };
-    // SAFETY: bounded length within the scratch record.
-    let ret = unsafe {
+    // SAFETY: `rec` is this CPU's scratch record.
+    let sent = unsafe {
         (*rec).str_count = nstr as u16;
-        aya_ebpf::helpers::generated::bpf_ringbuf_output(
-            core::ptr::addr_of!(EVENTS).cast_mut().cast(),
-            rec.cast(),
-            len,
-            BPF_RB_NO_WAKEUP as u64,
-        )
+        output(rec, len, false)
     };
-    if ret < 0 {
+    if !sent {
         count(counter::USDT_LOST_RINGBUF_FULL);
         return 0;
     }
