@@ -9,7 +9,7 @@ fn main() {
     let result = match cli.command {
         Some(Command::Record(a)) => record::run(a),
         Some(Command::ListUsdt(a)) => {
-            profiler_user::usdt::attach::list(a.path.as_deref(), a.pid.map(profiler_user::ids::Pid))
+            profiler_user::usdt::list::list(a.path.as_deref(), a.pid.map(profiler_user::ids::Pid))
                 .map(|text| print!("{text}"))
         }
         Some(Command::ListContainers) => profiler_user::cgroup_filter::list_containers(),

@@ -27,7 +27,7 @@ use crate::{
     output::PendingOutput,
     storage::ChunkedStore,
     summary,
-    usdt::{self, UsdtSession, attach::UsdtCounters, markers},
+    usdt::{self, UsdtCounters, UsdtSession, markers},
 };
 
 fn max_sample_rate() -> u64 {

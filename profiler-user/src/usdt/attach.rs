@@ -1,22 +1,12 @@
-//! Attach bookkeeping: which files of which processes were scanned for SDT notes, which probe
-//! sites are attached, and the kernel handles keeping them attached.
-//!
-//! Each site is one uprobe perf event opened here rather than through aya, because aya 0.14
-//! cannot pass a semaphore (`ref_ctr_offset`): the kernel then increments the probe's u16
-//! semaphore in every process mapping the file, now and later, and decrements it when the
-//! event closes. The event is linked to the shared `on_usdt` program with `BPF_LINK_CREATE`,
-//! whose BPF cookie is the site's spec index. Events are system-wide (every process mapping
-//! the file); the program drops hits of processes the pid filter does not select.
+//! The recording's USDT session: which files of which processes were scanned for SDT notes,
+//! which probe sites are attached (`uprobe`), and, after each drain, the hits turned into
+//! markers and label names. Uprobe events are system-wide (every process mapping the file);
+//! the BPF program drops hits of processes the pid filter does not select.
 
 use std::{
     collections::{HashMap, HashSet},
-    ffi::CString,
-    fmt::Write as _,
     io::Write as _,
-    os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::{ffi::OsStrExt as _, fs::MetadataExt as _},
-    },
+    os::{fd::OwnedFd, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -25,13 +15,15 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use aya::maps::{Array, MapData};
 use profiler_common::{
     USDT_MAX_ARGS, USDT_MAX_SPECS, USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_ROLE_SEND,
-    USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtSpec, counter,
+    USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtSpec,
 };
 
 use super::{
     ProbeId, ProbeInfo, ProbeRegistry, ProbeRequest, ProbeRole, SiteInfo, UsdtArg, UsdtHit, args,
-    markers::{self, MarkerMaker, MarkerStats},
+    markers::{self, MarkerMaker},
     notes,
+    report::{UsdtCounters, UsdtReport},
+    uprobe::{link_create, open_uprobe, pmu_type, ref_ctr_supported},
 };
 use crate::{
     collector::Collector, ids::Pid, loader::Sampler, processes::MAX_LABELS, records::RawUsdtHit,
@@ -40,103 +32,6 @@ use crate::{
 
 /// A file by (st_dev, st_ino), as `stat` reports it.
 type FileKey = (u64, u64);
-
-const UPROBE_PMU: &str = "/sys/bus/event_source/devices/uprobe";
-
-/// `struct perf_event_attr` up to `config2` plus the zeroed rest of PERF_ATTR_SIZE_VER7.
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    type_: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-    config2: u64,
-    rest: [u64; 7],
-}
-
-/// `union bpf_attr` for `BPF_LINK_CREATE` with a perf event target.
-#[repr(C)]
-#[derive(Default)]
-struct LinkCreateAttr {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    bpf_cookie: u64,
-    rest: [u64; 4],
-}
-
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_PERF_EVENT: u32 = 41;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
-
-fn read_sys(path: &str) -> Result<String> {
-    Ok(std::fs::read_to_string(path).with_context(|| format!("read {path}"))?.trim().to_owned())
-}
-
-/// Opens a system-wide uprobe at `offset` in `path`, with the kernel maintaining the
-/// semaphore at `ref_ctr_offset` (0: none).
-fn open_uprobe(pmu_type: u32, path: &Path, offset: u64, ref_ctr_offset: u64) -> Result<OwnedFd> {
-    let cpath = CString::new(path.as_os_str().as_bytes()).context("path contains NUL")?;
-    let attr = PerfEventAttr {
-        type_: pmu_type,
-        size: size_of::<PerfEventAttr>() as u32,
-        config: ref_ctr_offset << 32,
-        sample_period: 1,
-        wakeup_events: 1,
-        config1: cpath.as_ptr() as u64,
-        config2: offset,
-        ..Default::default()
-    };
-    // SAFETY: attr and the path it points to outlive the call. pid -1 + cpu 0 is the
-    // system-wide form for uprobes: the program runs on whichever CPU hits the probe.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
-            -1 as libc::pid_t,
-            0 as libc::c_int,
-            -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("perf_event_open(uprobe)");
-    }
-    // SAFETY: fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-fn link_create(prog: &OwnedFd, perf: &OwnedFd, cookie: u64) -> Result<OwnedFd> {
-    let attr = LinkCreateAttr {
-        prog_fd: prog.as_raw_fd() as u32,
-        target_fd: perf.as_raw_fd() as u32,
-        attach_type: BPF_PERF_EVENT,
-        bpf_cookie: cookie,
-        ..Default::default()
-    };
-    // SAFETY: valid attr of the size passed.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_CREATE,
-            &attr as *const LinkCreateAttr,
-            size_of::<LinkCreateAttr>() as u32,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("BPF_LINK_CREATE(perf_event)");
-    }
-    // SAFETY: fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
 
 /// Reads the C string at `addr` in `pid` if it lies in a read-only file mapping; returns
 /// its bytes (at most `USDT_STR_MAX - 1`) and whether it was cut.
@@ -175,70 +70,6 @@ struct ScannedFile {
 struct Attachment {
     _link: OwnedFd,
     _perf: OwnedFd,
-}
-
-/// Kernel-side USDT counters, summed over CPUs.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct UsdtCounters {
-    pub sent: u64,
-    pub lost_ringbuf_full: u64,
-    pub lost_other: u64,
-    pub arg_errors: u64,
-    pub str_null: u64,
-    pub str_unreadable: u64,
-    pub str_truncated: u64,
-    pub label_pushes: u64,
-    pub label_pops: u64,
-    pub label_overflows: u64,
-    pub label_underflows: u64,
-    pub label_map_full: u64,
-    pub samples_with_labels: u64,
-}
-
-impl UsdtCounters {
-    pub fn read(sampler: &Sampler) -> Result<Self> {
-        let c = |i| sampler.counter(i);
-        Ok(Self {
-            sent: c(counter::USDT_SENT)?,
-            lost_ringbuf_full: c(counter::USDT_LOST_RINGBUF_FULL)?,
-            lost_other: c(counter::USDT_LOST_OTHER)?,
-            arg_errors: c(counter::USDT_ARG_ERRORS)?,
-            str_null: c(counter::USDT_STR_NULL)?,
-            str_unreadable: c(counter::USDT_STR_UNREADABLE)?,
-            str_truncated: c(counter::USDT_STR_TRUNCATED)?,
-            label_pushes: c(counter::LABEL_PUSHES)?,
-            label_pops: c(counter::LABEL_POPS)?,
-            label_overflows: c(counter::LABEL_OVERFLOWS)?,
-            label_underflows: c(counter::LABEL_UNDERFLOWS)?,
-            label_map_full: c(counter::LABEL_MAP_FULL)?,
-            samples_with_labels: c(counter::SAMPLES_WITH_LABELS)?,
-        })
-    }
-}
-
-/// What the recording saw, for the summary. The hits themselves became markers in storage.
-#[derive(Debug, Default)]
-pub struct UsdtReport {
-    pub registry: ProbeRegistry,
-    /// Hits received and typed.
-    pub hits: u64,
-    /// Hits by probe (`provider:name`), sorted by name.
-    pub hit_counts: Vec<(String, u64)>,
-    /// Hits whose probe/spec ids were not handed out (corrupt records).
-    pub unresolved: u64,
-    pub markers: MarkerStats,
-    /// Samples by innermost label text, most first.
-    pub label_samples: Vec<(String, u64)>,
-    /// Labels left unnamed because their process already had `MAX_LABELS` names.
-    pub labels_over_limit: u64,
-    pub counters: UsdtCounters,
-    pub warnings: Vec<String>,
-    /// Sites attached over the recording.
-    pub sites: usize,
-    /// Requests (`--usdt`, `--usdt-interval`) whose probe was never found.
-    pub not_found: Vec<String>,
-    /// Strings the kernel could not read that were read from read-only mappings afterwards.
-    pub strings_recovered: u64,
 }
 
 pub struct UsdtSession {
@@ -565,17 +396,13 @@ impl UsdtSession {
 
     fn pmu(&mut self, semaphore: bool) -> Result<u32> {
         if self.pmu_type.is_none() {
-            let t = read_sys(&format!("{UPROBE_PMU}/type"))
-                .context("this kernel has no uprobe perf PMU")?;
-            self.pmu_type = Some(t.parse().map_err(|_| anyhow!("bad {UPROBE_PMU}/type '{t}'"))?);
+            self.pmu_type = Some(pmu_type()?);
         }
         if semaphore {
-            let ok = *self.ref_ctr_ok.get_or_insert_with(|| {
-                Path::new(&format!("{UPROBE_PMU}/format/ref_ctr_offset")).exists()
-            });
+            let ok = *self.ref_ctr_ok.get_or_insert_with(ref_ctr_supported);
             if !ok {
                 bail!(
-                    "this kernel cannot maintain USDT semaphores (no {UPROBE_PMU}/format/ref_ctr_offset; needs Linux 4.20+)"
+                    "this kernel cannot maintain USDT semaphores (the uprobe PMU has no ref_ctr_offset; needs Linux 4.20+)"
                 );
             }
         }
@@ -730,81 +557,6 @@ impl UsdtSession {
     }
 }
 
-impl UsdtReport {
-    /// Whether the summary has anything to say.
-    pub fn is_empty(&self) -> bool {
-        self.sites == 0 && self.hits == 0 && self.not_found.is_empty() && self.warnings.is_empty()
-    }
-
-    /// Summary lines (after the sampling summary).
-    pub fn render(&self) -> String {
-        let mut s = String::new();
-        let c = &self.counters;
-        let _ = writeln!(
-            s,
-            "usdt: {} hits recorded, {} lost (ring buffer full {}, other {}); {} probe sites attached",
-            self.hits,
-            c.lost_ringbuf_full + c.lost_other,
-            c.lost_ringbuf_full,
-            c.lost_other,
-            self.sites
-        );
-        if !self.hit_counts.is_empty() {
-            let list: Vec<String> =
-                self.hit_counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
-            let _ = writeln!(s, "  hits by probe: {}", list.join(", "));
-        }
-        let m = &self.markers;
-        if self.hits > 0 {
-            let _ = writeln!(
-                s,
-                "  markers: {} instant, {} intervals, {} counter values; incomplete: {} never ended, {} ended without a begin",
-                m.instants, m.intervals, m.counters, m.unended, m.unbegun
-            );
-        }
-        let _ = writeln!(
-            s,
-            "  strings: {} null, {} unreadable ({} of them read later from read-only mappings), {} truncated; argument read errors {}",
-            c.str_null, c.str_unreadable, self.strings_recovered, c.str_truncated, c.arg_errors
-        );
-        if c.label_pushes + c.label_pops > 0 {
-            let _ = writeln!(
-                s,
-                "  labels: {} pushes, {} pops, {} overflows, {} underflows, {} map full; {} samples labelled",
-                c.label_pushes,
-                c.label_pops,
-                c.label_overflows,
-                c.label_underflows,
-                c.label_map_full,
-                c.samples_with_labels
-            );
-            for (name, n) in self.label_samples.iter().take(10) {
-                let _ = writeln!(s, "  label '{name}': {n} samples");
-            }
-            if self.labels_over_limit > 0 {
-                let _ = writeln!(
-                    s,
-                    "  warning: {} label texts not kept: over {MAX_LABELS} distinct labels in one process",
-                    self.labels_over_limit
-                );
-            }
-        }
-        for p in &self.not_found {
-            let _ = writeln!(s, "  warning: USDT probe {p} was not found in any profiled process");
-        }
-        for w in self.warnings.iter().take(20) {
-            let _ = writeln!(s, "  warning: {w}");
-        }
-        if self.warnings.len() > 20 {
-            let _ = writeln!(s, "  ({} more warnings)", self.warnings.len() - 20);
-        }
-        if self.unresolved > 0 {
-            let _ = writeln!(s, "  warning: {} hits with unknown probe ids", self.unresolved);
-        }
-        s
-    }
-}
-
 /// One `--usdt-dump` line: `TIME_NS PID TID CPU PROVIDER:NAME ARG…`, strings quoted.
 fn dump_hit(w: &mut impl std::io::Write, reg: &ProbeRegistry, h: &UsdtHit) -> std::io::Result<()> {
     let p = &reg.probes[h.probe.0 as usize];
@@ -816,73 +568,4 @@ fn dump_hit(w: &mut impl std::io::Write, reg: &ProbeRegistry, h: &UsdtHit) -> st
         }
     }
     writeln!(w)
-}
-
-/// `rsprof-bpf list-usdt`: the probes of a file, or of every file a process maps.
-pub fn list(path: Option<&Path>, pid: Option<Pid>) -> Result<String> {
-    let mut files: Vec<(PathBuf, String)> = Vec::new();
-    if let Some(p) = path {
-        if !p.exists() {
-            bail!("no such file: {}", p.display());
-        }
-        files.push((p.to_owned(), p.display().to_string()));
-    }
-    if let Some(pid) = pid {
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-            .map_err(|_| anyhow!("no process with pid {pid}"))?;
-        let mut seen = HashSet::new();
-        for line in maps.lines() {
-            let f: Vec<&str> = line.split_ascii_whitespace().collect();
-            if f.len() < 6 || !f[5].starts_with('/') || f[4] == "0" {
-                continue;
-            }
-            let display = f[5..].join(" ");
-            if seen.insert(display.clone()) {
-                files.push((PathBuf::from(format!("/proc/{pid}/map_files/{}", f[0])), display));
-            }
-        }
-    }
-    let mut out = String::new();
-    for (open, display) in files {
-        let probes = match notes::read_probes(&open) {
-            Ok(p) => p,
-            Err(e) if path.is_some() => return Err(e),
-            Err(_) => continue,
-        };
-        // One line per probe name; sites of one probe (inlined copies) are counted.
-        let mut order: Vec<String> = Vec::new();
-        let mut by_name: HashMap<String, Vec<&notes::Note>> = HashMap::new();
-        for n in &probes.notes {
-            let k = n.full_name();
-            if !by_name.contains_key(&k) {
-                order.push(k.clone());
-            }
-            by_name.entry(k).or_default().push(n);
-        }
-        for k in order {
-            let sites = &by_name[&k];
-            let n = sites[0];
-            let _ = write!(out, "usdt:{display}:{k}");
-            if sites.len() > 1 {
-                let _ = write!(out, "  sites={}", sites.len());
-            }
-            if n.semaphore != 0 {
-                let _ = write!(out, "  semaphore={:#x}", n.semaphore);
-                if n.semaphore_page_shared {
-                    let _ = write!(out, " (page shared with another segment)");
-                }
-            }
-            let _ = write!(out, "  args: {}", if n.args.is_empty() { "(none)" } else { &n.args });
-            let bad: Vec<String> = sites
-                .iter()
-                .filter_map(|s| args::parse_args(&s.args, s.pc, &probes.symbols).err())
-                .map(|e| e.to_string())
-                .collect();
-            if let Some(e) = bad.first() {
-                let _ = write!(out, "  [cannot record: {e}]");
-            }
-            out.push('\n');
-        }
-    }
-    Ok(out)
 }

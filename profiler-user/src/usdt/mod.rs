@@ -16,8 +16,11 @@
 
 pub mod args;
 pub mod attach;
+pub mod list;
 pub mod markers;
 pub mod notes;
+pub mod report;
+pub mod uprobe;
 
 use std::{fmt, path::PathBuf};
 
@@ -29,7 +32,8 @@ use crate::{
     records::RawUsdtHit,
 };
 
-pub use attach::{UsdtReport, UsdtSession};
+pub use attach::UsdtSession;
+pub use report::{UsdtCounters, UsdtReport};
 
 /// Index of a probe (provider:name in one file) in the [`ProbeRegistry`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,0 +1,149 @@
+//! What a recording's USDT side saw, for the summary: kernel counters, hits per probe, the
+//! markers made, label use and warnings.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use profiler_common::counter;
+
+use super::{ProbeRegistry, markers::MarkerStats};
+use crate::{loader::Sampler, processes::MAX_LABELS};
+
+/// Kernel-side USDT counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UsdtCounters {
+    pub sent: u64,
+    pub lost_ringbuf_full: u64,
+    pub lost_other: u64,
+    pub arg_errors: u64,
+    pub str_null: u64,
+    pub str_unreadable: u64,
+    pub str_truncated: u64,
+    pub label_pushes: u64,
+    pub label_pops: u64,
+    pub label_overflows: u64,
+    pub label_underflows: u64,
+    pub label_map_full: u64,
+    pub samples_with_labels: u64,
+}
+
+impl UsdtCounters {
+    pub fn read(sampler: &Sampler) -> Result<Self> {
+        let c = |i| sampler.counter(i);
+        Ok(Self {
+            sent: c(counter::USDT_SENT)?,
+            lost_ringbuf_full: c(counter::USDT_LOST_RINGBUF_FULL)?,
+            lost_other: c(counter::USDT_LOST_OTHER)?,
+            arg_errors: c(counter::USDT_ARG_ERRORS)?,
+            str_null: c(counter::USDT_STR_NULL)?,
+            str_unreadable: c(counter::USDT_STR_UNREADABLE)?,
+            str_truncated: c(counter::USDT_STR_TRUNCATED)?,
+            label_pushes: c(counter::LABEL_PUSHES)?,
+            label_pops: c(counter::LABEL_POPS)?,
+            label_overflows: c(counter::LABEL_OVERFLOWS)?,
+            label_underflows: c(counter::LABEL_UNDERFLOWS)?,
+            label_map_full: c(counter::LABEL_MAP_FULL)?,
+            samples_with_labels: c(counter::SAMPLES_WITH_LABELS)?,
+        })
+    }
+}
+
+/// What the recording saw, for the summary. The hits themselves became markers in storage.
+#[derive(Debug, Default)]
+pub struct UsdtReport {
+    pub registry: ProbeRegistry,
+    /// Hits received and typed.
+    pub hits: u64,
+    /// Hits by probe (`provider:name`), sorted by name.
+    pub hit_counts: Vec<(String, u64)>,
+    /// Hits whose probe/spec ids were not handed out (corrupt records).
+    pub unresolved: u64,
+    pub markers: MarkerStats,
+    /// Samples by innermost label text, most first.
+    pub label_samples: Vec<(String, u64)>,
+    /// Labels left unnamed because their process already had `MAX_LABELS` names.
+    pub labels_over_limit: u64,
+    pub counters: UsdtCounters,
+    pub warnings: Vec<String>,
+    /// Sites attached over the recording.
+    pub sites: usize,
+    /// Requests (`--usdt`, `--usdt-interval`) whose probe was never found.
+    pub not_found: Vec<String>,
+    /// Strings the kernel could not read that were read from read-only mappings afterwards.
+    pub strings_recovered: u64,
+}
+
+impl UsdtReport {
+    /// Whether the summary has anything to say.
+    pub fn is_empty(&self) -> bool {
+        self.sites == 0 && self.hits == 0 && self.not_found.is_empty() && self.warnings.is_empty()
+    }
+
+    /// Summary lines (after the sampling summary).
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let c = &self.counters;
+        let _ = writeln!(
+            s,
+            "usdt: {} hits recorded, {} lost (ring buffer full {}, other {}); {} probe sites attached",
+            self.hits,
+            c.lost_ringbuf_full + c.lost_other,
+            c.lost_ringbuf_full,
+            c.lost_other,
+            self.sites
+        );
+        if !self.hit_counts.is_empty() {
+            let list: Vec<String> =
+                self.hit_counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            let _ = writeln!(s, "  hits by probe: {}", list.join(", "));
+        }
+        let m = &self.markers;
+        if self.hits > 0 {
+            let _ = writeln!(
+                s,
+                "  markers: {} instant, {} intervals, {} counter values; incomplete: {} never ended, {} ended without a begin",
+                m.instants, m.intervals, m.counters, m.unended, m.unbegun
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  strings: {} null, {} unreadable ({} of them read later from read-only mappings), {} truncated; argument read errors {}",
+            c.str_null, c.str_unreadable, self.strings_recovered, c.str_truncated, c.arg_errors
+        );
+        if c.label_pushes + c.label_pops > 0 {
+            let _ = writeln!(
+                s,
+                "  labels: {} pushes, {} pops, {} overflows, {} underflows, {} map full; {} samples labelled",
+                c.label_pushes,
+                c.label_pops,
+                c.label_overflows,
+                c.label_underflows,
+                c.label_map_full,
+                c.samples_with_labels
+            );
+            for (name, n) in self.label_samples.iter().take(10) {
+                let _ = writeln!(s, "  label '{name}': {n} samples");
+            }
+            if self.labels_over_limit > 0 {
+                let _ = writeln!(
+                    s,
+                    "  warning: {} label texts not kept: over {MAX_LABELS} distinct labels in one process",
+                    self.labels_over_limit
+                );
+            }
+        }
+        for p in &self.not_found {
+            let _ = writeln!(s, "  warning: USDT probe {p} was not found in any profiled process");
+        }
+        for w in self.warnings.iter().take(20) {
+            let _ = writeln!(s, "  warning: {w}");
+        }
+        if self.warnings.len() > 20 {
+            let _ = writeln!(s, "  ({} more warnings)", self.warnings.len() - 20);
+        }
+        if self.unresolved > 0 {
+            let _ = writeln!(s, "  warning: {} hits with unknown probe ids", self.unresolved);
+        }
+        s
+    }
+}
