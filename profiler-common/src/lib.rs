@@ -305,6 +305,9 @@ pub const fn split_label_entry(entry: u64) -> (u64, u32) {
 pub struct LabelSeenKey {
     pub mm: u64,
     pub label: u64,
+    /// The process too: a freed `mm_struct` is soon reused by another process.
+    pub tgid: u32,
+    pub _pad: u32,
 }
 
 #[cfg(feature = "user")]

@@ -279,9 +279,12 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
 /// `sched_process_exec(struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)`;
 /// runs in the new image, so argv is already on its stack.
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn on_exec(_ctx: RawTracePointContext) -> i32 {
+pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     usdt::forget_thread(bpf_get_current_pid_tgid() as u32);
+    // A non-leader thread that execs takes the leader's tid: drop its old tid's labels too.
+    let old_pid: u64 = ctx.arg(1);
+    usdt::forget_thread(old_pid as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
         task_header(EVENT_EXEC, rec, tgid, tid);

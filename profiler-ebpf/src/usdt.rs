@@ -289,7 +289,7 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
         label_push(&ctx, tid, label);
         // SAFETY: fault-checked kernel read of current->mm.
         let mm = unsafe { read_kernel_u64(bpf_get_current_task() + cfg.task_mm as u64) };
-        let key = LabelSeenKey { mm: mm.unwrap_or(0), label };
+        let key = LabelSeenKey { mm: mm.unwrap_or(0), label, tgid, _pad: 0 };
         // SAFETY: plain lookup.
         if unsafe { LABEL_SEEN.get(key) }.is_some() {
             return 0;
@@ -324,8 +324,11 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
         return 0;
     }
     count(counter::USDT_SENT);
-    // Only once the text is on its way: a lost record leaves the label to be named next time.
-    if let Some(key) = seen_key {
+    // Only once the text is on its way, and readable: a lost record or a page not yet
+    // resident leaves the label to be named by a later push.
+    // SAFETY: `rec` is this CPU's scratch record.
+    let unreadable = unsafe { (*rec).strs[0].flags } & USDT_STR_IS_UNREADABLE != 0;
+    if let (Some(key), false) = (seen_key, unreadable) {
         let _ = LABEL_SEEN.insert(key, 1, 0);
     }
     0

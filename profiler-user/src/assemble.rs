@@ -167,6 +167,7 @@ fn write_marker(
             MarkerField::Str(s) => snap.string(s).unwrap_or("<unknown>").into(),
             MarkerField::Int(v) => v.into(),
             MarkerField::Uint(v) => v.into(),
+            MarkerField::Absent => continue,
         };
         data.insert(key, v);
     }

@@ -5,12 +5,15 @@ use std::time::{Duration, Instant};
 
 use crate::{
     events::{StoredSample, ThreadKey},
-    ids::Pid,
+    ids::{Pid, Tid},
     processes::{ProcessInfo, ProcessTable, read_proc_identity},
     procmaps::{ModuleTable, read_address_space},
     records::{DecodeError, Event, LabelRef, RawUsdtHit, Sample, TaskEvent, TaskKind},
     storage::{FrameAddr, SampleSink},
 };
+
+/// Distinct (process, label) sample counts kept for the summary.
+const MAX_LABEL_COUNTS: usize = 65536;
 
 /// Re-read /proc/PID/maps for an unknown address at most this often per process.
 const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(20);
@@ -43,6 +46,10 @@ pub struct Collector<S> {
     /// Processes whose mappings were (re)read since the USDT attacher last looked: they may
     /// have mapped new files with probes.
     pub maps_changed: Vec<Pid>,
+    /// Threads and processes that exited since the USDT session last looked: their open
+    /// intervals can no longer end.
+    pub exited_threads: Vec<Tid>,
+    pub exited_processes: Vec<Pid>,
 }
 
 impl<S: SampleSink> Collector<S> {
@@ -56,6 +63,8 @@ impl<S: SampleSink> Collector<S> {
             usdt_hits: Vec::new(),
             label_samples: Default::default(),
             maps_changed: Vec::new(),
+            exited_threads: Vec::new(),
+            exited_processes: Vec::new(),
         }
     }
 
@@ -91,7 +100,13 @@ impl<S: SampleSink> Collector<S> {
     fn on_sample(&mut self, s: Sample) {
         self.stats.samples += 1;
         if let Some(label) = s.labels.last() {
-            *self.label_samples.entry((s.pid, label.addr)).or_default() += 1;
+            let key = (s.pid, label.addr);
+            // Only for the summary's top labels: a program pushing computed strings must not
+            // grow it without bound.
+            if self.label_samples.len() < MAX_LABEL_COUNTS || self.label_samples.contains_key(&key)
+            {
+                *self.label_samples.entry(key).or_default() += 1;
+            }
         }
         self.stats.first_sample_ns.get_or_insert(s.time_ns);
         self.stats.last_sample_ns = Some(s.time_ns);
@@ -213,7 +228,9 @@ impl<S: SampleSink> Collector<S> {
                     p.name.clone_from(&t.comm);
                 }
                 p.threads.entry(t.tid).or_default().end_ns = Some(t.time_ns);
+                self.exited_threads.push(t.tid);
                 if t.pid.0 == t.tid.0 {
+                    self.exited_processes.push(t.pid);
                     p.end_ns = Some(t.time_ns);
                     p.exited = true;
                 }
@@ -224,9 +241,13 @@ impl<S: SampleSink> Collector<S> {
 
 /// Where each label (outermost first) goes among `n` user frames listed root first: before
 /// frame `place`, i.e. right under the `depth` frames that were on the stack when it was
-/// pushed. An unknown depth (0) or one deeper than this stack (a truncated walk) puts the
-/// label just above the leaf; places never decrease, so labels keep their push order.
+/// pushed. An unknown depth (0), one deeper than this stack, or a stack cut at the walk's
+/// limit (it keeps the leaf end, so counting from the root is off) puts the label just above
+/// the leaf; places never decrease, so labels keep their push order.
 fn label_places(labels: &[LabelRef], n: usize) -> Vec<usize> {
+    if n >= profiler_common::MAX_STACK_DEPTH {
+        return vec![n; labels.len()];
+    }
     let mut prev = 0;
     labels
         .iter()
@@ -274,5 +295,8 @@ mod tests {
         assert_eq!(label_places(&[l(0), l(9)], 3), vec![3, 3]);
         // An inner label never goes above an outer one.
         assert_eq!(label_places(&[l(3), l(1)], 4), vec![3, 3]);
+        // A walk cut at its limit: the root side is missing.
+        let n = profiler_common::MAX_STACK_DEPTH;
+        assert_eq!(label_places(&[l(2)], n), vec![n]);
     }
 }

@@ -53,6 +53,8 @@ pub enum MarkerField {
     Str(StringId),
     Int(i64),
     Uint(u64),
+    /// No value: the payload leaves this schema field out.
+    Absent,
 }
 
 /// A marker on a thread. `schema` names its payload type (a `meta.markerSchema` entry) and
@@ -101,6 +103,7 @@ const KIND_MARKER: u8 = 2;
 const FIELD_STR: u8 = 0;
 const FIELD_INT: u8 = 1;
 const FIELD_UINT: u8 = 2;
+const FIELD_ABSENT: u8 = 3;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DecodeError {
@@ -202,6 +205,11 @@ pub fn encode(ev: &Event, times: &mut ChunkTimes, out: &mut Vec<u8>) {
                         out.push(FIELD_UINT);
                         put(out, v);
                     }
+                    // Padded to two bytes like every other field (the decoder's size check).
+                    MarkerField::Absent => {
+                        out.push(FIELD_ABSENT);
+                        put(out, 0);
+                    }
                 }
             }
         }
@@ -273,6 +281,10 @@ pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<Event, DecodeError
                     FIELD_STR => MarkerField::Str(StringId(r.u32("string field")?)),
                     FIELD_INT => MarkerField::Int(unzigzag(r.u64("int field")?)),
                     FIELD_UINT => MarkerField::Uint(r.u64("uint field")?),
+                    FIELD_ABSENT => {
+                        r.u64("absent field")?;
+                        MarkerField::Absent
+                    }
                     _ => return Err(DecodeError::Malformed("field tag")),
                 });
             }
@@ -317,6 +329,7 @@ mod tests {
                         MarkerField::Str(StringId(2)),
                         MarkerField::Int(-7),
                         MarkerField::Uint(u64::MAX),
+                        MarkerField::Absent,
                     ],
                 },
             ),

@@ -428,10 +428,8 @@ fn write_thread<W: Write>(
         match s {
             StrRef::Own(s) => serde_json::to_writer(&mut *w, s)?,
             StrRef::Frame(f) => {
-                let loc = tree.frame(*f).map_or_else(String::new, |f| match f.kind {
-                    // A label is its text alone, as the Firefox profiler shows its own labels.
-                    FrameKind::Label => f.function.clone(),
-                    _ => location(&f.function, &f.module, f.file.as_deref(), f.line, f.column),
+                let loc = tree.frame(*f).map_or_else(String::new, |f| {
+                    location(&f.function, &f.module, f.file.as_deref(), f.line, f.column)
                 });
                 serde_json::to_writer(&mut *w, &loc)?
             }

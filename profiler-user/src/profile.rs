@@ -14,7 +14,7 @@ use crate::{
 pub enum FrameKind {
     User,
     Kernel,
-    /// An `rsprof:label_push` label: the text is `function`, there is no module.
+    /// An `rsprof:label_push` label: the text is `function`, the module `rsprof label`.
     Label,
 }
 

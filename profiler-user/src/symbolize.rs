@@ -41,6 +41,11 @@ pub fn symbolize(addrs: Vec<FrameAddr>, modules: Vec<ModuleSource>) -> Result<Sy
     rx.recv().map_err(|_| anyhow!("symbolizer thread panicked"))
 }
 
+/// The "library" of label frames. Their location is then `text (in rsprof label)`, which the
+/// front-end reads as a native function whatever the text: a bare `shard:3` would be taken
+/// for a JavaScript location.
+pub const LABEL_MODULE: &str = "rsprof label";
+
 /// Adds a frame for every label address, named by the text its process sent with its first
 /// `rsprof:label_push`.
 pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &ProcessesMeta) {
@@ -57,7 +62,7 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
             vec![Frame {
                 kind: FrameKind::Label,
                 function,
-                module: String::new(),
+                module: LABEL_MODULE.into(),
                 file: None,
                 line: None,
                 column: None,

@@ -186,15 +186,16 @@ pub fn markers(thread: &Value) -> Vec<Marker<'_>> {
         .collect()
 }
 
-/// Name of the category of every frame whose location is `location`.
-pub fn frame_categories(profile: &Value, thread: &Value, location: &str) -> Vec<String> {
+/// Name of the category of every frame of `function` (module ignored).
+pub fn frame_categories(profile: &Value, thread: &Value, function: &str) -> Vec<String> {
     let strings = thread["stringTable"].as_array().map(Vec::as_slice).unwrap_or_default();
     let locs = column(thread, "frameTable", "location");
     let cats = column(thread, "frameTable", "category");
     locs.iter()
         .zip(cats)
         .filter(|(l, _)| {
-            l.as_u64().and_then(|i| strings.get(i as usize)?.as_str()) == Some(location)
+            l.as_u64().and_then(|i| strings.get(i as usize)?.as_str()).map(function_name)
+                == Some(function)
         })
         .map(|(_, c)| {
             let i = c.as_u64().unwrap_or(u64::MAX) as usize;

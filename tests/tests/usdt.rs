@@ -294,7 +294,8 @@ fn check_label_frames(r: &Recorded, label: &str, outer: &str, f: impl Fn(&str) -
         let wrong = stacks
             .iter()
             .filter(|s| {
-                s.iter().any(|l| l == label) && s.iter().any(|l| function_name(l) == unlabelled)
+                s.iter().any(|l| function_name(l) == label)
+                    && s.iter().any(|l| function_name(l) == unlabelled)
             })
             .count();
         assert_eq!(wrong, 0, "label above {unlabelled}");
@@ -396,7 +397,10 @@ fn bad_strings_and_unbalanced_labels_are_counted_not_fatal() {
     // 100 nested pushes: samples carry the 32 kept levels; the thread that exited with two
     // labels pushed has them in its stacks.
     let stacks: Vec<Vec<String>> = all.iter().flat_map(|t| sample_stacks(t.thread)).collect();
-    let deepest = stacks.iter().map(|st| st.iter().filter(|l| *l == "nested").count()).max();
+    let deepest = stacks
+        .iter()
+        .map(|st| st.iter().filter(|l| *l == "nested (in rsprof label)").count())
+        .max();
     assert_eq!(deepest, Some(32), "{s}");
     assert!(stacks.iter().any(|st| contains_path(st, &["left-a", "left-b"])), "{s}");
 }
@@ -441,12 +445,12 @@ fn all_mode_attaches_to_processes_already_running() {
     let exe = fixtures::build("usdt_app").unwrap();
     let mut labels =
         Command::new(&exe).args(["labels", "4"]).stdout(Stdio::null()).spawn().unwrap();
-    // Exits about a second into the recording, mid-interval for all the profiler knows.
+    // Exits about three seconds into the recording, mid-interval for all the profiler knows.
     let mut markers_child =
-        Command::new(&exe).args(["markers", "1000"]).stdout(Stdio::null()).spawn().unwrap();
+        Command::new(&exe).args(["markers", "3000"]).stdout(Stdio::null()).spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let out = output_path("all_running", "json");
-    let done = run(&["--all", "-d", "2", "-o", out.to_str().unwrap()]).unwrap();
+    let done = run(&["--all", "-d", "5", "-o", out.to_str().unwrap()]).unwrap();
     labels.kill().unwrap();
     labels.wait().unwrap();
     let exited_early = markers_child.try_wait().unwrap().is_some();
@@ -512,4 +516,15 @@ fn rip_relative_arguments_are_evaluated_at_the_probe() {
     let got: Vec<Vec<String>> = r.of("rsprof_test:rip").iter().map(|h| h[5..].to_vec()).collect();
     assert_eq!(want.len(), 4, "{}", r.stderr);
     assert_eq!(got, want);
+    // In the profile: instant markers named by the probe, arguments as `arg0…` fields.
+    let in_profile: Vec<Vec<String>> = threads(&r.profile)
+        .iter()
+        .flat_map(|t| markers(t.thread))
+        .filter(|m| m.name == "rsprof_test:rip")
+        .map(|m| {
+            assert_eq!((m.phase, &m.data["type"]), (0, &"USDT rsprof_test:rip".into()), "{m:?}");
+            (0..3).map(|i| m.data[format!("arg{i}")].to_string()).collect()
+        })
+        .collect();
+    assert_eq!(in_profile, want);
 }

@@ -269,6 +269,10 @@ impl UsdtSession {
         // Keep the allocation for the next drain.
         raw.clear();
         collector.usdt_hits = raw;
+        // After this drain's hits: a thread's hits all precede its exit.
+        let tids = std::mem::take(&mut collector.exited_threads);
+        let pids = std::mem::take(&mut collector.exited_processes);
+        self.markers.exited(&self.registry, &mut collector.store, &pids, &tids);
     }
 
     fn consume<S: SampleSink>(&mut self, raw: &RawUsdtHit, collector: &mut Collector<S>) {

@@ -56,24 +56,30 @@ enum Field {
     Str(String),
     Int(i64),
     Uint(u64),
+    Absent,
 }
 
 #[derive(Default)]
 pub struct MarkerMaker {
-    /// `rsprof:begin` by (process, id).
-    open: HashMap<(Pid, u64), Open>,
-    /// `--usdt-interval` starts by thread, innermost last.
-    user_open: HashMap<(Tid, IntervalId), Vec<Open>>,
+    /// `rsprof:begin` by process, then id.
+    open: HashMap<Pid, HashMap<u64, Open>>,
+    /// `--usdt-interval` starts by thread, then interval, innermost last.
+    user_open: HashMap<Tid, HashMap<IntervalId, Vec<Open>>>,
     open_count: usize,
     pub stats: MarkerStats,
 }
 
-fn field(a: &UsdtArg) -> Field {
-    match a {
-        UsdtArg::Int(v) => Field::Int(*v),
-        UsdtArg::Uint(v) => Field::Uint(*v),
-        other => Field::Str(other.to_string()),
-    }
+/// A probe's integer arguments as fields, exactly `n` of them (the probe's arity as first
+/// attached: the schema's keys are positional). An argument that could not be read, or one a
+/// site lacks, is left out of the payload.
+fn int_fields(args: &[UsdtArg], n: usize) -> Vec<Field> {
+    (0..n)
+        .map(|i| match args.get(i) {
+            Some(UsdtArg::Int(v)) => Field::Int(*v),
+            Some(UsdtArg::Uint(v)) => Field::Uint(*v),
+            _ => Field::Absent,
+        })
+        .collect()
 }
 
 fn text(a: Option<&UsdtArg>) -> String {
@@ -142,7 +148,7 @@ impl MarkerMaker {
                 };
                 if self.open_count >= MAX_OPEN_INTERVALS {
                     self.unended(sink, SCHEMA_INTERVAL, open);
-                } else if let Some(prev) = self.open.insert((hit.pid, id), open) {
+                } else if let Some(prev) = self.open.entry(hit.pid).or_default().insert(id, open) {
                     // The same id begun again before its end: the first one never ended.
                     self.unended(sink, SCHEMA_INTERVAL, prev);
                 } else {
@@ -151,7 +157,12 @@ impl MarkerMaker {
             }
             ProbeRole::RsprofEnd => {
                 let id = a.first().and_then(UsdtArg::as_u64).unwrap_or(0);
-                match self.open.remove(&(hit.pid, id)) {
+                let of_pid = self.open.get_mut(&hit.pid);
+                let found = of_pid.and_then(|m| m.remove(&id));
+                if self.open.get(&hit.pid).is_some_and(HashMap::is_empty) {
+                    self.open.remove(&hit.pid);
+                }
+                match found {
                     Some(o) => {
                         self.open_count -= 1;
                         self.stats.intervals += 1;
@@ -177,8 +188,11 @@ impl MarkerMaker {
             }
             ProbeRole::UserInstant => {
                 self.stats.instants += 1;
-                let fields: Vec<Field> = a.iter().map(field).collect();
                 let name = probe.full_name();
+                let fields = int_fields(
+                    a,
+                    first_arity(reg, |p| p.role == ProbeRole::UserInstant && p.full_name() == name),
+                );
                 store(
                     sink,
                     thread,
@@ -196,42 +210,45 @@ impl MarkerMaker {
                     thread,
                     start_ns: t,
                     name: interval_name(spec).to_owned(),
-                    fields: a.iter().map(field).collect(),
+                    fields: int_fields(a, start_arg_count(reg, id)),
                 };
                 if self.open_count >= MAX_OPEN_INTERVALS {
                     self.unended(sink, &interval_schema(spec), open);
                 } else {
-                    self.user_open.entry((hit.tid, id)).or_default().push(open);
+                    self.user_open.entry(hit.tid).or_default().entry(id).or_default().push(open);
                     self.open_count += 1;
                 }
             }
             ProbeRole::UserIntervalEnd(id) => {
                 let Some(spec) = reg.intervals.get(id.0 as usize) else { return };
                 let schema = interval_schema(spec);
-                let starts = self.user_open.get_mut(&(hit.tid, id));
+                let end_fields = int_fields(a, end_arg_count(reg, id));
+                let starts = self.user_open.get_mut(&hit.tid).and_then(|m| m.get_mut(&id));
                 match starts.and_then(Vec::pop) {
                     Some(mut o) => {
                         self.open_count -= 1;
                         self.stats.intervals += 1;
                         // Start arguments first, then the end's, as the schema lists them.
-                        let n_start = start_arg_count(reg, id);
-                        o.fields.resize(n_start, Field::Str(String::new()));
-                        o.fields.extend(a.iter().map(field));
+                        o.fields.extend(end_fields);
                         let phase = MarkerPhase::Interval;
                         store(sink, o.thread, phase, o.start_ns, t, &o.name, &schema, &o.fields);
                     }
                     None => {
                         self.stats.unbegun += 1;
-                        let n_start = start_arg_count(reg, id);
-                        let mut fields = vec![Field::Str(String::new()); n_start];
-                        fields.extend(a.iter().map(field));
+                        let mut fields = vec![Field::Absent; start_arg_count(reg, id)];
+                        fields.extend(end_fields);
                         let name = interval_name(spec);
                         let phase = MarkerPhase::IntervalEnd;
                         store(sink, thread, phase, t, t, name, &schema, &fields);
                     }
                 }
-                if self.user_open.get(&(hit.tid, id)).is_some_and(Vec::is_empty) {
-                    self.user_open.remove(&(hit.tid, id));
+                if let Some(m) = self.user_open.get_mut(&hit.tid) {
+                    if m.get(&id).is_some_and(Vec::is_empty) {
+                        m.remove(&id);
+                    }
+                    if m.is_empty() {
+                        self.user_open.remove(&hit.tid);
+                    }
                 }
             }
             ProbeRole::RsprofLabelPush | ProbeRole::RsprofLabelPop => {}
@@ -246,14 +263,43 @@ impl MarkerMaker {
 
     /// Stores every interval still open as an incomplete one (at the end of a recording).
     pub fn finish<S: SampleSink>(&mut self, reg: &ProbeRegistry, sink: &mut S) {
-        let mut open: Vec<(String, Open)> =
-            self.open.drain().map(|(_, o)| (SCHEMA_INTERVAL.to_owned(), o)).collect();
-        for ((_, id), starts) in self.user_open.drain() {
-            let spec = reg.intervals.get(id.0 as usize).map_or("", String::as_str);
-            open.extend(starts.into_iter().map(|o| (interval_schema(spec), o)));
+        let pids: Vec<Pid> = self.open.keys().copied().collect();
+        let tids: Vec<Tid> = self.user_open.keys().copied().collect();
+        self.close(reg, sink, &pids, &tids);
+    }
+
+    /// Threads and processes that exited: their open intervals can no longer end (and their
+    /// ids may be reused), so they are stored now as incomplete ones.
+    pub fn exited<S: SampleSink>(
+        &mut self,
+        reg: &ProbeRegistry,
+        sink: &mut S,
+        pids: &[Pid],
+        tids: &[Tid],
+    ) {
+        self.close(reg, sink, pids, tids);
+    }
+
+    fn close<S: SampleSink>(
+        &mut self,
+        reg: &ProbeRegistry,
+        sink: &mut S,
+        pids: &[Pid],
+        tids: &[Tid],
+    ) {
+        let mut open: Vec<(String, Open)> = Vec::new();
+        for pid in pids {
+            let ids = self.open.remove(pid).unwrap_or_default();
+            open.extend(ids.into_values().map(|o| (SCHEMA_INTERVAL.to_owned(), o)));
+        }
+        for tid in tids {
+            for (id, starts) in self.user_open.remove(tid).unwrap_or_default() {
+                let spec = reg.intervals.get(id.0 as usize).map_or("", String::as_str);
+                open.extend(starts.into_iter().map(|o| (interval_schema(spec), o)));
+            }
         }
         open.sort_by_key(|(_, o)| o.start_ns);
-        self.open_count = 0;
+        self.open_count -= open.len();
         for (schema, o) in open {
             self.unended(sink, &schema, o);
         }
@@ -265,19 +311,20 @@ impl MarkerMaker {
     }
 }
 
-/// Arguments of a `--usdt-interval`'s start probe (the most any of its sites has).
+/// Arguments of a `--usdt-interval`'s start probe.
 fn start_arg_count(reg: &ProbeRegistry, id: IntervalId) -> usize {
-    arg_count(reg, |p| p.role == ProbeRole::UserIntervalStart(id))
+    first_arity(reg, |p| p.role == ProbeRole::UserIntervalStart(id))
 }
 
-/// The most arguments any site of the probes `which` selects has.
-fn arg_count(reg: &ProbeRegistry, which: impl Fn(&ProbeInfo) -> bool) -> usize {
-    reg.sites
-        .iter()
-        .filter(|s| reg.probe(s.probe).is_some_and(&which))
-        .map(|s| s.args.len())
-        .max()
-        .unwrap_or(0)
+fn end_arg_count(reg: &ProbeRegistry, id: IntervalId) -> usize {
+    first_arity(reg, |p| p.role == ProbeRole::UserIntervalEnd(id))
+}
+
+/// Arguments of the first site attached of the probes `which` selects. Sites are only ever
+/// appended, so this never changes during a recording and fields stay under the keys the
+/// schema gives them, even if a later site (another build of the file) has more or fewer.
+fn first_arity(reg: &ProbeRegistry, which: impl Fn(&ProbeInfo) -> bool) -> usize {
+    reg.sites.iter().find(|s| reg.probe(s.probe).is_some_and(&which)).map_or(0, |s| s.args.len())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -297,6 +344,7 @@ fn store<S: SampleSink>(
             Field::Str(s) => MarkerField::Str(sink.intern_string(s)),
             Field::Int(v) => MarkerField::Int(*v),
             Field::Uint(v) => MarkerField::Uint(*v),
+            Field::Absent => MarkerField::Absent,
         })
         .collect();
     let marker = StoredMarker {
@@ -364,7 +412,7 @@ pub fn schemas(reg: &ProbeRegistry) -> Vec<Value> {
         if !seen.insert(name.clone()) {
             continue;
         }
-        let n = arg_count(reg, |q| q.role == ProbeRole::UserInstant && q.full_name() == name);
+        let n = first_arity(reg, |q| q.role == ProbeRole::UserInstant && q.full_name() == name);
         let labels: Vec<String> = (0..n).map(|i| format!("{{marker.data.arg{i}}}")).collect();
         out.push(json!({
             "name": probe_schema(&name),
@@ -377,7 +425,7 @@ pub fn schemas(reg: &ProbeRegistry) -> Vec<Value> {
     for (i, spec) in reg.intervals.iter().enumerate() {
         let id = IntervalId(i as u32);
         let n_start = start_arg_count(reg, id);
-        let n_end = arg_count(reg, |p| p.role == ProbeRole::UserIntervalEnd(id));
+        let n_end = end_arg_count(reg, id);
         let mut data = arg_fields("start", "Start argument", n_start);
         data.extend(arg_fields("end", "End argument", n_end));
         out.push(json!({
@@ -464,6 +512,7 @@ mod tests {
                         MarkerField::Str(id) => text(id),
                         MarkerField::Int(v) => v.to_string(),
                         MarkerField::Uint(v) => v.to_string(),
+                        MarkerField::Absent => "-".into(),
                     })
                     .collect();
                 rows.push((key.tid.0, m.phase, text(m.name), m.start_ns, m.end_ns, fields));
@@ -516,7 +565,8 @@ mod tests {
             vec![
                 r(Instant, "tick", 1, &["<null>"]),
                 r(Instant, "depth", 2, &["-4"]),
-                r(Instant, "p:n6", 3, &["5", "-1"]),
+                // Its first site has one argument: the schema lists one.
+                r(Instant, "p:n6", 3, &["5"]),
             ]
         );
         assert_eq!((stats.instants, stats.counters), (2, 1));
@@ -548,11 +598,42 @@ mod tests {
             vec![
                 r(7, Interval, 12, 13, &["1", "100"]),
                 r(7, Interval, 10, 14, &["2", "200"]),
-                r(7, IntervalEnd, 15, 15, &["", "300"]),
+                r(7, IntervalEnd, 15, 15, &["-", "300"]),
                 r(8, IntervalStart, 11, 11, &["0"]),
             ]
         );
         assert_eq!((stats.intervals, stats.unbegun, stats.unended), (2, 1, 1));
+    }
+
+    #[test]
+    fn exits_close_what_they_left_open() {
+        use MarkerPhase::*;
+        let reg = registry();
+        let mut store = ChunkedStore::new(1 << 20);
+        let mut mm = MarkerMaker::default();
+        mm.hit(&reg, &hit(10, 7, 1, vec![s("req"), UsdtArg::Uint(1)]), &mut store);
+        mm.hit(&reg, &hit(11, 8, 4, vec![UsdtArg::Int(2)]), &mut store);
+        mm.hit(&reg, &hit(12, 9, 4, vec![UsdtArg::Int(0)]), &mut store);
+        // Thread 8 exits: its gc start is closed, thread 9's stays open.
+        mm.exited(&reg, &mut store, &[], &[Tid(8)]);
+        assert_eq!((mm.open_intervals(), mm.stats.unended), (2, 1));
+        // The process exits: its rsprof interval is closed; a reused id no longer pairs.
+        mm.exited(&reg, &mut store, &[Pid(1)], &[Tid(9)]);
+        assert_eq!((mm.open_intervals(), mm.stats.unended), (0, 3));
+        mm.hit(&reg, &hit(20, 7, 2, vec![UsdtArg::Uint(1)]), &mut store);
+        assert_eq!(mm.stats.unbegun, 1);
+        let snap = store.into_snapshot();
+        let mut phases = Vec::new();
+        read_events(
+            &snap,
+            |ev| {
+                if let Event::Marker(_, m) = ev {
+                    phases.push(m.phase)
+                }
+            },
+            |e| panic!("{e}"),
+        );
+        assert_eq!(phases, [IntervalStart, IntervalStart, IntervalStart, IntervalEnd]);
     }
 
     #[test]
