@@ -33,6 +33,14 @@ static USDT_SPECS: Array<profiler_common::UsdtSpec> = Array::with_max_entries(US
 #[map]
 static USDT_SCRATCH: PerCpuArray<UsdtRecord> = PerCpuArray::with_max_entries(1, 0);
 
+/// The tid filling this CPU's `USDT_SCRATCH`, 0 when free. Uprobe programs run with
+/// migration disabled but may be preempted, so another task's hit on the same CPU could
+/// overwrite a record half-built. A hit that finds the scratch taken is dropped and counted,
+/// and so is one whose owner mark was replaced by the time it is sent. (The BPF target has
+/// no atomic exchange: a preemption exactly between the check and the mark is not caught.)
+#[map]
+static USDT_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 /// Label stacks by tid. Only the thread itself pushes and pops, and the sampler reads it on
 /// the CPU the thread runs on, so no locking is needed.
 #[map]
@@ -245,6 +253,40 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
         label_pop(tid);
         return 0;
     }
+    let Some(busy) = USDT_BUSY.get_ptr_mut(0) else {
+        count(counter::USDT_LOST_OTHER);
+        return 0;
+    };
+    // SAFETY: `busy` is this CPU's map value, valid for the whole run; volatile so each
+    // access really happens where written.
+    unsafe {
+        if busy.read_volatile() != 0 {
+            count(counter::USDT_LOST_OTHER);
+            return 0;
+        }
+        busy.write_volatile(tid);
+    }
+    record_hit(&ctx, &cfg, spec, spec_id, tgid, tid, busy);
+    // SAFETY: as above.
+    unsafe {
+        if busy.read_volatile() == tid {
+            busy.write_volatile(0);
+        }
+    }
+    0
+}
+
+/// Builds the hit's record in this CPU's scratch and sends it; the caller holds `USDT_BUSY`.
+#[inline(always)]
+fn record_hit(
+    ctx: &ProbeContext,
+    cfg: &profiler_common::Config,
+    spec: &profiler_common::UsdtSpec,
+    spec_id: u32,
+    tgid: u32,
+    tid: u32,
+    busy: *mut u32,
+) -> u32 {
     let Some(rec) = USDT_SCRATCH.get_ptr_mut(0) else {
         count(counter::USDT_LOST_OTHER);
         return 0;
@@ -271,7 +313,7 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
         for i in 0..USDT_MAX_ARGS {
             let mut v = 0;
             if i < nargs {
-                match eval_arg(&ctx, &spec.args[i]) {
+                match eval_arg(ctx, &spec.args[i]) {
                     Ok(x) => v = x,
                     Err(()) => {
                         (*rec).arg_errors |= 1 << i;
@@ -286,7 +328,7 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
     if spec.role == USDT_ROLE_LABEL_PUSH {
         // SAFETY: as above.
         let label = unsafe { (*rec).args[0] };
-        label_push(&ctx, tid, label);
+        label_push(ctx, tid, label);
         // SAFETY: fault-checked kernel read of current->mm.
         let mm = unsafe { read_kernel_u64(bpf_get_current_task() + cfg.task_mm as u64) };
         let key = LabelSeenKey { mm: mm.unwrap_or(0), label, tgid, _pad: 0 };
@@ -314,6 +356,13 @@ pub fn on_usdt(ctx: ProbeContext) -> u32 {
         }
     }
     let len = USDT_RECORD_FIXED as u64 + nstr * core::mem::size_of::<UsdtString>() as u64;
+    // SAFETY: `rec` is this CPU's scratch record.
+    // SAFETY: this CPU's map value.
+    if unsafe { busy.read_volatile() } != tid {
+        // Another hit took the scratch while this one was preempted: the record is mixed.
+        count(counter::USDT_LOST_OTHER);
+        return 0;
+    }
     // SAFETY: `rec` is this CPU's scratch record.
     let sent = unsafe {
         (*rec).str_count = nstr as u16;
