@@ -174,7 +174,7 @@ fn main() {
     let mut counting = Counting(gz, 0);
     let t1 = Instant::now();
     let stats =
-        write_profile(&snap, &procs, &symbols, &info, vec![], &mut counting).expect("write");
+        write_profile(&snap, &procs, &symbols, &info, vec![], &[], &mut counting).expect("write");
     let json_bytes = counting.1;
     counting.0.finish().expect("gzip").flush().expect("flush");
     let write_s = t1.elapsed().as_secs_f64();

@@ -10,7 +10,7 @@ use std::{
 use serde_json::{Map, Value, json};
 
 use crate::{
-    events::{Event, MarkerField, StoredMarker, ThreadKey},
+    events::{Event, MarkerField, MarkerPhase, StoredMarker, ThreadKey},
     gecko::{self, GeckoMeta, GeckoProcess, GeckoThread, ThreadTables},
     gecko_container,
     ids::{Pid, Tid},
@@ -57,6 +57,18 @@ pub struct ProfileStats {
     pub corrupt: Vec<String>,
 }
 
+/// An interval still open when a snapshot is taken (it is in no chunk yet): written as an
+/// IntervalStart marker, which the front-end shows as running to the end of the profile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpenInterval {
+    pub thread: ThreadKey,
+    pub start_ns: u64,
+    pub name: String,
+    pub schema: String,
+    /// In schema order; `None` leaves the field out.
+    pub fields: Vec<Option<Value>>,
+}
+
 /// Keys of each marker schema's dynamic fields, in order: stored marker fields are positional.
 fn field_keys(schemas: &[Value]) -> HashMap<String, Vec<String>> {
     schemas
@@ -78,6 +90,7 @@ pub fn write_profile<W: Write>(
     symbols: &Symbols,
     info: &RecordingInfo,
     marker_schema: Vec<Value>,
+    open: &[OpenInterval],
     out: W,
 ) -> io::Result<ProfileStats> {
     let tree = SymbolizedStacks::new(snap, symbols);
@@ -115,6 +128,13 @@ pub fn write_profile<W: Write>(
         },
         |err| stats.corrupt.push(err),
     );
+    for o in open {
+        stats.markers += 1;
+        let fields = o.fields.iter().cloned();
+        let (start, phase) = (Some(info.ms(o.start_ns)), MarkerPhase::IntervalStart);
+        let tables = threads.entry(o.thread).or_default();
+        add_marker(tables, &keys, &o.name, &o.schema, fields, start, None, phase);
+    }
 
     stats.top_functions = top_functions(&tree, leaves, 10);
     let r = snap.recycled;
@@ -158,26 +178,42 @@ fn write_marker(
 ) {
     let name = snap.string(m.name).unwrap_or("<unknown>");
     let schema = snap.string(m.schema).unwrap_or("<unknown>");
-    let mut data = Map::new();
-    data.insert("type".into(), schema.into());
-    let schema_keys = keys.get(schema);
-    for (i, f) in m.fields.iter().enumerate() {
-        let key = schema_keys.and_then(|k| k.get(i)).cloned().unwrap_or_else(|| format!("f{i}"));
-        let v: Value = match *f {
-            MarkerField::Str(s) => snap.string(s).unwrap_or("<unknown>").into(),
-            MarkerField::Int(v) => v.into(),
-            MarkerField::Uint(v) => v.into(),
-            MarkerField::Absent => continue,
-        };
-        data.insert(key, v);
-    }
-    use crate::events::MarkerPhase::*;
+    let fields = m.fields.iter().map(|f| match *f {
+        MarkerField::Str(s) => Some(snap.string(s).unwrap_or("<unknown>").into()),
+        MarkerField::Int(v) => Some(v.into()),
+        MarkerField::Uint(v) => Some(v.into()),
+        MarkerField::Absent => None,
+    });
+    use MarkerPhase::*;
     let (start, end) = match m.phase {
         Instant | IntervalStart => (Some(info.ms(m.start_ns)), None),
         Interval => (Some(info.ms(m.start_ns)), Some(info.ms(m.end_ns))),
         IntervalEnd => (None, Some(info.ms(m.end_ns))),
     };
-    tables.add_marker(name, start, end, m.phase as u8, gecko::CATEGORY_OTHER, &Value::Object(data));
+    add_marker(tables, keys, name, schema, fields, start, end, m.phase);
+}
+
+/// Adds a marker row; `fields` are positional, named by the schema's keys.
+#[allow(clippy::too_many_arguments)]
+fn add_marker(
+    tables: &mut ThreadTables,
+    keys: &HashMap<String, Vec<String>>,
+    name: &str,
+    schema: &str,
+    fields: impl Iterator<Item = Option<Value>>,
+    start: Option<f64>,
+    end: Option<f64>,
+    phase: MarkerPhase,
+) {
+    let mut data = Map::new();
+    data.insert("type".into(), schema.into());
+    let schema_keys = keys.get(schema);
+    for (i, v) in fields.enumerate() {
+        let Some(v) = v else { continue };
+        let key = schema_keys.and_then(|k| k.get(i)).cloned().unwrap_or_else(|| format!("f{i}"));
+        data.insert(key, v);
+    }
+    tables.add_marker(name, start, end, phase as u8, gecko::CATEGORY_OTHER, &Value::Object(data));
 }
 
 fn group_processes(

@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 use crate::{
-    assemble::{ProfileStats, RecordingInfo, write_profile},
+    assemble::{OpenInterval, ProfileStats, RecordingInfo, write_profile},
     collector::Collector,
     output::PendingOutput,
     procmaps::ModuleId,
@@ -23,6 +23,8 @@ pub struct ExportJob {
     pub modules: Vec<ModuleSource>,
     pub info: RecordingInfo,
     pub marker_schema: Vec<Value>,
+    /// Intervals begun but not ended yet (snapshots only: at the end they are closed).
+    pub open: Vec<OpenInterval>,
 }
 
 impl ExportJob {
@@ -31,8 +33,12 @@ impl ExportJob {
         collector: &Collector<ChunkedStore>,
         info: RecordingInfo,
         marker_schema: Vec<Value>,
+        open: Vec<OpenInterval>,
     ) -> Self {
-        Self::with_snapshot(collector, collector.store.snapshot(), info, marker_schema)
+        let mut job =
+            Self::with_snapshot(collector, collector.store.snapshot(), info, marker_schema);
+        job.open = open;
+        job
     }
 
     /// For the final profile: moves the chunks out instead of copying them.
@@ -59,7 +65,8 @@ impl ExportJob {
                 ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
             })
             .collect();
-        Self { snapshot, processes: collector.processes.metadata(), modules, info, marker_schema }
+        let processes = collector.processes.metadata();
+        Self { snapshot, processes, modules, info, marker_schema, open: Vec::new() }
     }
 
     /// Symbolizes and writes the profile atomically to `output`.
@@ -74,6 +81,7 @@ impl ExportJob {
                 &symbols,
                 &self.info,
                 self.marker_schema,
+                &self.open,
                 w,
             )
         })

@@ -238,8 +238,9 @@ pub fn run(args: RecordArgs) -> Result<()> {
                 _ = sigusr1.recv() => {
                     drain(afd.get_mut(), &mut collector, &mut usdt);
                     let path = snapshot_path(&args.output, snapshots.len() as u32 + 1);
-                    let schemas = usdt.marker_schemas();
-                    let job = ExportJob::capture(&collector, info_at(monotonic_ns()), schemas);
+                    let (schemas, open) = (usdt.marker_schemas(), usdt.open_markers());
+                    let info = info_at(monotonic_ns());
+                    let job = ExportJob::capture(&collector, info, schemas, open);
                     snapshots.push(spawn_snapshot(job, path, args.quiet)?);
                 }
                 _ = &mut sleep => return Ok("duration".to_owned()),

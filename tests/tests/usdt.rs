@@ -10,7 +10,7 @@ use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
-    harness::{command, output_path, run},
+    harness::{Recording, command, output_path, run},
     profile_query::{
         Marker, contains_path, frame_categories, function_name, markers, sample_stacks, threads,
         threads_of_pid,
@@ -527,4 +527,42 @@ fn rip_relative_arguments_are_evaluated_at_the_probe() {
         })
         .collect();
     assert_eq!(in_profile, want);
+}
+
+#[test]
+fn snapshots_show_intervals_still_open() {
+    let exe = fixtures::build("usdt_app").unwrap();
+    let t0 = std::time::Instant::now();
+    let mut child = Command::new(&exe).args(["long", "3"]).stdout(Stdio::null()).spawn().unwrap();
+    let pid = child.id();
+    let out = output_path("open_snapshot", "json");
+    let mut rec = Recording::start(&["-p", &pid.to_string()], out.clone()).unwrap();
+    // Mid-interval: it began 0.5 s after the start and lasts 3 s.
+    std::thread::sleep(std::time::Duration::from_millis(2000).saturating_sub(t0.elapsed()));
+    rec.signal(10); // SIGUSR1
+    rec.wait_for_line("wrote snapshot", std::time::Duration::from_secs(60)).expect("snapshot");
+    assert!(child.wait().unwrap().success());
+    let done = rec.interrupt().unwrap();
+    let long = |profile: &Value| -> Vec<(u64, Option<f64>, Option<f64>, Value)> {
+        if let Err(problems) = validate(profile) {
+            panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+        }
+        threads_of_pid(profile, pid)
+            .iter()
+            .filter(|t| t.tid == t.pid)
+            .flat_map(|t| markers(t.thread))
+            .filter(|m| m.name == "long")
+            .map(|m| (m.phase, m.start, m.end, m.data["id"].clone()))
+            .collect()
+    };
+    let snap = tests::gecko_schema::load(out.with_file_name("open_snapshot.snapshot-1.json"))
+        .expect("snapshot written");
+    let in_snap = long(&snap);
+    assert!(
+        matches!(in_snap[..], [(2, Some(_), None, ref id)] if *id == 7),
+        "an IntervalStart in the snapshot: {in_snap:?}"
+    );
+    let in_final = long(&done.profile().unwrap());
+    let [(1, Some(a), Some(b), _)] = in_final[..] else { panic!("{in_final:?}") };
+    assert!(b - a >= 2900.0 && in_snap[0].1 == Some(a), "{in_final:?} {in_snap:?}");
 }

@@ -306,6 +306,11 @@ impl UsdtSession {
         self.markers.hit(&self.registry, &hit, &mut collector.store);
     }
 
+    /// Intervals begun and not ended yet, for a snapshot.
+    pub fn open_markers(&self) -> Vec<crate::assemble::OpenInterval> {
+        self.markers.open_markers(&self.registry)
+    }
+
     /// `meta.markerSchema` entries for the markers of the probes attached so far.
     pub fn marker_schemas(&self) -> Vec<serde_json::Value> {
         markers::schemas(&self.registry)

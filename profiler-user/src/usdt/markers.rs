@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::{IntervalId, ProbeInfo, ProbeRegistry, ProbeRole, UsdtArg, UsdtHit};
 use crate::{
+    assemble::OpenInterval,
     events::{MarkerField, MarkerPhase, StoredMarker, ThreadKey},
     ids::{Pid, Tid},
     storage::SampleSink,
@@ -303,6 +304,38 @@ impl MarkerMaker {
         for (schema, o) in open {
             self.unended(sink, &schema, o);
         }
+    }
+
+    /// The intervals waiting for their end, for a snapshot.
+    pub fn open_markers(&self, reg: &ProbeRegistry) -> Vec<OpenInterval> {
+        let to_value = |f: &Field| match f {
+            Field::Str(s) => Some(Value::from(s.as_str())),
+            Field::Int(v) => Some(Value::from(*v)),
+            Field::Uint(v) => Some(Value::from(*v)),
+            Field::Absent => None,
+        };
+        let pending = |schema: &str, o: &Open| OpenInterval {
+            thread: o.thread,
+            start_ns: o.start_ns,
+            name: o.name.clone(),
+            schema: schema.to_owned(),
+            fields: o.fields.iter().map(to_value).collect(),
+        };
+        let mut out: Vec<OpenInterval> = self
+            .open
+            .values()
+            .flat_map(|m| m.values())
+            .map(|o| pending(SCHEMA_INTERVAL, o))
+            .collect();
+        for by_id in self.user_open.values() {
+            for (id, starts) in by_id {
+                let spec = reg.intervals.get(id.0 as usize).map_or("", String::as_str);
+                let schema = interval_schema(spec);
+                out.extend(starts.iter().map(|o| pending(&schema, o)));
+            }
+        }
+        out.sort_by_key(|o| o.start_ns);
+        out
     }
 
     /// Intervals waiting for their end.
