@@ -67,7 +67,16 @@ pub struct MarkerMaker {
     /// `--usdt-interval` starts by thread, then interval, innermost last.
     user_open: HashMap<Tid, HashMap<IntervalId, Vec<Open>>>,
     open_count: usize,
+    /// Argument counts already looked up (a lookup scans every site).
+    arity: HashMap<Arity, usize>,
     pub stats: MarkerStats,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Arity {
+    Instant(String),
+    Start(IntervalId),
+    End(IntervalId),
 }
 
 /// A probe's integer arguments as fields, exactly `n` of them (the probe's arity as first
@@ -190,10 +199,7 @@ impl MarkerMaker {
             ProbeRole::UserInstant => {
                 self.stats.instants += 1;
                 let name = probe.full_name();
-                let fields = int_fields(
-                    a,
-                    first_arity(reg, |p| p.role == ProbeRole::UserInstant && p.full_name() == name),
-                );
+                let fields = int_fields(a, self.arity(reg, Arity::Instant(name.clone())));
                 store(
                     sink,
                     thread,
@@ -211,7 +217,7 @@ impl MarkerMaker {
                     thread,
                     start_ns: t,
                     name: interval_name(spec).to_owned(),
-                    fields: int_fields(a, start_arg_count(reg, id)),
+                    fields: int_fields(a, self.arity(reg, Arity::Start(id))),
                 };
                 if self.open_count >= MAX_OPEN_INTERVALS {
                     self.unended(sink, &interval_schema(spec), open);
@@ -223,7 +229,7 @@ impl MarkerMaker {
             ProbeRole::UserIntervalEnd(id) => {
                 let Some(spec) = reg.intervals.get(id.0 as usize) else { return };
                 let schema = interval_schema(spec);
-                let end_fields = int_fields(a, end_arg_count(reg, id));
+                let end_fields = int_fields(a, self.arity(reg, Arity::End(id)));
                 let starts = self.user_open.get_mut(&hit.tid).and_then(|m| m.get_mut(&id));
                 match starts.and_then(Vec::pop) {
                     Some(mut o) => {
@@ -236,7 +242,7 @@ impl MarkerMaker {
                     }
                     None => {
                         self.stats.unbegun += 1;
-                        let mut fields = vec![Field::Absent; start_arg_count(reg, id)];
+                        let mut fields = vec![Field::Absent; self.arity(reg, Arity::Start(id))];
                         fields.extend(end_fields);
                         let name = interval_name(spec);
                         let phase = MarkerPhase::IntervalEnd;
@@ -254,6 +260,22 @@ impl MarkerMaker {
             }
             ProbeRole::RsprofLabelPush | ProbeRole::RsprofLabelPop => {}
         }
+    }
+
+    fn arity(&mut self, reg: &ProbeRegistry, key: Arity) -> usize {
+        if let Some(&n) = self.arity.get(&key) {
+            return n;
+        }
+        let n = match &key {
+            Arity::Instant(name) => instant_arg_count(reg, name),
+            Arity::Start(id) => start_arg_count(reg, *id),
+            Arity::End(id) => end_arg_count(reg, *id),
+        };
+        // 0 may mean "no site attached yet" (an end probe found before its start probe).
+        if n > 0 {
+            self.arity.insert(key, n);
+        }
+        n
     }
 
     fn unended<S: SampleSink>(&mut self, sink: &mut S, schema: &str, o: Open) {
@@ -347,6 +369,10 @@ impl MarkerMaker {
 /// Arguments of a `--usdt-interval`'s start probe.
 fn start_arg_count(reg: &ProbeRegistry, id: IntervalId) -> usize {
     first_arity(reg, |p| p.role == ProbeRole::UserIntervalStart(id))
+}
+
+fn instant_arg_count(reg: &ProbeRegistry, name: &str) -> usize {
+    first_arity(reg, |p| p.role == ProbeRole::UserInstant && p.full_name() == name)
 }
 
 fn end_arg_count(reg: &ProbeRegistry, id: IntervalId) -> usize {
@@ -445,7 +471,7 @@ pub fn schemas(reg: &ProbeRegistry) -> Vec<Value> {
         if !seen.insert(name.clone()) {
             continue;
         }
-        let n = first_arity(reg, |q| q.role == ProbeRole::UserInstant && q.full_name() == name);
+        let n = instant_arg_count(reg, &name);
         let labels: Vec<String> = (0..n).map(|i| format!("{{marker.data.arg{i}}}")).collect();
         out.push(json!({
             "name": probe_schema(&name),
