@@ -294,7 +294,9 @@ impl UsdtSession {
                 other => other.to_string(),
             };
             let labels = &mut collector.processes.processes.entry(hit.pid).or_default().labels;
-            if labels.len() < MAX_LABELS || labels.contains_key(&addr) {
+            if labels.get(&addr) == Some(&text) {
+                // Two threads pushed it first at once: both sent the text.
+            } else if labels.len() < MAX_LABELS || labels.contains_key(&addr) {
                 if let Some((_, w)) = &mut self.dump {
                     let _ = writeln!(w, "label {} {addr:#x} {text:?}", hit.pid);
                 }
