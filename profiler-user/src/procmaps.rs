@@ -9,6 +9,7 @@ use std::{
     fs::File,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::OnceLock,
 };
 
 use crate::ids::Pid;
@@ -72,11 +73,44 @@ fn file_name(path: &str) -> String {
         .unwrap_or_else(|| path.to_owned())
 }
 
+/// The vDSO as a readable ELF file: the kernel maps the same image into every 64-bit process,
+/// so ours is copied once into a memfd (mapping offsets are offsets into the image). `None` if
+/// it cannot be read; its frames then keep their offsets.
+fn vdso_image() -> Option<PathBuf> {
+    static IMAGE: OnceLock<Option<(File, PathBuf)>> = OnceLock::new();
+    IMAGE.get_or_init(copy_vdso).as_ref().map(|(_, p)| p.clone())
+}
+
+fn copy_vdso() -> Option<(File, PathBuf)> {
+    use std::{
+        io::Write as _,
+        os::{fd::FromRawFd as _, unix::fs::FileExt as _},
+    };
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().filter_map(parse_line).find(|l| l.path == "[vdso]")?;
+    let mut image = vec![0u8; (line.end - line.start) as usize];
+    File::open("/proc/self/mem").ok()?.read_exact_at(&mut image, line.start).ok()?;
+    if !image.starts_with(b"\x7fELF") {
+        return None;
+    }
+    // SAFETY: a fresh descriptor from memfd_create, owned by the File from here on.
+    let fd = unsafe { libc::memfd_create(c"rsprof-vdso".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut file = unsafe { File::from_raw_fd(fd) };
+    file.write_all(&image).ok()?;
+    Some((file, PathBuf::from(format!("/proc/self/fd/{fd}"))))
+}
+
 fn open_module(pid: Pid, m: &MapsLine) -> Module {
     let path = m.path.clone();
     let name = file_name(&path);
+    if path == "[vdso]" {
+        return Module { open_path: vdso_image(), path, name, _file: None };
+    }
     if m.inode == 0 {
-        // [vdso], [anon:...] and other pseudo mappings have no file.
+        // [anon:...] and other pseudo mappings have no file.
         return Module { path, name, open_path: None, _file: None };
     }
     // Prefer the plain path when it is the very same file (debug-link lookups work relative

@@ -219,6 +219,34 @@ mod tests {
     }
 
     #[test]
+    fn names_vdso_functions() {
+        // clock_gettime's vDSO entry, found through libc's own lookup of the symbol.
+        let name = c"__vdso_clock_gettime";
+        let mut mods = procmaps::ModuleTable::default();
+        let space = procmaps::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
+        // SAFETY: plain libc calls; the handle of the already loaded vDSO is not closed.
+        let addr = unsafe {
+            let h = libc::dlopen(c"linux-vdso.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            assert!(!h.is_null(), "vDSO not loaded");
+            libc::dlsym(h, name.as_ptr()) as u64
+        };
+        assert_ne!(addr, 0);
+        let (module, offset) = space.lookup(addr).expect("vDSO mapped");
+        assert_eq!(mods.get(module).name, "[vdso]");
+        let sources: Vec<ModuleSource> = (0..mods.len())
+            .map(|i| {
+                let m = mods.get(ModuleId(i as u32));
+                ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
+            })
+            .collect();
+        let fa = FrameAddr::User { module, offset: offset + 4 };
+        let out = symbolize(vec![fa], sources).unwrap();
+        let f = &out[&fa][0];
+        assert!(f.function.contains("clock_gettime"), "{f:?}");
+        assert_eq!(f.module, "[vdso]");
+    }
+
+    #[test]
     fn names_kernel_addresses() {
         let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
         let line = kallsyms.lines().find(|l| l.ends_with(" do_sys_openat2")).unwrap();
