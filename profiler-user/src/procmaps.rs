@@ -93,11 +93,12 @@ fn copy_vdso() -> Option<(File, PathBuf)> {
     if !image.starts_with(b"\x7fELF") {
         return None;
     }
-    // SAFETY: a fresh descriptor from memfd_create, owned by the File from here on.
+    // SAFETY: plain syscall with a NUL-terminated name.
     let fd = unsafe { libc::memfd_create(c"rsprof-vdso".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return None;
     }
+    // SAFETY: `fd` is valid and owned by nothing else.
     let mut file = unsafe { File::from_raw_fd(fd) };
     file.write_all(&image).ok()?;
     Some((file, PathBuf::from(format!("/proc/self/fd/{fd}"))))
