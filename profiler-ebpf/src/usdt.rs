@@ -286,10 +286,10 @@ fn record_hit(
     tgid: u32,
     tid: u32,
     busy: *mut u32,
-) -> u32 {
+) {
     let Some(rec) = USDT_SCRATCH.get_ptr_mut(0) else {
         count(counter::USDT_LOST_OTHER);
-        return 0;
+        return;
     };
     let nargs = if (spec.arg_count as usize) > USDT_MAX_ARGS {
         USDT_MAX_ARGS
@@ -334,7 +334,7 @@ fn record_hit(
         let key = LabelSeenKey { mm: mm.unwrap_or(0), label, tgid, _pad: 0 };
         // SAFETY: plain lookup.
         if unsafe { LABEL_SEEN.get(key) }.is_some() {
-            return 0;
+            return;
         }
         seen_key = Some(key);
     }
@@ -361,7 +361,7 @@ fn record_hit(
     if unsafe { busy.read_volatile() } != tid {
         // Another hit took the scratch while this one was preempted: the record is mixed.
         count(counter::USDT_LOST_OTHER);
-        return 0;
+        return;
     }
     // SAFETY: `rec` is this CPU's scratch record.
     let sent = unsafe {
@@ -370,7 +370,7 @@ fn record_hit(
     };
     if !sent {
         count(counter::USDT_LOST_RINGBUF_FULL);
-        return 0;
+        return;
     }
     count(counter::USDT_SENT);
     // Only once the text is on its way, and readable: a lost record or a page not yet
@@ -380,5 +380,4 @@ fn record_hit(
     if let (Some(key), false) = (seen_key, unreadable) {
         let _ = LABEL_SEEN.insert(key, 1, 0);
     }
-    0
 }

@@ -12,7 +12,7 @@ use crate::{
     output::PendingOutput,
     procmaps::ModuleId,
     profile::ProcessesMeta,
-    storage::{ChunkedStore, StoreSnapshot},
+    storage::{ChunkedStore, FrameAddr, StoreSnapshot},
     symbolize::{ModuleSource, name_labels, symbolize},
 };
 
@@ -71,9 +71,11 @@ impl ExportJob {
 
     /// Symbolizes and writes the profile atomically to `output`.
     pub fn write(self, output: PendingOutput) -> Result<ProfileStats> {
-        let addrs = self.snapshot.unique_frames();
-        let mut symbols = symbolize(addrs.clone(), self.modules)?;
-        name_labels(&mut symbols, &addrs, &self.processes);
+        let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) = (self.snapshot.unique_frames())
+            .into_iter()
+            .partition(|a| matches!(a, FrameAddr::Label { .. }));
+        let mut symbols = symbolize(addrs, self.modules)?;
+        name_labels(&mut symbols, &labels, &self.processes);
         output.commit(|w| {
             write_profile(
                 &self.snapshot,

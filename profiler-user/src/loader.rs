@@ -137,9 +137,7 @@ impl Sampler {
     }
 
     pub fn counters(&self) -> Result<KernelCounters> {
-        let arr: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
-        let sum = |i: u32| -> Result<u64> { Ok(arr.get(&i, 0)?.iter().sum()) };
+        let sum = |i| self.counter(i);
         Ok(KernelCounters {
             samples_sent: sum(counter::SAMPLES_SENT)?,
             samples_filtered: sum(counter::SAMPLES_FILTERED)?,

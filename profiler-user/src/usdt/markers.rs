@@ -106,6 +106,10 @@ pub fn interval_schema(spec: &str) -> String {
     format!("USDT interval {spec}")
 }
 
+fn user_interval_schema(reg: &ProbeRegistry, id: IntervalId) -> String {
+    interval_schema(reg.intervals.get(id.0 as usize).map_or("", String::as_str))
+}
+
 /// Marker name of a `--usdt-interval` request: the spec without its path.
 fn interval_name(spec: &str) -> &str {
     spec.split_once('@').map_or(spec, |(s, _)| s)
@@ -288,22 +292,12 @@ impl MarkerMaker {
     pub fn finish<S: SampleSink>(&mut self, reg: &ProbeRegistry, sink: &mut S) {
         let pids: Vec<Pid> = self.open.keys().copied().collect();
         let tids: Vec<Tid> = self.user_open.keys().copied().collect();
-        self.close(reg, sink, &pids, &tids);
+        self.exited(reg, sink, &pids, &tids);
     }
 
     /// Threads and processes that exited: their open intervals can no longer end (and their
     /// ids may be reused), so they are stored now as incomplete ones.
     pub fn exited<S: SampleSink>(
-        &mut self,
-        reg: &ProbeRegistry,
-        sink: &mut S,
-        pids: &[Pid],
-        tids: &[Tid],
-    ) {
-        self.close(reg, sink, pids, tids);
-    }
-
-    fn close<S: SampleSink>(
         &mut self,
         reg: &ProbeRegistry,
         sink: &mut S,
@@ -317,8 +311,8 @@ impl MarkerMaker {
         }
         for tid in tids {
             for (id, starts) in self.user_open.remove(tid).unwrap_or_default() {
-                let spec = reg.intervals.get(id.0 as usize).map_or("", String::as_str);
-                open.extend(starts.into_iter().map(|o| (interval_schema(spec), o)));
+                let schema = user_interval_schema(reg, id);
+                open.extend(starts.into_iter().map(|o| (schema.clone(), o)));
             }
         }
         open.sort_by_key(|(_, o)| o.start_ns);
@@ -351,8 +345,7 @@ impl MarkerMaker {
             .collect();
         for by_id in self.user_open.values() {
             for (id, starts) in by_id {
-                let spec = reg.intervals.get(id.0 as usize).map_or("", String::as_str);
-                let schema = interval_schema(spec);
+                let schema = user_interval_schema(reg, *id);
                 out.extend(starts.iter().map(|o| pending(&schema, o)));
             }
         }
