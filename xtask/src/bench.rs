@@ -121,13 +121,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.runs >= 1, "--runs must be at least 1");
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
 
-    let profiler = match &args.profiler {
-        Some(p) => {
-            anyhow::ensure!(p.is_file(), "{} does not exist", p.display());
-            fs::canonicalize(p)?
-        }
-        None => build()?,
-    };
+    let profiler = profiler_binary(args.profiler.as_deref())?;
     let fixture = build_fixture()?;
     let cpus = online_cpus();
     let perf_version = stdout_of(Command::new("perf").arg("--version"))
@@ -537,6 +531,23 @@ fn perf_lost(data: &Path) -> Option<u64> {
         }
     }
     Some(lost)
+}
+
+/// The rsprof-bpf to measure: `--profiler PATH`, or target/release/rsprof-bpf built now.
+pub fn profiler_binary(arg: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match arg {
+        Some(p) => {
+            anyhow::ensure!(p.is_file(), "{} does not exist", p.display());
+            Ok(fs::canonicalize(p)?)
+        }
+        None => build(),
+    }
+}
+
+/// The median (upper middle) of `v`; NaN when empty.
+pub fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
 }
 
 fn median_duration(values: &[Duration]) -> Option<Duration> {

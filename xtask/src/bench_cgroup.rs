@@ -23,7 +23,10 @@ use std::time::Duration;
 use ::tests::cgroups::CgroupTree;
 use anyhow::{Context as _, bail};
 
-use crate::{build, display, step, workspace_root};
+use crate::{
+    bench::{median_f64, profiler_binary},
+    display, step, workspace_root,
+};
 
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-cgroup (generated; edits are overwritten) -->";
@@ -151,21 +154,13 @@ fn start_workers(dirs: &[PathBuf], split: &Path, secs: f64) -> anyhow::Result<Ve
         .collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() { f64::NAN } else { v[v.len() / 2] }
-}
-
 pub fn bench_cgroup(args: BenchCgroupArgs) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the cgroup benchmark must run as root");
     }
     anyhow::ensure!(args.cgroups >= 2, "--cgroups must be at least 2");
     anyhow::ensure!(args.runs >= 1 && args.seconds > 0.0, "--runs >= 1 and --seconds > 0");
-    let profiler = match &args.profiler {
-        Some(p) => fs::canonicalize(p)?,
-        None => build()?,
-    };
+    let profiler = profiler_binary(args.profiler.as_deref())?;
     let split = ::tests::fixtures::build("split.c")?;
     let tree = CgroupTree::create("bench")?;
     let pod = "kubepods.slice/kubepods-pod0125ec2f_b64a_4868_8f5b_94b56cbab864.slice";
@@ -218,7 +213,7 @@ pub fn bench_cgroup(args: BenchCgroupArgs) -> anyhow::Result<()> {
 }
 
 fn render(args: &BenchCgroupArgs, labels: &[&str; 3], results: &[Vec<Run>]) -> String {
-    let m = |i: usize, f: fn(&Run) -> f64| median(results[i].iter().map(f).collect());
+    let m = |i: usize, f: fn(&Run) -> f64| median_f64(results[i].iter().map(f).collect());
     let mut s = String::new();
     let mut cmd = "cargo xtask bench-cgroup".to_owned();
     if args.cgroups != 4 {

@@ -15,7 +15,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bench::utc_now, build, step, workspace_root};
+use crate::{
+    bench::{median_f64, utc_now},
+    build, step, workspace_root,
+};
 
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-usdt (generated; edits are overwritten) -->";
@@ -59,11 +62,6 @@ fn ns_per_iter(cmd: &mut Command) -> anyhow::Result<f64> {
         .with_context(|| format!("no timing in {text:?}"))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 pub fn bench_usdt(args: BenchUsdtArgs) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the benchmark must run as root (rsprof-bpf loads BPF programs)");
@@ -102,7 +100,7 @@ pub fn bench_usdt(args: BenchUsdtArgs) -> anyhow::Result<()> {
         }
     }
     let _ = fs::remove_dir_all(&tmp);
-    let base = median(base);
+    let base = median_f64(base);
     let mut t = String::new();
     let _ = writeln!(t, "## USDT probe cost: `cargo xtask bench-usdt`\n");
     let _ =
@@ -126,7 +124,7 @@ pub fn bench_usdt(args: BenchUsdtArgs) -> anyhow::Result<()> {
     let _ = writeln!(t, "| Probe | Hits per iteration | Off: ns per hit | On: ns per hit |");
     let _ = writeln!(t, "|---|---:|---:|---:|");
     for ((kind, hits, what), (off, on)) in KINDS.iter().zip(rows) {
-        let (off, on) = (median(off), median(on));
+        let (off, on) = (median_f64(off), median_f64(on));
         let per = |v: f64| (v - base).max(0.0) / *hits as f64;
         let _ = writeln!(t, "| {kind}: {what} | {hits} | {:.2} | {:.0} |", per(off), per(on));
     }
