@@ -14,12 +14,12 @@ use std::{
 };
 
 use profiler_user::{
-    assemble::{RecordingInfo, write_profile},
-    events::{StoredSample, ThreadKey},
-    ids::{Pid, Tid},
-    procmaps::ModuleId,
-    profile::{Frame, FrameKind},
-    storage::{ChunkedStore, FrameAddr, SampleSink},
+    collect::modules::ModuleId,
+    model::ids::{Pid, Tid},
+    model::stacks::{Frame, FrameKind},
+    store::codec::{StoredSample, ThreadKey},
+    store::{ChunkedStore, FrameAddr, SampleSink},
+    writers::gecko::assemble::{RecordingInfo, write_profile},
 };
 
 /// xorshift64*: deterministic and dependency-free.

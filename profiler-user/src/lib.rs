@@ -1,33 +1,28 @@
-//! rsprof-bpf userspace. Data flows one way:
-//! kernel (BPF) → ring buffer → `collector` → `storage` → `symbolize` → writers (`gecko`).
-//! `storage` keeps events in memory-bounded `chunks` (encoded by `events`); `export` takes a
-//! snapshot of it through `symbolize` and `assemble` (one pass into the `gecko` writer) to an
-//! `output` file. `record` wires the stages together.
+//! rsprof-bpf userspace. The folders are the pipeline, data flowing one way:
+//!
+//! ```text
+//! bpf (load, attach, counters, ring drain, record decoding)
+//!   -> collect (process table, mappings, stack normalization)
+//!   -> store (bounded chunks of encoded events, tables pruned with their chunks)
+//!   -> export (snapshot -> symbolize -> model)
+//!   -> writers (gecko | summary) -> export::output (atomic file)
+//! ```
+//!
+//! `model` is the writer-neutral vocabulary every stage shares (ids, frames, stacks, process
+//! metadata, markers, recording info); `system` talks to the host (/proc, cgroups, launching a
+//! command); `usdt` finds and attaches USDT probes and turns their hits into model markers;
+//! `cli` parses and validates arguments once; `cmd` has one file per subcommand and `session`
+//! runs a recording (event loop, signals, snapshots, all stderr output).
 
-pub mod assemble;
-pub mod cgroup_filter;
-pub mod cgroupfs;
-pub mod chunks;
+pub mod bpf;
 pub mod cli;
-pub mod collector;
-pub mod container;
-pub mod events;
+pub mod cmd;
+pub mod collect;
 pub mod export;
-pub mod gecko;
-pub mod gecko_container;
-pub mod ids;
-pub mod intern;
-pub mod kernel_btf;
-pub mod launch;
-pub mod loader;
-pub mod output;
-pub mod process_cgroup;
-pub mod processes;
-pub mod procmaps;
-pub mod profile;
-pub mod record;
-pub mod records;
-pub mod storage;
-pub mod summary;
+pub mod model;
+pub mod session;
+pub mod store;
 pub mod symbolize;
+pub mod system;
 pub mod usdt;
+pub mod writers;

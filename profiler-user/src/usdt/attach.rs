@@ -26,8 +26,8 @@ use super::{
     uprobe::{link_create, open_uprobe, pmu_type, ref_ctr_supported},
 };
 use crate::{
-    collector::Collector, ids::Pid, loader::Sampler, processes::MAX_LABELS, records::RawUsdtHit,
-    storage::SampleSink,
+    bpf::decode::RawUsdtHit, bpf::object::Sampler, collect::collector::Collector,
+    collect::processes::MAX_LABELS, model::ids::Pid, store::SampleSink,
 };
 
 /// A file by (st_dev, st_ino), as `stat` reports it.
@@ -309,7 +309,7 @@ impl UsdtSession {
     }
 
     /// Intervals begun and not ended yet, for a snapshot.
-    pub fn open_markers(&self) -> Vec<crate::assemble::OpenInterval> {
+    pub fn open_markers(&self) -> Vec<crate::writers::gecko::assemble::OpenInterval> {
         self.markers.open_markers(&self.registry)
     }
 

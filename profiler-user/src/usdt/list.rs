@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 
 use super::{args, notes};
-use crate::ids::Pid;
+use crate::model::ids::Pid;
 
 /// `rsprof-bpf list-usdt`: the probes of a file, or of every file a process maps.
 pub fn list(path: Option<&Path>, pid: Option<Pid>) -> Result<String> {

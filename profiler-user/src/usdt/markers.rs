@@ -16,10 +16,10 @@ use serde_json::{Value, json};
 
 use super::{IntervalId, ProbeInfo, ProbeRegistry, ProbeRole, UsdtArg, UsdtHit};
 use crate::{
-    assemble::OpenInterval,
-    events::{MarkerField, MarkerPhase, StoredMarker, ThreadKey},
-    ids::{Pid, Tid},
-    storage::SampleSink,
+    model::ids::{Pid, Tid},
+    store::SampleSink,
+    store::codec::{MarkerField, MarkerPhase, StoredMarker, ThreadKey},
+    writers::gecko::assemble::OpenInterval,
 };
 
 /// Open intervals kept waiting for their end; past this, a begin is stored at once as an
@@ -496,8 +496,8 @@ pub fn schemas(reg: &ProbeRegistry) -> Vec<Value> {
 mod tests {
     use super::*;
     use crate::{
-        events::Event,
-        storage::{ChunkedStore, read_events},
+        store::codec::Event,
+        store::{ChunkedStore, read_events},
         usdt::{ProbeId, SiteInfo, UsdtString},
     };
 

@@ -28,8 +28,8 @@ use anyhow::{Result, bail};
 use profiler_common::{USDT_STR_IS_NULL, USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE};
 
 use crate::{
-    ids::{Pid, Tid},
-    records::RawUsdtHit,
+    bpf::decode::RawUsdtHit,
+    model::ids::{Pid, Tid},
 };
 
 pub use attach::UsdtSession;

@@ -7,7 +7,7 @@ use anyhow::Result;
 use profiler_common::counter;
 
 use super::{ProbeRegistry, markers::MarkerStats};
-use crate::{loader::Sampler, processes::MAX_LABELS};
+use crate::{bpf::object::Sampler, collect::processes::MAX_LABELS};
 
 /// Kernel-side USDT counters, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default)]

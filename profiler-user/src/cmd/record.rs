@@ -17,17 +17,18 @@ use tokio::{
 };
 
 use crate::{
-    assemble::RecordingInfo,
-    cli::RecordArgs,
-    collector::Collector,
+    bpf::btf,
+    bpf::object::Sampler,
+    cli::args::RecordArgs,
+    collect::collector::Collector,
+    export::output::PendingOutput,
     export::{ExportJob, snapshot_path},
-    ids::Pid,
-    kernel_btf, launch,
-    loader::Sampler,
-    output::PendingOutput,
-    storage::ChunkedStore,
-    summary,
+    model::ids::Pid,
+    store::ChunkedStore,
+    system::launch,
     usdt::{self, UsdtCounters, UsdtSession, markers},
+    writers::gecko::assemble::RecordingInfo,
+    writers::summary,
 };
 
 fn max_sample_rate() -> u64 {
@@ -105,9 +106,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
     for &pid in &args.pid {
         check_pid(pid)?;
     }
-    let cgroups = crate::cgroup_filter::Selection::from_args(&args.cgroup, &args.container)?;
+    let cgroups =
+        crate::system::cgroup::filter::Selection::from_args(&args.cgroup, &args.container)?;
     let mut config = Config::default();
-    kernel_btf::fill_offsets(Path::new(kernel_btf::VMLINUX_BTF), &mut config)?;
+    btf::fill_offsets(Path::new(btf::VMLINUX_BTF), &mut config)?;
     if !args.pid.is_empty() || !args.command.is_empty() {
         config.filter_mode = FILTER_TARGETS;
         config.follow_children = u32::from(!args.command.is_empty());

@@ -25,9 +25,9 @@ use std::io::{self, Write};
 use serde_json::{Value, json};
 
 use crate::{
-    events::StackId,
-    ids::{Pid, Tid},
-    profile::{FrameIndex, FrameKind, SymbolizedStacks},
+    model::ids::{Pid, Tid},
+    model::stacks::{FrameIndex, FrameKind, SymbolizedStacks},
+    store::codec::StackId,
 };
 
 pub const GECKO_VERSION: u32 = 36;
@@ -503,7 +503,7 @@ fn location(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::Frame;
+    use crate::model::stacks::Frame;
 
     fn frame(kind: FrameKind, function: &str, module: &str) -> Frame {
         Frame {

@@ -219,7 +219,7 @@ mod tests {
             panic!("test host has no cgroup v2 mount: the cgroup features cannot be tested here")
         };
         let own = fs::read_to_string("/proc/self/cgroup").unwrap();
-        let path = crate::container::v2_path_from_proc(&own).unwrap().to_owned();
+        let path = crate::system::cgroup::container::v2_path_from_proc(&own).unwrap().to_owned();
         let cg = m.resolve(&path).unwrap();
         assert_eq!(cg.path, if path == "/" { "/".to_owned() } else { path.clone() });
         let by_dir = m.resolve(&cg.dir.to_string_lossy()).unwrap();

@@ -8,7 +8,7 @@ use profiler_common::{
     USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
-use crate::ids::{Pid, Tid};
+use crate::model::ids::{Pid, Tid};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {

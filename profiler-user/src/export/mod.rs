@@ -6,14 +6,16 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use serde_json::Value;
 
+pub mod output;
+
 use crate::{
-    assemble::{OpenInterval, ProfileStats, RecordingInfo, write_profile},
-    collector::Collector,
-    output::PendingOutput,
-    procmaps::ModuleId,
-    profile::ProcessesMeta,
-    storage::{ChunkedStore, FrameAddr, StoreSnapshot},
+    collect::collector::Collector,
+    collect::modules::ModuleId,
+    export::output::PendingOutput,
+    model::stacks::ProcessesMeta,
+    store::{ChunkedStore, FrameAddr, StoreSnapshot},
     symbolize::{ModuleSource, name_labels, symbolize},
+    writers::gecko::assemble::{OpenInterval, ProfileStats, RecordingInfo, write_profile},
 };
 
 /// Everything a profile writer needs, detached from the live collector.

@@ -14,7 +14,7 @@
 
 use serde_json::{Value, json};
 
-use crate::container::Identity;
+use crate::system::cgroup::container::Identity;
 
 pub const MARKER_TYPE: &str = "ContainerIdentity";
 
@@ -74,7 +74,7 @@ mod tests {
             "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod55c6c714_b240_4dec_\
              9a45_57b61696ab6e.slice/cri-containerd-{id}.scope"
         );
-        let c = crate::container::parse(&cg).unwrap();
+        let c = crate::system::cgroup::container::parse(&cg).unwrap();
         assert_eq!(process_name("nginx", Some(&c)), "nginx [containerd 3f2a9c1b]");
         let (name, data) = marker(&c);
         assert_eq!(name, "Container");
@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn services_get_a_marker_but_no_name_suffix() {
-        let c = crate::container::parse("/system.slice/nginx.service").unwrap();
+        let c = crate::system::cgroup::container::parse("/system.slice/nginx.service").unwrap();
         assert_eq!(process_name("nginx", Some(&c)), "nginx");
         assert_eq!(marker(&c).1["id"], "nginx.service");
         assert_eq!(process_name("nginx", None), "nginx");

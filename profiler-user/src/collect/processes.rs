@@ -7,9 +7,9 @@ use std::{
 };
 
 use crate::{
-    ids::{Pid, Tid},
-    procmaps::AddressSpace,
-    profile::{ProcessMeta, ProcessesMeta, ThreadMeta},
+    collect::modules::AddressSpace,
+    model::ids::{Pid, Tid},
+    model::stacks::{ProcessMeta, ProcessesMeta, ThreadMeta},
 };
 
 #[derive(Debug, Default)]
@@ -59,7 +59,7 @@ pub struct ProcessInfo {
     /// Exit seen: /proc no longer describes this process.
     pub exited: bool,
     /// Its cgroup and container.
-    pub cgroup: crate::process_cgroup::ProcessCgroup,
+    pub cgroup: crate::system::cgroup::membership::ProcessCgroup,
     /// `rsprof:label_push` texts by label address (the label ids samples carry), capped at
     /// `MAX_LABELS`.
     pub labels: HashMap<u64, String>,
@@ -73,7 +73,7 @@ pub const MAX_LABELS: usize = 4096;
 pub struct ProcessTable {
     pub processes: BTreeMap<Pid, ProcessInfo>,
     /// cgroup id → path, for processes gone before their cgroup was read.
-    pub cgroup_paths: crate::cgroupfs::PathCache,
+    pub cgroup_paths: crate::system::cgroup::fs::PathCache,
 }
 
 impl ProcessTable {

@@ -4,12 +4,12 @@
 use std::time::{Duration, Instant};
 
 use crate::{
-    events::{StoredSample, ThreadKey},
-    ids::{Pid, Tid},
-    processes::{ProcessInfo, ProcessTable, read_proc_identity},
-    procmaps::{ModuleTable, read_address_space},
-    records::{DecodeError, Event, LabelRef, RawUsdtHit, Sample, TaskEvent, TaskKind},
-    storage::{FrameAddr, SampleSink},
+    bpf::decode::{DecodeError, Event, LabelRef, RawUsdtHit, Sample, TaskEvent, TaskKind},
+    collect::modules::{ModuleTable, read_address_space},
+    collect::processes::{ProcessInfo, ProcessTable, read_proc_identity},
+    model::ids::{Pid, Tid},
+    store::codec::{StoredSample, ThreadKey},
+    store::{FrameAddr, SampleSink},
 };
 
 /// Distinct (process, label) sample counts kept for the summary.
@@ -70,7 +70,7 @@ impl<S: SampleSink> Collector<S> {
 
     /// Handles one raw ring-buffer record.
     pub fn handle_record(&mut self, bytes: &[u8]) -> Result<(), DecodeError> {
-        match crate::records::decode(bytes) {
+        match crate::bpf::decode::decode(bytes) {
             Ok(ev) => {
                 self.handle(ev);
                 Ok(())

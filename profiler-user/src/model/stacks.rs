@@ -4,9 +4,9 @@
 use std::{collections::HashMap, ops::Range};
 
 use crate::{
-    events::StackId,
-    ids::{Pid, Tid},
-    storage::{FrameAddr, StoreSnapshot},
+    model::ids::{Pid, Tid},
+    store::codec::StackId,
+    store::{FrameAddr, StoreSnapshot},
 };
 
 /// Which part of the system a frame ran in; picks its Gecko category.
@@ -158,7 +158,7 @@ pub struct ProcessMeta {
     pub end_ns: Option<u64>,
     pub threads: HashMap<Tid, ThreadMeta>,
     /// The container or systemd service it runs in (from its cgroup), if any.
-    pub container: Option<crate::container::Identity>,
+    pub container: Option<crate::system::cgroup::container::Identity>,
     /// `rsprof:label_push` texts by label address.
     pub labels: HashMap<u64, String>,
 }

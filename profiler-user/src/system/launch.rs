@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::ids::Pid;
+use crate::model::ids::Pid;
 
 pub struct GatedChild {
     pub pid: Pid,

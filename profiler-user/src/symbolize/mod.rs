@@ -12,9 +12,9 @@ use blazesym::symbolize::{
 };
 
 use crate::{
-    procmaps::ModuleId,
-    profile::{Frame, FrameKind, ProcessesMeta},
-    storage::FrameAddr,
+    collect::modules::ModuleId,
+    model::stacks::{Frame, FrameKind, ProcessesMeta},
+    store::FrameAddr,
 };
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
@@ -191,7 +191,7 @@ fn unknown(kind: FrameKind, addr: u64, module: &str) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ids::Pid, procmaps};
+    use crate::{collect::modules, model::ids::Pid};
 
     #[inline(never)]
     fn marker_function_for_symbolizer_test() -> u64 {
@@ -200,8 +200,8 @@ mod tests {
 
     #[test]
     fn names_own_function_through_module_and_offset() {
-        let mut mods = procmaps::ModuleTable::default();
-        let space = procmaps::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
+        let mut mods = modules::ModuleTable::default();
+        let space = modules::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
         let addr = marker_function_for_symbolizer_test as *const () as usize as u64;
         assert_eq!(marker_function_for_symbolizer_test(), 7);
         let (module, offset) = space.lookup(addr).unwrap();
@@ -222,8 +222,8 @@ mod tests {
     fn names_vdso_functions() {
         // clock_gettime's vDSO entry, found through libc's own lookup of the symbol.
         let name = c"__vdso_clock_gettime";
-        let mut mods = procmaps::ModuleTable::default();
-        let space = procmaps::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
+        let mut mods = modules::ModuleTable::default();
+        let space = modules::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
         // SAFETY: plain libc calls; the handle of the already loaded vDSO is not closed.
         let addr = unsafe {
             let h = libc::dlopen(c"linux-vdso.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);

@@ -3,9 +3,9 @@
 //! seen and again only when its main thread shows up in a different cgroup.
 
 use crate::{
-    cgroupfs::PathCache,
-    container::{self, Identity},
-    ids::Pid,
+    model::ids::Pid,
+    system::cgroup::container::{self, Identity},
+    system::cgroup::fs::PathCache,
 };
 
 #[derive(Debug, Default)]
@@ -46,7 +46,7 @@ mod tests {
 
     #[test]
     fn own_process_resolves_to_its_cgroup() {
-        let m = crate::cgroupfs::V2Mount::find().expect("test host has cgroup v2");
+        let m = crate::system::cgroup::fs::V2Mount::find().expect("test host has cgroup v2");
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
         let path = container::v2_path_from_proc(&own).unwrap().to_owned();
         let id = std::fs::metadata(m.cgroup(&path).unwrap().dir).unwrap().ino();

@@ -12,7 +12,7 @@ use std::{
     sync::OnceLock,
 };
 
-use crate::ids::Pid;
+use crate::model::ids::Pid;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ModuleId(pub u32);

@@ -7,8 +7,8 @@ use anyhow::{Result, bail};
 use profiler_common::{CgroupFilter, MAX_CGROUP_LEVEL, MAX_SELECTED_CGROUPS};
 
 use crate::{
-    cgroupfs::{Cgroup, V2Mount},
-    container::{self, Identity},
+    system::cgroup::container::{self, Identity},
+    system::cgroup::fs::{Cgroup, V2Mount},
 };
 
 /// The cgroups a recording is restricted to.
@@ -179,37 +179,6 @@ impl Selection {
         }
         s
     }
-}
-
-/// `rsprof-bpf list-containers`.
-pub fn list_containers() -> Result<()> {
-    let mount = V2Mount::find()?;
-    let found = survey(&mount);
-    let mut out = String::new();
-    let _ = writeln!(out, "cgroup v2 mount: {}", mount.path.display());
-    let _ = writeln!(
-        out,
-        "{:<11} {:<24} {:<36} {:<10} {:>6}  CGROUP",
-        "RUNTIME", "ID", "POD", "QOS", "PROCS"
-    );
-    for f in &found {
-        let (rt, id, pod, qos) = match &f.identity {
-            Some(i) => (
-                i.runtime.name(),
-                display_id(i),
-                i.pod_uid.as_deref().unwrap_or("-"),
-                i.qos.map_or("-", |q| q.name()),
-            ),
-            None => ("-", "-", "-", "-"),
-        };
-        let _ = writeln!(
-            out,
-            "{rt:<11} {id:<24} {pod:<36} {qos:<10} {:>6}  {}",
-            f.nprocs, f.cgroup.path
-        );
-    }
-    print!("{out}");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use aya::{
 };
 use profiler_common::{CgroupFilter, Config, UsdtSpec, counter};
 
-use crate::ids::Pid;
+use crate::model::ids::Pid;
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 

@@ -10,13 +10,13 @@ use std::{
 use serde_json::{Map, Value, json};
 
 use crate::{
-    events::{Event, MarkerField, MarkerPhase, StoredMarker, ThreadKey},
-    gecko::{self, GeckoMeta, GeckoProcess, GeckoThread, ThreadTables},
-    gecko_container,
-    ids::{Pid, Tid},
-    profile::{FrameIndex, ProcessesMeta, SymbolizedStacks},
-    storage::{StoreSnapshot, read_events},
+    model::ids::{Pid, Tid},
+    model::stacks::{FrameIndex, ProcessesMeta, SymbolizedStacks},
+    store::codec::{Event, MarkerField, MarkerPhase, StoredMarker, ThreadKey},
+    store::{StoreSnapshot, read_events},
     symbolize::Symbols,
+    writers::gecko::container,
+    writers::gecko::tables::{self, GeckoMeta, GeckoProcess, GeckoThread, ThreadTables},
 };
 
 /// The recording's time base and description.
@@ -95,7 +95,7 @@ pub fn write_profile<W: Write>(
 ) -> io::Result<ProfileStats> {
     let tree = SymbolizedStacks::new(snap, symbols);
     let mut marker_schema = marker_schema;
-    marker_schema.push(gecko_container::marker_schema());
+    marker_schema.push(container::marker_schema());
     let keys = field_keys(&marker_schema);
     let mut stats = ProfileStats::default();
     let mut threads: HashMap<ThreadKey, ThreadTables> = HashMap::new();
@@ -165,7 +165,7 @@ pub fn write_profile<W: Write>(
     let procs = group_processes(threads, processes, info);
     stats.processes = procs.len();
     stats.threads = procs.iter().map(|p| p.threads.len()).sum();
-    gecko::write_gecko(&meta, procs, &tree, out)?;
+    tables::write_gecko(&meta, procs, &tree, out)?;
     Ok(stats)
 }
 
@@ -213,7 +213,7 @@ fn add_marker(
         let key = schema_keys.and_then(|k| k.get(i)).cloned().unwrap_or_else(|| format!("f{i}"));
         data.insert(key, v);
     }
-    tables.add_marker(name, start, end, phase as u8, gecko::CATEGORY_OTHER, &Value::Object(data));
+    tables.add_marker(name, start, end, phase as u8, tables::CATEGORY_OTHER, &Value::Object(data));
 }
 
 fn group_processes(
@@ -264,21 +264,21 @@ fn group_processes(
                 threads.sort_by_key(|t| (!t.is_main, t.tid));
                 let start = threads.iter().map(|t| t.register_time_ms).fold(f64::MAX, f64::min);
                 let end = end_time_ms.unwrap_or(info.ms(info.end_mono_ns)).max(start);
-                let (marker_name, data) = gecko_container::marker(c);
+                let (marker_name, data) = container::marker(c);
                 if let Some(t) = threads.first_mut() {
                     t.tables.add_marker(
                         marker_name,
                         Some(start),
                         Some(end),
                         1,
-                        gecko::CATEGORY_OTHER,
+                        tables::CATEGORY_OTHER,
                         &data,
                     );
                 }
             }
             GeckoProcess {
                 pid,
-                name: gecko_container::process_name(&name, container),
+                name: container::process_name(&name, container),
                 end_time_ms,
                 threads,
             }

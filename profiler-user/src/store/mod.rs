@@ -12,15 +12,19 @@
 
 use std::collections::HashMap;
 
+pub mod chunks;
+pub mod codec;
+pub mod intern;
+
 use crate::{
-    chunks::{ChunkedBuffer, PushError, Recycled, RecycledChunk},
-    events::{self, ChunkTimes, Event, MarkerField, StackId, StoredMarker, StoredSample, StringId},
-    ids::Pid,
-    intern::PrunableInterner,
-    procmaps::ModuleId,
+    collect::modules::ModuleId,
+    model::ids::Pid,
+    store::chunks::{ChunkedBuffer, PushError, Recycled, RecycledChunk},
+    store::codec::{ChunkTimes, Event, MarkerField, StackId, StoredMarker, StoredSample, StringId},
+    store::intern::PrunableInterner,
 };
 
-pub use crate::events::ThreadKey;
+pub use crate::store::codec::ThreadKey;
 
 /// A normalized return address / instruction pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -174,7 +178,7 @@ impl ChunkedStore {
 
     fn push(&mut self, ev: Event) {
         let time = ev.time_ns();
-        events::encode(&ev, &mut self.times, &mut self.scratch);
+        codec::encode(&ev, &mut self.times, &mut self.scratch);
         match self.buffer.push(&self.scratch, time) {
             Ok(()) => {}
             Err(PushError::NeedChunk) => {
@@ -182,7 +186,7 @@ impl ChunkedStore {
                 self.times = ChunkTimes::new(time);
                 // What this event refers to was stamped with the previous chunk.
                 self.touch(&ev);
-                events::encode(&ev, &mut self.times, &mut self.scratch);
+                codec::encode(&ev, &mut self.times, &mut self.scratch);
                 if let Err(e) = self.buffer.push(&self.scratch, time) {
                     unreachable!("an empty chunk refused a block that fits: {e:?}");
                 }
@@ -280,7 +284,7 @@ pub fn read_events(
     mut on_error: impl FnMut(String),
 ) {
     for (i, bytes) in snap.chunks.iter().enumerate() {
-        let view = match crate::chunks::ChunkView::parse(bytes) {
+        let view = match crate::store::chunks::ChunkView::parse(bytes) {
             Ok(v) => v,
             Err(e) => {
                 on_error(format!("chunk {i}: {e}"));
@@ -289,7 +293,7 @@ pub fn read_events(
         };
         let mut times = ChunkTimes::new(view.header.base_time_ns);
         for (j, block) in view.blocks().enumerate() {
-            match events::decode(block, &mut times) {
+            match codec::decode(block, &mut times) {
                 Ok(ev) => on_event(ev),
                 Err(e) => on_error(format!("chunk {} block {j}: {e}", view.header.seq)),
             }
@@ -300,7 +304,7 @@ pub fn read_events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::Tid;
+    use crate::model::ids::Tid;
 
     fn key(pid: u32, tid: u32) -> ThreadKey {
         ThreadKey { pid: Pid(pid), tid: Tid(tid) }
@@ -412,7 +416,7 @@ mod tests {
         use proptest::prelude::*;
 
         use super::*;
-        use crate::events::MarkerPhase;
+        use crate::store::codec::MarkerPhase;
 
         /// An event as the collector hands it over, with stacks and strings spelled out.
         #[derive(Clone, Debug, PartialEq)]

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use crate::ids::{Pid, Tid};
+use crate::model::ids::{Pid, Tid};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackId(pub u32);

@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 
 use crate::{
-    assemble::ProfileStats, collector::CollectorStats, loader::KernelCounters, storage::StoreStats,
+    bpf::object::KernelCounters, collect::collector::CollectorStats, store::StoreStats,
+    writers::gecko::assemble::ProfileStats,
 };
 
 pub struct SummaryInput<'a> {

@@ -1,0 +1,3 @@
+//! Command-line arguments (`args`, clap structs only).
+
+pub mod args;

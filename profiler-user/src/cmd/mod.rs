@@ -1,0 +1,5 @@
+//! One file per subcommand.
+
+pub mod list_containers;
+pub mod list_usdt;
+pub mod record;

@@ -1,0 +1,1 @@
+//! A running recording: the event loop, signals, snapshots and stderr output.

@@ -1,0 +1,4 @@
+//! The host: launching `-- CMD`, /proc, cgroups and container identity.
+
+pub mod cgroup;
+pub mod launch;
