@@ -14,12 +14,15 @@ use std::{
 };
 
 use profiler_user::{
-    collect::modules::ModuleId,
-    model::ids::{Pid, Tid},
-    model::stacks::{Frame, FrameKind},
-    store::codec::{StoredSample, ThreadKey},
-    store::{ChunkedStore, FrameAddr, SampleSink},
-    writers::gecko::assemble::{RecordingInfo, write_profile},
+    export::write_gecko,
+    model::{
+        address::FrameAddr,
+        ids::{ModuleId, Pid, ThreadKey, Tid},
+        recording::RecordingInfo,
+        stacks::{Frame, FrameKind},
+        time::MonoNs,
+    },
+    store::{ChunkedStore, SampleSink, codec::StoredSample},
 };
 
 /// xorshift64*: deterministic and dependency-free.
@@ -95,7 +98,7 @@ fn main() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let pool = stack_pool(&mut rng, 20_000);
     let threads: Vec<ThreadKey> =
-        (0..400).map(|i| ThreadKey { pid: Pid(1000 + i / 4), tid: Tid(1000 + i) }).collect();
+        (0..400).map(|i| ThreadKey::Task { pid: Pid(1000 + i / 4), tid: Tid(1000 + i) }).collect();
     let rss_before = max_rss_kib();
 
     let mut store = ChunkedStore::new(buffer);
@@ -139,8 +142,8 @@ fn main() {
                 FrameAddr::Unmapped(x) => {
                     (FrameKind::User, format!("0x{x:x}"), "[unknown]".to_owned())
                 }
-                FrameAddr::Label { addr, .. } => {
-                    (FrameKind::Label, format!("label {addr:x}"), String::new())
+                FrameAddr::Label { label, .. } => {
+                    (FrameKind::Label, format!("label {:x}", label.0), String::new())
                 }
             };
             (
@@ -159,14 +162,22 @@ fn main() {
         .collect();
     let procs = HashMap::new();
     let info = RecordingInfo {
-        start_mono_ns: 1_000_000_000,
+        start: MonoNs(1_000_000_000),
         start_wall_ms: 1.7e12,
-        end_mono_ns: time,
+        end: MonoNs(time),
         frequency: 999,
         logical_cpus: 2,
         physical_cpus: 2,
         product: "bench".into(),
         oscpu: "Linux".into(),
+    };
+    let note = profiler_user::model::markers::Marker {
+        name: "unused".into(),
+        schema: "unused".into(),
+        phase: profiler_user::model::markers::MarkerPhase::Instant,
+        start: MonoNs(time),
+        end: MonoNs(time),
+        fields: vec![],
     };
     let path = std::env::temp_dir().join(format!("rsprof-bench-{}.json.gz", std::process::id()));
     let file = std::fs::File::create(&path).expect("temp file");
@@ -174,7 +185,9 @@ fn main() {
     let mut counting = Counting(gz, 0);
     let t1 = Instant::now();
     let stats =
-        write_profile(&snap, &procs, &symbols, &info, vec![], &[], &mut counting).expect("write");
+        write_gecko(&snap, &procs, &symbols, &info, &[], &[], (threads[0], &note), &mut counting)
+            .expect("write")
+            .0;
     let json_bytes = counting.1;
     counting.0.finish().expect("gzip").flush().expect("flush");
     let write_s = t1.elapsed().as_secs_f64();

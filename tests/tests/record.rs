@@ -275,3 +275,64 @@ fn duration_stops_the_recording_and_summary_reports_losses() {
         assert!(done.stderr.contains(want), "summary lacks '{want}':\n{}", done.stderr);
     }
 }
+
+/// Nothing to record (the only target sleeps throughout): the profile still opens in the
+/// Firefox Profiler (which refuses one without threads) with one thread, rsprof-bpf's own,
+/// carrying a note that says why; stderr says so even with -q.
+#[test]
+fn nothing_recorded_writes_a_profile_that_says_so() {
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = output_path("nothing_recorded", "json");
+    let pid = sleeper.id().to_string();
+    let done = run(&["-p", &pid, "-d", "0.3", "-q", "-o", out.to_str().unwrap()]).unwrap();
+    let _ = (sleeper.kill(), sleeper.wait());
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(done.stderr.contains("nothing was recorded"), "{}", done.stderr);
+    let profile = done.profile().unwrap();
+    valid(&profile);
+    let ts = threads(&profile);
+    assert_eq!(ts.len(), 1, "{:?}", names(&ts));
+    assert_eq!(ts[0].process_name, "rsprof-bpf");
+    assert!(sample_stacks(ts[0].thread).is_empty(), "no sample is invented");
+    let notes = tests::profile_query::markers(ts[0].thread);
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0].name, "Nothing recorded");
+    let text = notes[0].data["text"].as_str().unwrap_or_default();
+    assert!(text.contains("stopped by duration"), "{text}");
+}
+
+/// SIGTERM at any moment of start-up (BPF loading, attaching, the first drain): the recording
+/// either ends before anything is written (then nothing at all is left in the directory) or
+/// writes a profile that opens.
+#[test]
+fn sigterm_during_startup_leaves_an_openable_profile_or_nothing() {
+    let bin = tests::fixtures::rsprof_bin().unwrap();
+    tests::fixtures::require_root().unwrap();
+    for delay_ms in [0u64, 50, 100, 150, 200, 400] {
+        let dir = output_path(&format!("early_term_{delay_ms}"), "d");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("p.json.gz");
+        let child = Command::new(&bin)
+            .args(["--all", "-q", "-o", out.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        thread::sleep(Duration::from_millis(delay_ms));
+        let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        assert!(term.unwrap().success());
+        let result = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        let left: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        if out.exists() {
+            assert!(result.status.success(), "{delay_ms} ms: {stderr}");
+            let profile = tests::gecko_schema::load(&out).unwrap();
+            valid(&profile);
+            assert_eq!(left.len(), 1, "{delay_ms} ms: only the profile is left: {left:?}");
+        } else {
+            assert!(left.is_empty(), "{delay_ms} ms: nothing is left behind: {left:?}");
+        }
+    }
+}

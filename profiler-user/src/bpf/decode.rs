@@ -8,11 +8,14 @@ use profiler_common::{
     USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
-use crate::model::ids::{Pid, Tid};
+use crate::model::{
+    ids::{Pid, ThreadKey, Tid},
+    time::MonoNs,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
-    pub time_ns: u64,
+    pub time: MonoNs,
     pub cpu: u32,
     pub pid: Pid,
     pub tid: Tid,
@@ -26,6 +29,17 @@ pub struct Sample {
     pub user_stack: Vec<u64>,
     /// The thread's `rsprof:label_push` stack, outermost first.
     pub labels: Vec<LabelRef>,
+}
+
+impl Sample {
+    /// The kernel runs each CPU's idle task as pid 0.
+    pub fn thread(&self) -> ThreadKey {
+        if self.pid.0 == 0 {
+            ThreadKey::Idle { cpu: self.cpu }
+        } else {
+            ThreadKey::Task { pid: self.pid, tid: self.tid }
+        }
+    }
 }
 
 /// One entry of a sampled label stack.
@@ -75,7 +89,7 @@ pub enum TaskKind {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskEvent {
-    pub time_ns: u64,
+    pub time: MonoNs,
     pub pid: Pid,
     pub tid: Tid,
     pub comm: String,
@@ -153,7 +167,7 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
             }
             let frame = |i: usize| u64_at(b, SAMPLE_RECORD_FIXED + i * 8);
             Ok(Event::Sample(Sample {
-                time_ns,
+                time: MonoNs(time_ns),
                 cpu,
                 pid: Pid(pid),
                 tid: Tid(tid),
@@ -196,7 +210,13 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 }
                 _ => TaskKind::Exit,
             };
-            Ok(Event::Task(TaskEvent { time_ns, pid: Pid(pid), tid: Tid(tid), comm, kind }))
+            Ok(Event::Task(TaskEvent {
+                time: MonoNs(time_ns),
+                pid: Pid(pid),
+                tid: Tid(tid),
+                comm,
+                kind,
+            }))
         }
         EVENT_USDT => {
             if b.len() < USDT_RECORD_FIXED {
@@ -273,7 +293,8 @@ mod tests {
         r.frames[..7].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403, l1, l2]);
         let b = bytes_of(&r, SAMPLE_RECORD_FIXED + 7 * 8);
         let Event::Sample(s) = decode(&b).unwrap() else { panic!() };
-        assert_eq!((s.pid, s.tid, s.cpu, s.time_ns), (Pid(10), Tid(11), 1, 42));
+        assert_eq!((s.pid, s.tid, s.cpu, s.time), (Pid(10), Tid(11), 1, MonoNs(42)));
+        assert_eq!(s.thread(), ThreadKey::Task { pid: Pid(10), tid: Tid(11) });
         assert_eq!(s.comm, "worker");
         assert_eq!(s.kernel_stack, vec![0xffff_0001, 0xffff_0002]);
         assert_eq!(s.user_stack, vec![0x401, 0x402, 0x403]);

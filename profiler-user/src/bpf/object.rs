@@ -1,5 +1,6 @@
-//! Loads the BPF object, attaches the sampler to one CPU-clock perf event per online CPU and
-//! the lifecycle tracepoints, and reads the kernel-side counters.
+//! The loaded BPF object: loads the programs, attaches the sampler to one CPU-clock perf
+//! event per online CPU and the lifecycle tracepoints, hands out the USDT program and the
+//! ring buffer, and reads the kernel-side counters.
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -14,40 +15,21 @@ use aya::{
     },
     util::online_cpus,
 };
-use profiler_common::{CgroupFilter, Config, UsdtSpec, counter};
+use profiler_common::{CgroupFilter, Config, UsdtSpec};
 
-use crate::model::ids::Pid;
+use crate::{bpf::counters::Counters, model::ids::Pid};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
-pub struct Sampler {
+/// The BPF programs and maps of one recording.
+pub struct BpfObject {
     ebpf: Ebpf,
     pub cpus: Vec<u32>,
     perf_links: Vec<PerfEventLinkId>,
     tp_links: Vec<(&'static str, RawTracePointLinkId)>,
 }
 
-/// Per-cause kernel counters, summed over CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters {
-    pub samples_sent: u64,
-    pub samples_filtered: u64,
-    pub lost_ringbuf_full: u64,
-    pub lost_no_scratch: u64,
-    pub kernel_stack_errors: u64,
-    pub user_stack_errors: u64,
-    pub lost_task_events: u64,
-    pub cpu_time_errors: u64,
-    pub targets_full: u64,
-}
-
-impl KernelCounters {
-    pub fn lost_samples(&self) -> u64 {
-        self.lost_ringbuf_full + self.lost_no_scratch
-    }
-}
-
-impl Sampler {
+impl BpfObject {
     /// Loads the programs (not yet attached). `ring_bytes` must be a power-of-two multiple of
     /// the page size.
     pub fn load(config: Config, cgroups: CgroupFilter, ring_bytes: u32) -> Result<Self> {
@@ -136,19 +118,9 @@ impl Sampler {
         Ok(arr.get(&index, 0)?.iter().sum())
     }
 
-    pub fn counters(&self) -> Result<KernelCounters> {
-        let sum = |i| self.counter(i);
-        Ok(KernelCounters {
-            samples_sent: sum(counter::SAMPLES_SENT)?,
-            samples_filtered: sum(counter::SAMPLES_FILTERED)?,
-            lost_ringbuf_full: sum(counter::LOST_RINGBUF_FULL)?,
-            lost_no_scratch: sum(counter::LOST_NO_SCRATCH)?,
-            kernel_stack_errors: sum(counter::KERNEL_STACK_ERRORS)?,
-            user_stack_errors: sum(counter::USER_STACK_ERRORS)?,
-            lost_task_events: sum(counter::LOST_TASK_EVENTS)?,
-            cpu_time_errors: sum(counter::CPU_TIME_ERRORS)?,
-            targets_full: sum(counter::TARGETS_FULL)?,
-        })
+    /// Every kernel counter, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters> {
+        Counters::read(|i| self.counter(i))
     }
 
     /// (runs, total run time) of the CPU-clock sampler, counted by the kernel only while

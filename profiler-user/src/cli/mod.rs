@@ -1,3 +1,4 @@
-//! Command-line arguments (`args`, clap structs only).
+//! The command line: clap structs (`args`), validated once into plans (`plan`).
 
 pub mod args;
+pub mod plan;

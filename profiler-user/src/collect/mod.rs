@@ -1,7 +1,10 @@
 //! Turns decoded kernel records into stored events and process metadata: `collector`
 //! dispatches, `processes` is the process and thread table, `modules` maps user addresses to
-//! (file, offset) while the process is alive.
+//! (file, offset) while the process is alive, `stack` normalizes a sample's stack, and
+//! `outbox` holds what other parts act on after each drain.
 
 pub mod collector;
 pub mod modules;
+pub mod outbox;
 pub mod processes;
+pub mod stack;

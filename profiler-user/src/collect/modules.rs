@@ -12,10 +12,11 @@ use std::{
     sync::OnceLock,
 };
 
-use crate::model::ids::Pid;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ModuleId(pub u32);
+pub use crate::model::ids::ModuleId;
+use crate::{
+    model::ids::Pid,
+    system::procfs::{self, MapsLine, ProcError},
+};
 
 #[derive(Debug)]
 pub struct Module {
@@ -87,7 +88,7 @@ fn copy_vdso() -> Option<(File, PathBuf)> {
         os::{fd::FromRawFd as _, unix::fs::FileExt as _},
     };
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let line = maps.lines().filter_map(parse_line).find(|l| l.path == "[vdso]")?;
+    let line = procfs::parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")?;
     let mut image = vec![0u8; (line.end - line.start) as usize];
     File::open("/proc/self/mem").ok()?.read_exact_at(&mut image, line.start).ok()?;
     if !image.starts_with(b"\x7fELF") {
@@ -170,41 +171,10 @@ impl AddressSpace {
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
-struct MapsLine {
-    start: u64,
-    end: u64,
-    exec: bool,
-    offset: u64,
-    /// (major << 32) | minor
-    dev: u64,
-    inode: u64,
-    path: String,
-}
-
-fn parse_line(line: &str) -> Option<MapsLine> {
-    let mut it = line.splitn(6, ' ');
-    let (range, perms, offset, dev, inode) =
-        (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
-    let path = it.next().unwrap_or("").trim_start().to_owned();
-    let (start, end) = range.split_once('-')?;
-    let (major, minor) = dev.split_once(':')?;
-    Some(MapsLine {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        exec: perms.as_bytes().get(2) == Some(&b'x'),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        dev: u64::from_str_radix(major, 16).ok()? << 32 | u64::from_str_radix(minor, 16).ok()?,
-        inode: inode.parse().ok()?,
-        path,
-    })
-}
-
 /// Parses a maps file's text into the executable mappings, registering their modules.
 pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpace {
-    let mut mappings: Vec<Mapping> = text
-        .lines()
-        .filter_map(parse_line)
+    let mut mappings: Vec<Mapping> = procfs::parse_maps(text)
+        .into_iter()
         .filter(|m| m.exec)
         .map(|m| {
             let module = if m.path.is_empty() {
@@ -224,8 +194,8 @@ pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpa
     AddressSpace { mappings }
 }
 
-/// Reads the live address space of `pid`; fails if the process is gone.
-pub fn read_address_space(pid: Pid, modules: &mut ModuleTable) -> std::io::Result<AddressSpace> {
+/// Reads the live address space of `pid`.
+pub fn read_address_space(pid: Pid, modules: &mut ModuleTable) -> Result<AddressSpace, ProcError> {
     let text = std::fs::read_to_string(format!("/proc/{}/maps", pid.0))?;
     Ok(parse_maps(pid, &text, modules))
 }

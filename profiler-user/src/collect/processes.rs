@@ -1,5 +1,6 @@
-//! What is known about each process and thread seen during the recording: names (and
-//! renames), command lines, start and exit times, and the current address space.
+//! What is known about each process and thread seen during the recording: the metadata a
+//! profile shows (`model::process`), plus what collecting needs: the current address space,
+//! each thread's last CPU time, and the process's cgroup.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -8,72 +9,58 @@ use std::{
 
 use crate::{
     collect::modules::AddressSpace,
-    model::ids::{Pid, Tid},
-    model::stacks::{ProcessMeta, ProcessesMeta, ThreadMeta},
+    model::{
+        ids::{LabelId, Pid, Tid},
+        process::{ProcessMeta, ProcessesMeta},
+    },
+    system::cgroup::{fs::PathCache, membership::ProcessCgroup},
 };
-
-#[derive(Debug, Default)]
-pub struct ThreadInfo {
-    pub name: String,
-    pub previous_names: Vec<String>,
-    /// CLOCK_MONOTONIC ns of fork, if it happened during the recording.
-    pub start_ns: Option<u64>,
-    pub end_ns: Option<u64>,
-    /// `sum_exec_runtime` at the previous sample, for CPU deltas.
-    pub last_cpu_time_ns: Option<u64>,
-}
-
-impl ThreadInfo {
-    /// Records the thread's current name, keeping earlier ones.
-    pub fn observe_name(&mut self, name: &str) {
-        if name.is_empty() || self.name == name {
-            return;
-        }
-        if !self.name.is_empty() {
-            let old = std::mem::replace(&mut self.name, name.to_owned());
-            self.previous_names.push(old);
-        } else {
-            self.name = name.to_owned();
-        }
-    }
-
-    /// CPU time used since the previous sample; 0 for the first one. The counter only grows,
-    /// but a tid reused by a new thread restarts it, hence the saturating difference.
-    pub fn cpu_delta(&mut self, cpu_time_ns: u64) -> u64 {
-        let d = self.last_cpu_time_ns.map_or(0, |prev| cpu_time_ns.saturating_sub(prev));
-        self.last_cpu_time_ns = Some(cpu_time_ns);
-        d
-    }
-}
-
-#[derive(Debug, Default)]
-pub struct ProcessInfo {
-    pub name: String,
-    pub argv: Vec<String>,
-    pub start_ns: Option<u64>,
-    pub end_ns: Option<u64>,
-    pub threads: BTreeMap<Tid, ThreadInfo>,
-    /// Executable mappings of the current image; refreshed on exec and on unknown addresses.
-    pub space: AddressSpace,
-    pub space_read_at: Option<Instant>,
-    /// Exit seen: /proc no longer describes this process.
-    pub exited: bool,
-    /// Its cgroup and container.
-    pub cgroup: crate::system::cgroup::membership::ProcessCgroup,
-    /// `rsprof:label_push` texts by label address (the label ids samples carry), capped at
-    /// `MAX_LABELS`.
-    pub labels: HashMap<u64, String>,
-}
 
 /// Distinct labels kept per process: a program pushing computed strings must not grow the
 /// table without bound (further labels show as their address).
 pub const MAX_LABELS: usize = 4096;
 
 #[derive(Debug, Default)]
+pub struct ProcessInfo {
+    /// Names, argv, times, threads and label texts, as the profile shows them.
+    pub meta: ProcessMeta,
+    /// `sum_exec_runtime` of each thread at its previous sample, for CPU deltas.
+    last_cpu_time_ns: HashMap<Tid, u64>,
+    /// Executable mappings of the current image; refreshed on exec and on unknown addresses.
+    pub space: AddressSpace,
+    pub space_read_at: Option<Instant>,
+    /// Exit seen: /proc no longer describes this process.
+    pub exited: bool,
+    /// Its cgroup and container.
+    pub cgroup: ProcessCgroup,
+}
+
+impl ProcessInfo {
+    /// CPU time thread `tid` used since its previous sample; 0 for the first one. The counter
+    /// only grows, but a tid reused by a new thread restarts it, hence the saturating
+    /// difference.
+    pub fn cpu_delta(&mut self, tid: Tid, cpu_time_ns: u64) -> u64 {
+        let prev = self.last_cpu_time_ns.insert(tid, cpu_time_ns);
+        prev.map_or(0, |prev| cpu_time_ns.saturating_sub(prev))
+    }
+}
+
+/// What [`ProcessTable::name_label`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelNaming {
+    /// First time this text is known for the label.
+    Named,
+    /// Already known with this text (two threads pushed it first at once: both sent it).
+    AlreadyNamed,
+    /// The process has `MAX_LABELS` names already.
+    OverLimit,
+}
+
+#[derive(Debug, Default)]
 pub struct ProcessTable {
     pub processes: BTreeMap<Pid, ProcessInfo>,
     /// cgroup id → path, for processes gone before their cgroup was read.
-    pub cgroup_paths: crate::system::cgroup::fs::PathCache,
+    pub cgroup_paths: PathCache,
 }
 
 impl ProcessTable {
@@ -85,33 +72,40 @@ impl ProcessTable {
         self.processes.is_empty()
     }
 
+    pub fn get(&self, pid: Pid) -> Option<&ProcessInfo> {
+        self.processes.get(&pid)
+    }
+
+    /// The process, created empty if unknown.
+    pub fn entry(&mut self, pid: Pid) -> &mut ProcessInfo {
+        self.processes.entry(pid).or_default()
+    }
+
+    /// Pids of the processes not known to have exited.
+    pub fn live_pids(&self) -> Vec<Pid> {
+        self.processes.iter().filter(|(_, p)| !p.exited).map(|(&pid, _)| pid).collect()
+    }
+
+    /// Records the text of label `label` of `pid` (at most `MAX_LABELS` per process).
+    pub fn name_label(&mut self, pid: Pid, label: LabelId, text: String) -> LabelNaming {
+        let labels = &mut self.entry(pid).meta.labels;
+        if labels.get(&label) == Some(&text) {
+            LabelNaming::AlreadyNamed
+        } else if labels.len() < MAX_LABELS || labels.contains_key(&label) {
+            labels.insert(label, text);
+            LabelNaming::Named
+        } else {
+            LabelNaming::OverLimit
+        }
+    }
+
     /// Names, command lines and times of every process, for a profile writer.
     pub fn metadata(&self) -> ProcessesMeta {
         self.processes
             .iter()
             .map(|(&pid, p)| {
-                let threads = p
-                    .threads
-                    .iter()
-                    .map(|(&tid, t)| {
-                        let meta = ThreadMeta {
-                            name: t.name.clone(),
-                            previous_names: t.previous_names.clone(),
-                            start_ns: t.start_ns,
-                            end_ns: t.end_ns,
-                        };
-                        (tid, meta)
-                    })
-                    .collect();
-                let meta = ProcessMeta {
-                    name: p.name.clone(),
-                    argv: p.argv.clone(),
-                    start_ns: p.start_ns,
-                    end_ns: p.end_ns,
-                    threads,
-                    container: p.cgroup.identity.clone(),
-                    labels: p.labels.clone(),
-                };
+                let mut meta = p.meta.clone();
+                meta.container.clone_from(&p.cgroup.identity);
                 (pid, meta)
             })
             .collect()
@@ -130,29 +124,14 @@ impl ProcessTable {
     }
 }
 
-/// Reads name and argv of a live process from /proc; empty values if it is gone.
-pub fn read_proc_identity(pid: Pid) -> (String, Vec<String>) {
-    let comm = std::fs::read_to_string(format!("/proc/{}/comm", pid.0))
-        .map(|s| s.trim_end_matches('\n').to_owned())
-        .unwrap_or_default();
-    let argv = std::fs::read(format!("/proc/{}/cmdline", pid.0))
-        .map(|raw| {
-            raw.split(|&c| c == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    (comm, argv)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::process::ThreadMeta;
 
     #[test]
     fn renames_keep_history() {
-        let mut t = ThreadInfo::default();
+        let mut t = ThreadMeta::default();
         t.observe_name("a");
         t.observe_name("a");
         t.observe_name("b");
@@ -162,16 +141,23 @@ mod tests {
 
     #[test]
     fn cpu_delta_is_difference_of_runtime() {
-        let mut t = ThreadInfo::default();
-        assert_eq!(t.cpu_delta(1000), 0);
-        assert_eq!(t.cpu_delta(1800), 800);
-        assert_eq!(t.cpu_delta(100), 0, "a reused tid restarts its counter");
+        let mut p = ProcessInfo::default();
+        assert_eq!(p.cpu_delta(Tid(1), 1000), 0);
+        assert_eq!(p.cpu_delta(Tid(1), 1800), 800);
+        assert_eq!(p.cpu_delta(Tid(2), 5000), 0, "threads are counted apart");
+        assert_eq!(p.cpu_delta(Tid(1), 100), 0, "a reused tid restarts its counter");
     }
 
     #[test]
-    fn reads_own_identity() {
-        let (comm, argv) = read_proc_identity(Pid(std::process::id()));
-        assert!(!comm.is_empty());
-        assert!(!argv.is_empty());
+    fn labels_are_capped_per_process() {
+        let mut t = ProcessTable::default();
+        assert_eq!(t.name_label(Pid(1), LabelId(1), "a".into()), LabelNaming::Named);
+        assert_eq!(t.name_label(Pid(1), LabelId(1), "a".into()), LabelNaming::AlreadyNamed);
+        for i in 2..=MAX_LABELS as u64 {
+            t.name_label(Pid(1), LabelId(i), format!("l{i}"));
+        }
+        let over = t.name_label(Pid(1), LabelId(u64::MAX), "x".into());
+        assert_eq!(over, LabelNaming::OverLimit);
+        assert_eq!(t.name_label(Pid(2), LabelId(u64::MAX), "x".into()), LabelNaming::Named);
     }
 }

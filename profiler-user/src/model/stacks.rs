@@ -1,15 +1,11 @@
-//! What writers see: named frames, the stack tree with every node's frames resolved, and
-//! process and thread metadata. Writers never see BPF records or addresses to resolve.
+//! What writers see of stacks: named frames, and the stack tree with every node's frames
+//! resolved. Writers never see BPF records or addresses to resolve.
 
 use std::{collections::HashMap, ops::Range};
 
-use crate::{
-    model::ids::{Pid, Tid},
-    store::codec::StackId,
-    store::{FrameAddr, StoreSnapshot},
-};
+use super::{address::FrameAddr, ids::StackId};
 
-/// Which part of the system a frame ran in; picks its Gecko category.
+/// Which part of the system a frame ran in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FrameKind {
     User,
@@ -51,13 +47,17 @@ pub struct SymbolizedStacks {
 }
 
 impl SymbolizedStacks {
-    /// `symbols` maps each address to its frames; an address missing from it contributes none.
-    pub fn new(snap: &StoreSnapshot, symbols: &HashMap<FrameAddr, Vec<Frame>>) -> Self {
+    /// `nodes` is the stored tree by `StackId` (parent and address; None for a pruned slot);
+    /// `symbols` maps each address to its frames, and an address missing from it contributes
+    /// none.
+    pub fn new(
+        nodes: &[Option<(Option<StackId>, FrameAddr)>],
+        symbols: &HashMap<FrameAddr, Vec<Frame>>,
+    ) -> Self {
         let mut out = Self::default();
         let mut frame_ids: HashMap<&Frame, FrameIndex> = HashMap::new();
         let mut addr_ranges: HashMap<FrameAddr, Range<u32>> = HashMap::new();
-        out.nodes = snap
-            .stacks
+        out.nodes = nodes
             .iter()
             .map(|node| {
                 let &(parent, addr) = node.as_ref()?;
@@ -136,31 +136,3 @@ fn same_display(frames: &[Frame]) -> Vec<FrameIndex> {
         })
         .collect()
 }
-
-/// A thread's metadata as recorded.
-#[derive(Clone, Debug, Default)]
-pub struct ThreadMeta {
-    /// Last name the thread had (its `comm`).
-    pub name: String,
-    /// Earlier names, oldest first, when the thread renamed itself.
-    pub previous_names: Vec<String>,
-    /// CLOCK_MONOTONIC ns of its creation, if it happened during the recording.
-    pub start_ns: Option<u64>,
-    pub end_ns: Option<u64>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct ProcessMeta {
-    /// Executable name (`comm` of the main thread after exec).
-    pub name: String,
-    pub argv: Vec<String>,
-    pub start_ns: Option<u64>,
-    pub end_ns: Option<u64>,
-    pub threads: HashMap<Tid, ThreadMeta>,
-    /// The container or systemd service it runs in (from its cgroup), if any.
-    pub container: Option<crate::system::cgroup::container::Identity>,
-    /// `rsprof:label_push` texts by label address.
-    pub labels: HashMap<u64, String>,
-}
-
-pub type ProcessesMeta = HashMap<Pid, ProcessMeta>;

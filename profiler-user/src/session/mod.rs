@@ -1,1 +1,313 @@
-//! A running recording: the event loop, signals, snapshots and stderr output.
+//! A running recording: load and attach (`Recorder::start`), the event loop that drains the
+//! ring buffer until a stop condition (`Recorder::run`), snapshots on SIGUSR1, and the end
+//! (`Recorder::finish`): final drain, profile export and summary. All stderr output goes
+//! through `messages`.
+
+pub mod messages;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{MapData, RingBuf};
+use profiler_common::{Config, FILTER_TARGETS, counter};
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    signal::unix::{Signal, SignalKind, signal},
+    sync::oneshot,
+};
+
+use crate::{
+    bpf::{btf, object::BpfObject, ring},
+    cli::plan::{RecordPlan, Target},
+    collect::collector::Collector,
+    export::{ExportJob, Written, output::PendingOutput, snapshot_path},
+    model::{
+        ids::Pid,
+        recording::RecordingInfo,
+        time::{MonoNs, clock_pair},
+    },
+    store::ChunkedStore,
+    system::{host, launch},
+    usdt::{self, UsdtSession},
+    writers::summary,
+};
+use messages::Messages;
+
+/// The signals a recording reacts to, installed before anything slow happens.
+pub struct Signals {
+    int: Signal,
+    term: Signal,
+    usr1: Signal,
+}
+
+impl Signals {
+    /// Needs a tokio runtime entered.
+    pub fn install() -> Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        })
+    }
+}
+
+pub struct Recorder<'p> {
+    plan: &'p RecordPlan,
+    msgs: Messages,
+    bpf: BpfObject,
+    collector: Collector<ChunkedStore>,
+    usdt: UsdtSession,
+    ring: AsyncFd<RingBuf<MapData>>,
+    info: RecordingInfo,
+    child_exit: Option<oneshot::Receiver<i32>>,
+    snapshots: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl<'p> Recorder<'p> {
+    /// Loads the BPF programs, starts `-- CMD` (held until sampling runs), attaches USDT
+    /// probes and the sampler, and says "sampling". Needs a tokio runtime entered.
+    pub fn start(plan: &'p RecordPlan, msgs: Messages) -> Result<Self> {
+        let mut config = Config::default();
+        btf::fill_offsets(std::path::Path::new(btf::VMLINUX_BTF), &mut config)?;
+        if plan.target != Target::All {
+            config.filter_mode = FILTER_TARGETS;
+            config.follow_children = u32::from(matches!(plan.target, Target::Command(_)));
+        }
+        let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
+        let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes)?;
+        if let Some(c) = &plan.cgroups {
+            bpf.add_cgroups(&c.ids())?;
+        }
+        let gated = match &plan.target {
+            Target::Command(cmd) => Some(launch::spawn_gated(cmd)?),
+            _ => None,
+        };
+        let mut targets: Vec<Pid> = match &plan.target {
+            Target::Pids(pids) => pids.clone(),
+            _ => Vec::new(),
+        };
+        targets.extend(gated.as_ref().map(|g| g.pid));
+        bpf.add_targets(&targets)?;
+        let mut usdt = UsdtSession::new(
+            &mut bpf,
+            plan.usdt_requests.clone(),
+            plan.usdt_intervals.clone(),
+            plan.usdt_dump.as_deref(),
+        )?;
+        if plan.target == Target::All {
+            usdt.scan_all_processes();
+        }
+        for &pid in &targets {
+            usdt.scan_pid(pid);
+        }
+        // The command's own binary is attached before it runs; its libraries and later execs
+        // are found when the collector sees their mappings.
+        if let Target::Command(cmd) = &plan.target
+            && let Some(exe) = cmd.first().and_then(|c| usdt::attach::which(c))
+            && let Err(e) = usdt.scan_file(&exe, &exe.display().to_string(), false)
+        {
+            msgs.warn(format_args!("USDT probes of {}: {e:#}", exe.display()));
+        }
+
+        let mut collector = Collector::new(ChunkedStore::new(plan.buffer_bytes));
+        for &pid in &targets {
+            collector.register_existing(pid);
+        }
+        let ring = bpf.take_ring()?;
+        let (start, start_wall_ms) = clock_pair();
+        bpf.attach(plan.frequency)?;
+        let mut child_exit = None;
+        if let Some(g) = gated {
+            let pid = g.release()?;
+            let (tx, rx) = oneshot::channel();
+            std::thread::Builder::new()
+                .name("wait-cmd".into())
+                .spawn(move || tx.send(launch::wait_exit(pid)))?;
+            child_exit = Some(rx);
+        }
+        msgs.info(format_args!(
+            "sampling {} on {} CPUs at {} Hz; Ctrl-C to stop",
+            plan.describe(),
+            bpf.cpus.len(),
+            plan.frequency
+        ));
+        // SAFETY: the ring's fd stays open as long as the AsyncFd that owns it.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .context("poll ring buffer")?;
+        let logical_cpus = bpf.cpus.len() as u32;
+        let info = RecordingInfo {
+            start,
+            start_wall_ms,
+            end: start,
+            frequency: plan.frequency,
+            logical_cpus,
+            physical_cpus: host::physical_cpus().unwrap_or(logical_cpus),
+            product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
+            oscpu: host::oscpu(),
+        };
+        Ok(Self { plan, msgs, bpf, collector, usdt, ring, info, child_exit, snapshots: Vec::new() })
+    }
+
+    fn info_at(&self, end: MonoNs) -> RecordingInfo {
+        RecordingInfo { end, ..self.info.clone() }
+    }
+
+    /// Samples are sent without wakeups (lifecycle records still wake us), so this also runs
+    /// on a timer.
+    fn drain(&mut self) {
+        let collector = &mut self.collector;
+        // Undecodable records are counted in the collector's stats and reported.
+        ring::drain(self.ring.get_mut(), |rec| {
+            let _ = collector.handle_record(rec);
+        });
+        self.usdt.after_drain(&mut self.collector);
+    }
+
+    /// Collects until a stop condition; returns what stopped it.
+    pub async fn run(&mut self, signals: &mut Signals) -> Result<String> {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        // With -p / CMD, look for libraries with probes that were loaded but not yet sampled;
+        // with --all, execs and samples in unknown mappings trigger the scans.
+        let mut usdt_rescan = tokio::time::interval(Duration::from_secs(1));
+        // Drain often enough that a 16 MB ring never fills at 999 Hz on hundreds of CPUs.
+        let mut poll = tokio::time::interval(Duration::from_millis(20));
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let deadline = self.plan.duration.map(|d| tokio::time::Instant::now() + d);
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(sleep);
+        let child_exit = self.child_exit.take();
+        let child = async {
+            match child_exit {
+                Some(rx) => rx.await.unwrap_or(-1),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(child);
+        let started = Instant::now();
+        let all = self.plan.target == Target::All;
+        loop {
+            tokio::select! {
+                ready = self.ring.readable_mut() => {
+                    ready?.clear_ready();
+                    self.drain();
+                }
+                _ = poll.tick() => self.drain(),
+                _ = signals.int.recv() => return Ok("Ctrl-C".to_owned()),
+                _ = signals.term.recv() => return Ok("SIGTERM".to_owned()),
+                _ = signals.usr1.recv() => self.snapshot()?,
+                _ = &mut sleep => return Ok("duration".to_owned()),
+                code = &mut child => return Ok(format!("command exit (status {code})")),
+                _ = usdt_rescan.tick(), if !all => self.usdt.rescan_live(&self.collector),
+                _ = tick.tick(), if self.msgs.has_status_line() => {
+                    let lost = self.bpf.counters().map(|c| c.lost_samples()).unwrap_or(0);
+                    self.msgs.status(format_args!(
+                        "{:.1}s  samples {}  lost {lost}  processes {}",
+                        started.elapsed().as_secs_f64(),
+                        self.collector.stats.samples,
+                        self.collector.processes.len()
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Writes what is recorded so far on another thread, while recording goes on.
+    fn snapshot(&mut self) -> Result<()> {
+        self.drain();
+        let path = snapshot_path(&self.plan.output, self.snapshots.len() as u32 + 1);
+        let (schemas, open) = (self.usdt.marker_schemas(), self.usdt.open_markers());
+        let job = ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
+        let output = PendingOutput::create(&path);
+        let msgs = self.msgs;
+        let handle = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
+            // Failures are reported, never fatal to the recording.
+            let note = "Nothing recorded yet when this snapshot was taken";
+            match output.and_then(|o| job.write(o, note)) {
+                Ok(w) => msgs.info(format_args!(
+                    "wrote snapshot {} ({} samples)",
+                    path.display(),
+                    w.stats.samples
+                )),
+                Err(e) => msgs.warn(format_args!("snapshot {} failed: {e:#}", path.display())),
+            }
+        })?;
+        self.snapshots.push(handle);
+        Ok(())
+    }
+
+    /// Stops sampling, drains what is left, writes the profile and prints the summary.
+    pub fn finish(mut self, output: PendingOutput, stop_reason: &str) -> Result<()> {
+        let end = MonoNs::now();
+        let info = self.info_at(end);
+        self.bpf.detach();
+        self.usdt.detach();
+        self.drain();
+        self.msgs.clear_status();
+        let counters = self.bpf.counters()?;
+        for t in self.snapshots.drain(..) {
+            let _ = t.join();
+        }
+        let usdt_report = self.usdt.finish(&mut self.collector, counters)?;
+        let marker_schemas = usdt::markers::schemas(&usdt_report.registry);
+        let store_stats = self.collector.store.stats;
+        let buffer_bytes = self.collector.store.buffer().limit_bytes();
+        let collector_stats = self.collector.stats;
+        let duration_s = end.secs_since(info.start);
+        let empty_note = format!(
+            "Nothing recorded: no sample or marker matched in {duration_s:.2} s (stopped by \
+             {stop_reason})"
+        );
+        let job = ExportJob::finish(self.collector, info, marker_schemas);
+        let Written { stats, nothing_recorded, symbolize_errors } =
+            job.write(output, &empty_note)?;
+        if nothing_recorded {
+            // Even with -q: an empty profile must not go unexplained.
+            self.msgs.notice(format_args!(
+                "nothing was recorded in {duration_s:.2} s (stopped by {stop_reason}); {} holds \
+                 only a note saying so",
+                self.plan.output.display()
+            ));
+        }
+        let bytes = std::fs::metadata(&self.plan.output).map(|m| m.len()).unwrap_or(0);
+        self.msgs.block(&summary::render(&summary::SummaryInput {
+            profile: &stats,
+            store: &store_stats,
+            buffer_bytes,
+            counters: &counters,
+            stats: &collector_stats,
+            symbolize: &symbolize_errors,
+            duration_s,
+            frequency: self.plan.frequency,
+            cpus: self.bpf.cpus.len(),
+            output: &self.plan.output.display().to_string(),
+            output_bytes: bytes,
+            stop_reason,
+        }));
+        if !usdt_report.is_empty() {
+            self.msgs.block(&usdt_report.render());
+        }
+        if let Some((runs, time)) = self.bpf.sampler_run_stats() {
+            self.msgs.info(format_args!(
+                "BPF sampler (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s in all",
+                time.as_nanos() as f64 / runs as f64,
+                time.as_secs_f64()
+            ));
+        }
+        if let Some(c) = &self.plan.cgroups {
+            let kept = collector_stats.samples;
+            let note = c.end_note(kept, counters.get(counter::SAMPLES_FILTERED));
+            // Even with -q: an empty profile must not go unexplained.
+            if kept == 0 {
+                self.msgs.block_always(&note);
+            } else {
+                self.msgs.block(&note);
+            }
+        }
+        Ok(())
+    }
+}

@@ -8,44 +8,14 @@
 
 use std::collections::HashMap;
 
-use crate::model::ids::{Pid, Tid};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StackId(pub u32);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StringId(pub u32);
-
-/// A thread as it appears in the profile. Idle tasks all have tid 0, so they are keyed by CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ThreadKey {
-    pub pid: Pid,
-    pub tid: Tid,
-}
-
-impl ThreadKey {
-    pub fn idle(cpu: u32) -> Self {
-        Self { pid: Pid(0), tid: Tid(cpu) }
-    }
-    pub fn is_idle(&self) -> bool {
-        self.pid.0 == 0
-    }
-}
+use crate::model::ids::{Pid, StackId, StringId, ThreadKey, Tid};
+pub use crate::model::markers::MarkerPhase;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredSample {
     pub time_ns: u64,
     pub cpu_delta_ns: u64,
     pub stack: Option<StackId>,
-}
-
-/// Gecko marker phases, same numbering.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MarkerPhase {
-    Instant = 0,
-    Interval = 1,
-    IntervalStart = 2,
-    IntervalEnd = 3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,10 +133,27 @@ impl ChunkTimes {
     }
 }
 
+/// The idle tasks are written as the kernel numbers them (pid 0), with their CPU as tid: no
+/// real task has pid 0.
 fn put_thread(out: &mut Vec<u8>, t: ThreadKey) {
-    put(out, t.tid.0 as u64);
-    // Most events come from a process's main thread or its idle key: pid == tid costs a byte.
-    put(out, if t.pid.0 == t.tid.0 { 0 } else { t.pid.0 as u64 + 1 });
+    let (pid, tid) = match t {
+        ThreadKey::Idle { cpu } => (0, cpu),
+        ThreadKey::Task { pid, tid } => (pid.0, tid.0),
+    };
+    put(out, tid as u64);
+    // Most events come from a process's main thread: pid == tid costs a byte.
+    put(out, if pid == tid { 0 } else { pid as u64 + 1 });
+}
+
+const PHASES: [MarkerPhase; 4] = [
+    MarkerPhase::Instant,
+    MarkerPhase::Interval,
+    MarkerPhase::IntervalStart,
+    MarkerPhase::IntervalEnd,
+];
+
+fn phase_code(p: MarkerPhase) -> u8 {
+    PHASES.iter().position(|&q| q == p).expect("every phase is listed") as u8
 }
 
 /// Appends the encoding of `ev` to `out` (cleared first).
@@ -183,7 +170,7 @@ pub fn encode(ev: &Event, times: &mut ChunkTimes, out: &mut Vec<u8>) {
         Event::Marker(t, m) => {
             out.push(KIND_MARKER);
             put_thread(out, *t);
-            out.push(m.phase as u8);
+            out.push(phase_code(m.phase));
             put(out, times.delta(*t, m.time_ns()));
             if m.phase == MarkerPhase::Interval {
                 put(out, m.end_ns.saturating_sub(m.start_ns));
@@ -239,7 +226,11 @@ impl Reader<'_> {
             0 => tid,
             p => u32::try_from(p - 1).map_err(|_| DecodeError::Malformed("pid"))?,
         };
-        Ok(ThreadKey { pid: Pid(pid), tid: Tid(tid) })
+        Ok(if pid == 0 {
+            ThreadKey::Idle { cpu: tid }
+        } else {
+            ThreadKey::Task { pid: Pid(pid), tid: Tid(tid) }
+        })
     }
 }
 
@@ -255,13 +246,8 @@ pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<Event, DecodeError
         }
         KIND_MARKER => {
             let t = r.thread()?;
-            let phase = match r.byte("phase")? {
-                0 => MarkerPhase::Instant,
-                1 => MarkerPhase::Interval,
-                2 => MarkerPhase::IntervalStart,
-                3 => MarkerPhase::IntervalEnd,
-                _ => return Err(DecodeError::Malformed("phase")),
-            };
+            let phase =
+                *PHASES.get(r.byte("phase")? as usize).ok_or(DecodeError::Malformed("phase"))?;
             let time = times.undelta(t, r.u64("time")?);
             let end_ns = if phase == MarkerPhase::Interval {
                 time.checked_add(r.u64("duration")?).ok_or(DecodeError::Malformed("duration"))?
@@ -303,7 +289,7 @@ mod tests {
     use super::*;
 
     fn key(pid: u32, tid: u32) -> ThreadKey {
-        ThreadKey { pid: Pid(pid), tid: Tid(tid) }
+        ThreadKey::Task { pid: Pid(pid), tid: Tid(tid) }
     }
 
     #[test]

@@ -16,33 +16,20 @@ pub mod chunks;
 pub mod codec;
 pub mod intern;
 
+pub mod snapshot;
+
 use crate::{
-    collect::modules::ModuleId,
-    model::ids::Pid,
-    store::chunks::{ChunkedBuffer, PushError, Recycled, RecycledChunk},
-    store::codec::{ChunkTimes, Event, MarkerField, StackId, StoredMarker, StoredSample, StringId},
-    store::intern::PrunableInterner,
+    model::{
+        address::FrameAddr,
+        ids::{Pid, StackId, StringId, ThreadKey},
+    },
+    store::{
+        chunks::{ChunkedBuffer, PushError, RecycledChunk},
+        codec::{ChunkTimes, Event, MarkerField, StoredMarker, StoredSample},
+        intern::PrunableInterner,
+        snapshot::StoreSnapshot,
+    },
 };
-
-pub use crate::store::codec::ThreadKey;
-
-/// A normalized return address / instruction pointer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FrameAddr {
-    Kernel(u64),
-    /// Offset into the module's file.
-    User {
-        module: ModuleId,
-        offset: u64,
-    },
-    /// A user address in no known mapping.
-    Unmapped(u64),
-    /// An `rsprof:label_push` label of a process, by the address of its text there.
-    Label {
-        pid: Pid,
-        addr: u64,
-    },
-}
 
 /// One node of the stack prefix tree: a frame and the stack it was called from.
 pub type StackNode = (Option<StackId>, FrameAddr);
@@ -85,38 +72,6 @@ pub struct ChunkedStore {
     table_budget: usize,
     scratch: Vec<u8>,
     pub stats: StoreStats,
-}
-
-/// A consistent copy of the store, for writing a profile on another thread while recording
-/// goes on.
-#[derive(Clone, Debug, Default)]
-pub struct StoreSnapshot {
-    /// Serialized chunks, oldest first.
-    pub chunks: Vec<Vec<u8>>,
-    /// Stack nodes by `StackId`; None for pruned slots.
-    pub stacks: Vec<Option<StackNode>>,
-    pub strings: Vec<Option<String>>,
-    pub recycled: Recycled,
-    pub stats: StoreStats,
-    pub buffer_bytes: usize,
-}
-
-impl StoreSnapshot {
-    pub fn stack(&self, id: StackId) -> Option<StackNode> {
-        self.stacks.get(id.0 as usize).copied().flatten()
-    }
-
-    pub fn string(&self, id: StringId) -> Option<&str> {
-        self.strings.get(id.0 as usize).and_then(|s| s.as_deref())
-    }
-
-    /// Every distinct frame address in a live stack node.
-    pub fn unique_frames(&self) -> Vec<FrameAddr> {
-        let mut v: Vec<FrameAddr> = self.stacks.iter().flatten().map(|n| n.1).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    }
 }
 
 impl ChunkedStore {
@@ -199,7 +154,9 @@ impl ChunkedStore {
                 return;
             }
         }
-        self.pid_last_chunk.insert(ev.thread().pid, self.generation());
+        if let Some(pid) = ev.thread().pid() {
+            self.pid_last_chunk.insert(pid, self.generation());
+        }
         while self.table_bytes() > self.table_budget {
             match self.buffer.recycle_oldest() {
                 Some(r) => {
@@ -276,38 +233,22 @@ impl SampleSink for ChunkedStore {
     }
 }
 
-/// Decodes every event of a snapshot, oldest chunk first. A corrupt chunk or block is
-/// reported through `on_error` and skipped; the rest is still read.
-pub fn read_events(
-    snap: &StoreSnapshot,
-    mut on_event: impl FnMut(Event),
-    mut on_error: impl FnMut(String),
-) {
-    for (i, bytes) in snap.chunks.iter().enumerate() {
-        let view = match crate::store::chunks::ChunkView::parse(bytes) {
-            Ok(v) => v,
-            Err(e) => {
-                on_error(format!("chunk {i}: {e}"));
-                continue;
-            }
-        };
-        let mut times = ChunkTimes::new(view.header.base_time_ns);
-        for (j, block) in view.blocks().enumerate() {
-            match codec::decode(block, &mut times) {
-                Ok(ev) => on_event(ev),
-                Err(e) => on_error(format!("chunk {} block {j}: {e}", view.header.seq)),
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::snapshot::read_events;
+
+    /// (pid, tid) of a task; the idle tasks as the kernel numbers them.
+    fn pair(t: ThreadKey) -> (u32, u32) {
+        match t {
+            ThreadKey::Idle { cpu } => (0, cpu),
+            ThreadKey::Task { pid, tid } => (pid.0, tid.0),
+        }
+    }
     use crate::model::ids::Tid;
 
     fn key(pid: u32, tid: u32) -> ThreadKey {
-        ThreadKey { pid: Pid(pid), tid: Tid(tid) }
+        ThreadKey::Task { pid: Pid(pid), tid: Tid(tid) }
     }
 
     /// Frames of stack `id`, root first.
@@ -451,7 +392,7 @@ mod tests {
         }
 
         fn key((pid, tid): (u32, u32)) -> ThreadKey {
-            ThreadKey { pid: Pid(pid), tid: Tid(tid) }
+            ThreadKey::Task { pid: Pid(pid), tid: Tid(tid) }
         }
 
         fn store(s: &mut ChunkedStore, i: &Input) {
@@ -511,7 +452,7 @@ mod tests {
                             }
                             frames.reverse();
                             Input::Sample {
-                                thread: (t.pid.0, t.tid.0),
+                                thread: pair(t),
                                 time: smp.time_ns,
                                 cpu: smp.cpu_delta_ns,
                                 frames,
@@ -529,7 +470,7 @@ mod tests {
                                 m.start_ns
                             };
                             Input::Marker {
-                                thread: (t.pid.0, t.tid.0),
+                                thread: pair(t),
                                 phase,
                                 start,
                                 len: m.end_ns - m.start_ns,

@@ -12,9 +12,13 @@ use blazesym::symbolize::{
 };
 
 use crate::{
-    collect::modules::ModuleId,
-    model::stacks::{Frame, FrameKind, ProcessesMeta},
-    store::FrameAddr,
+    collect::modules::ModuleTable,
+    model::{
+        address::FrameAddr,
+        ids::ModuleId,
+        process::ProcessesMeta,
+        stacks::{Frame, FrameKind},
+    },
 };
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
@@ -29,8 +33,33 @@ pub struct ModuleSource {
 
 pub type Symbols = HashMap<FrameAddr, Vec<Frame>>;
 
+/// The modules of `table`, indexed by `ModuleId`. Their `open_path` stays valid while the
+/// table lives: it keeps each file open for the whole run.
+pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
+    (0..table.len())
+        .map(|i| {
+            let m = table.get(ModuleId(i as u32));
+            ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
+        })
+        .collect()
+}
+
+/// What symbolizing could not do: the frames stay as addresses, and the summary says why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SymbolizeErrors {
+    /// Files blazesym failed on, with its error (each once).
+    pub modules: Vec<(String, String)>,
+    /// Kernel addresses left unnamed because kallsyms could not be read.
+    pub kernel: Option<String>,
+    /// Frames of files that could not be opened at all (deleted before we held them).
+    pub unreadable_frames: u64,
+}
+
 /// Symbolizes `addrs` on a dedicated thread. `modules` is indexed by `ModuleId`.
-pub fn symbolize(addrs: Vec<FrameAddr>, modules: Vec<ModuleSource>) -> Result<Symbols> {
+pub fn symbolize(
+    addrs: Vec<FrameAddr>,
+    modules: Vec<ModuleSource>,
+) -> Result<(Symbols, SymbolizeErrors)> {
     let (tx, rx) = mpsc::channel();
     thread::Builder::new()
         .name("symbolizer".into())
@@ -50,12 +79,12 @@ pub const LABEL_MODULE: &str = "rsprof label";
 /// `rsprof:label_push`.
 pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &ProcessesMeta) {
     for &a in addrs {
-        let FrameAddr::Label { pid, addr } = a else { continue };
-        let text = processes.get(&pid).and_then(|p| p.labels.get(&addr));
+        let FrameAddr::Label { pid, label } = a else { continue };
+        let text = processes.get(&pid).and_then(|p| p.labels.get(&label));
         let function = match text {
             Some(t) => t.clone(),
             // The naming hit was lost (ring buffer full) and no later push resent it.
-            None => format!("label {addr:#x}"),
+            None => format!("label {:#x}", label.0),
         };
         symbols.insert(
             a,
@@ -75,6 +104,7 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
 struct SymbolizerThread {
     sym: Symbolizer,
     out: Symbols,
+    errors: SymbolizeErrors,
 }
 
 impl SymbolizerThread {
@@ -84,10 +114,10 @@ impl SymbolizerThread {
             .enable_inlined_fns(true)
             .enable_demangling(true)
             .build();
-        Self { sym, out: HashMap::new() }
+        Self { sym, out: HashMap::new(), errors: SymbolizeErrors::default() }
     }
 
-    fn run(mut self, addrs: &[FrameAddr], modules: &[ModuleSource]) -> Symbols {
+    fn run(mut self, addrs: &[FrameAddr], modules: &[ModuleSource]) -> (Symbols, SymbolizeErrors) {
         let mut kernel = Vec::new();
         let mut by_module: HashMap<ModuleId, Vec<u64>> = HashMap::new();
         for &a in addrs {
@@ -108,7 +138,7 @@ impl SymbolizerThread {
             let m = &modules[module.0 as usize];
             self.user(module, m, &offsets);
         }
-        self.out
+        (self.out, self.errors)
     }
 
     fn kernel(&mut self, addrs: &[u64]) {
@@ -121,7 +151,13 @@ impl SymbolizerThread {
             debug_syms: false,
             ..Default::default()
         });
-        let results = self.sym.symbolize(&src, Input::AbsAddr(addrs)).ok();
+        let results = match self.sym.symbolize(&src, Input::AbsAddr(addrs)) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.errors.kernel = Some(e.to_string());
+                None
+            }
+        };
         for (i, &addr) in addrs.iter().enumerate() {
             let frames = match results.as_ref().map(|r| &r[i]) {
                 Some(Symbolized::Sym(s)) => vec![Frame {
@@ -140,9 +176,24 @@ impl SymbolizerThread {
     }
 
     fn user(&mut self, module: ModuleId, m: &ModuleSource, offsets: &[u64]) {
-        let results = m.open_path.as_ref().and_then(|p| {
-            self.sym.symbolize(&Source::Elf(Elf::new(p)), Input::FileOffset(offsets)).ok()
-        });
+        let results = match &m.open_path {
+            Some(p) => {
+                match self.sym.symbolize(&Source::Elf(Elf::new(p)), Input::FileOffset(offsets)) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        self.errors.modules.push((m.name.clone(), e.to_string()));
+                        None
+                    }
+                }
+            }
+            // Anonymous memory (JIT code) has no file to read; only count real files.
+            None => {
+                if !m.name.starts_with('[') {
+                    self.errors.unreadable_frames += offsets.len() as u64;
+                }
+                None
+            }
+        };
         for (i, &offset) in offsets.iter().enumerate() {
             let frames = match results.as_ref().map(|r| &r[i]) {
                 Some(Symbolized::Sym(s)) => {
@@ -205,14 +256,9 @@ mod tests {
         let addr = marker_function_for_symbolizer_test as *const () as usize as u64;
         assert_eq!(marker_function_for_symbolizer_test(), 7);
         let (module, offset) = space.lookup(addr).unwrap();
-        let sources: Vec<ModuleSource> = (0..mods.len())
-            .map(|i| {
-                let m = mods.get(ModuleId(i as u32));
-                ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
-            })
-            .collect();
+        let sources = module_sources(&mods);
         let fa = FrameAddr::User { module, offset };
-        let out = symbolize(vec![fa, FrameAddr::Unmapped(0x1234)], sources).unwrap();
+        let out = symbolize(vec![fa, FrameAddr::Unmapped(0x1234)], sources).unwrap().0;
         let f = out[&fa].last().unwrap();
         assert!(f.function.contains("marker_function_for_symbolizer_test"), "{f:?}");
         assert_eq!(out[&FrameAddr::Unmapped(0x1234)][0].function, "0x1234");
@@ -233,14 +279,9 @@ mod tests {
         assert_ne!(addr, 0);
         let (module, offset) = space.lookup(addr).expect("vDSO mapped");
         assert_eq!(mods.get(module).name, "[vdso]");
-        let sources: Vec<ModuleSource> = (0..mods.len())
-            .map(|i| {
-                let m = mods.get(ModuleId(i as u32));
-                ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
-            })
-            .collect();
+        let sources = module_sources(&mods);
         let fa = FrameAddr::User { module, offset: offset + 4 };
-        let out = symbolize(vec![fa], sources).unwrap();
+        let out = symbolize(vec![fa], sources).unwrap().0;
         let f = &out[&fa][0];
         assert!(f.function.contains("clock_gettime"), "{f:?}");
         assert_eq!(f.module, "[vdso]");
@@ -252,7 +293,7 @@ mod tests {
         let line = kallsyms.lines().find(|l| l.ends_with(" do_sys_openat2")).unwrap();
         let addr = u64::from_str_radix(line.split(' ').next().unwrap(), 16).unwrap();
         assert_ne!(addr, 0, "kallsyms addresses are hidden: run as root");
-        let out = symbolize(vec![FrameAddr::Kernel(addr + 4)], vec![]).unwrap();
+        let out = symbolize(vec![FrameAddr::Kernel(addr + 4)], vec![]).unwrap().0;
         assert_eq!(out[&FrameAddr::Kernel(addr + 4)][0].function, "do_sys_openat2");
     }
 }

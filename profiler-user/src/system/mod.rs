@@ -1,4 +1,7 @@
-//! The host: launching `-- CMD`, /proc, cgroups and container identity.
+//! The host: launching `-- CMD` (`launch`), the one /proc reader (`procfs`), host facts
+//! (`host`), cgroups and container identity (`cgroup`).
 
 pub mod cgroup;
+pub mod host;
 pub mod launch;
+pub mod procfs;

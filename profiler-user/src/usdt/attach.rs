@@ -22,12 +22,18 @@ use super::{
     ProbeId, ProbeInfo, ProbeRegistry, ProbeRequest, ProbeRole, SiteInfo, UsdtArg, UsdtHit, args,
     markers::{self, MarkerMaker},
     notes,
-    report::{UsdtCounters, UsdtReport},
+    report::UsdtReport,
     uprobe::{link_create, open_uprobe, pmu_type, ref_ctr_supported},
 };
 use crate::{
-    bpf::decode::RawUsdtHit, bpf::object::Sampler, collect::collector::Collector,
-    collect::processes::MAX_LABELS, model::ids::Pid, store::SampleSink,
+    bpf::{counters::Counters, decode::RawUsdtHit, object::BpfObject},
+    collect::{collector::Collector, processes::LabelNaming},
+    model::{
+        ids::{LabelId, Pid, ThreadKey},
+        markers::{Marker, MarkerSchema},
+    },
+    store::SampleSink,
+    system::procfs::{self, MapsLine},
 };
 
 /// A file by (st_dev, st_ino), as `stat` reports it.
@@ -37,14 +43,9 @@ type FileKey = (u64, u64);
 /// its bytes (at most `USDT_STR_MAX - 1`) and whether it was cut.
 fn read_readonly_str(pid: Pid, addr: u64) -> Option<(Vec<u8>, bool)> {
     use std::os::unix::fs::FileExt as _;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let end = maps.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_ascii_whitespace().collect();
-        let (lo, hi) = f.first()?.split_once('-')?;
-        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-        let readonly = f.get(1)?.starts_with("r-");
-        let file = f.get(4).is_some_and(|i| *i != "0");
-        (lo <= addr && addr < hi && readonly && file).then_some(hi)
+    let end = procfs::read_maps(pid).ok()?.into_iter().find_map(|m| {
+        let readonly = m.readable && !m.writable;
+        (m.start <= addr && addr < m.end && readonly && m.inode != 0).then_some(m.end)
     })?;
     let want = ((end - addr) as usize).min(USDT_STR_MAX);
     let mut buf = vec![0u8; want];
@@ -82,7 +83,7 @@ pub struct UsdtSession {
     found: Vec<bool>,
     files: HashMap<FileKey, ScannedFile>,
     /// `/proc/PID/maps` (device, inode) pairs already scanned, to skip the stat.
-    maps_seen: HashSet<(String, u64)>,
+    maps_seen: HashSet<(u64, u64)>,
     attached: HashSet<(FileKey, u64)>,
     probe_ids: HashMap<(FileKey, String, String), ProbeId>,
     registry: ProbeRegistry,
@@ -118,7 +119,7 @@ impl UsdtSession {
     /// Loads the USDT program and checks the requests; `--usdt …@PATH` probes are attached
     /// now (a missing file or probe is an error).
     pub fn new(
-        sampler: &mut Sampler,
+        sampler: &mut BpfObject,
         requests: Vec<ProbeRequest>,
         intervals: Vec<String>,
         dump: Option<&Path>,
@@ -198,11 +199,8 @@ impl UsdtSession {
 
     /// Scans every process (for `--all`).
     pub fn scan_all_processes(&mut self) {
-        let Ok(dir) = std::fs::read_dir("/proc") else { return };
-        for e in dir.flatten() {
-            if let Some(pid) = e.file_name().to_str().and_then(|n| n.parse().ok()) {
-                self.scan_pid(Pid(pid));
-            }
+        for pid in procfs::all_pids() {
+            self.scan_pid(pid);
         }
     }
 
@@ -212,47 +210,40 @@ impl UsdtSession {
         if self.detached || self.kernel.is_none() || pid.0 == 0 || pid.0 == self.self_pid {
             return;
         }
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
-        for line in maps.lines() {
-            let mut f = line.split_ascii_whitespace();
-            let (Some(range), Some(perms), Some(_off), Some(dev), Some(inode)) =
-                (f.next(), f.next(), f.next(), f.next(), f.next())
-            else {
-                continue;
-            };
-            let path = f.collect::<Vec<_>>().join(" ");
-            let inode: u64 = inode.parse().unwrap_or(0);
-            if inode == 0 || !perms.contains('x') || !path.starts_with('/') {
-                continue;
+        let maps = match procfs::read_maps(pid) {
+            Ok(m) => m,
+            Err(procfs::ProcError::Gone) => return,
+            Err(e) => {
+                self.warnings.push(format!("read the mappings of pid {pid}: {e}"));
+                return;
             }
-            if !self.maps_seen.insert((dev.to_owned(), inode)) {
-                continue;
-            }
-            // map_files reaches the mapped file itself, even if deleted or in another mount
-            // namespace; the kernel resolves it to the same inode when attaching.
-            let open = PathBuf::from(format!("/proc/{pid}/map_files/{range}"));
-            if !open.exists() {
-                // The process exited or unmapped it meanwhile; let a later mapping retry.
-                self.maps_seen.remove(&(dev.to_owned(), inode));
-                continue;
-            }
-            if let Err(e) = self.scan_file(&open, &path, false) {
-                self.warnings.push(format!("{path}: {e:#}"));
-            }
+        };
+        for m in maps.iter().filter(|m| m.exec && m.is_file()) {
+            self.scan_mapping(pid, m);
+        }
+    }
+
+    fn scan_mapping(&mut self, pid: Pid, m: &MapsLine) {
+        if !self.maps_seen.insert((m.dev, m.inode)) {
+            return;
+        }
+        // map_files reaches the mapped file itself, even if deleted or in another mount
+        // namespace; the kernel resolves it to the same inode when attaching.
+        let open = PathBuf::from(format!("/proc/{pid}/map_files/{}", m.range_name()));
+        if !open.exists() {
+            // The process exited or unmapped it meanwhile; let a later mapping retry.
+            self.maps_seen.remove(&(m.dev, m.inode));
+            return;
+        }
+        if let Err(e) = self.scan_file(&open, &m.path, false) {
+            self.warnings.push(format!("{}: {e:#}", m.path));
         }
     }
 
     /// Re-reads the maps of every profiled process still alive, for libraries loaded
     /// (dlopen) but not yet seen in a sample.
     pub fn rescan_live<S>(&mut self, collector: &Collector<S>) {
-        let pids: Vec<Pid> = collector
-            .processes
-            .processes
-            .iter()
-            .filter(|(_, p)| !p.exited)
-            .map(|(&pid, _)| pid)
-            .collect();
-        for pid in pids {
+        for pid in collector.processes.live_pids() {
             self.scan_pid(pid);
         }
     }
@@ -262,17 +253,14 @@ impl UsdtSession {
     pub fn after_drain<S: SampleSink>(&mut self, collector: &mut Collector<S>) {
         self.on_maps_changed(collector);
         self.recover_strings(collector);
-        let mut raw = std::mem::take(&mut collector.usdt_hits);
+        let raw = collector.outbox.take_usdt_hits();
         for h in &raw {
             self.consume(h, collector);
         }
-        // Keep the allocation for the next drain.
-        raw.clear();
-        collector.usdt_hits = raw;
+        collector.outbox.reuse_hits(raw);
         // After this drain's hits: a thread's hits all precede its exit.
-        let tids = std::mem::take(&mut collector.exited_threads);
-        let pids = std::mem::take(&mut collector.exited_processes);
-        self.markers.exited(&self.registry, &mut collector.store, &pids, &tids);
+        let exits = collector.outbox.take_exits();
+        self.markers.exited(&self.registry, &mut collector.store, &exits.processes, &exits.threads);
     }
 
     fn consume<S: SampleSink>(&mut self, raw: &RawUsdtHit, collector: &mut Collector<S>) {
@@ -293,28 +281,27 @@ impl UsdtSession {
                 UsdtArg::Str(Ok(s)) => s.text.clone(),
                 other => other.to_string(),
             };
-            let labels = &mut collector.processes.processes.entry(hit.pid).or_default().labels;
-            if labels.get(&addr) == Some(&text) {
-                // Two threads pushed it first at once: both sent the text.
-            } else if labels.len() < MAX_LABELS || labels.contains_key(&addr) {
-                if let Some((_, w)) = &mut self.dump {
-                    let _ = writeln!(w, "label {} {addr:#x} {text:?}", hit.pid);
+            let dump_line = format!("label {} {addr:#x} {text:?}", hit.pid);
+            match collector.processes.name_label(hit.pid, LabelId(addr), text) {
+                LabelNaming::Named => {
+                    if let Some((_, w)) = &mut self.dump {
+                        let _ = writeln!(w, "{dump_line}");
+                    }
                 }
-                labels.insert(addr, text);
-            } else {
-                self.labels_over_limit += 1;
+                LabelNaming::AlreadyNamed => {}
+                LabelNaming::OverLimit => self.labels_over_limit += 1,
             }
         }
         self.markers.hit(&self.registry, &hit, &mut collector.store);
     }
 
     /// Intervals begun and not ended yet, for a snapshot.
-    pub fn open_markers(&self) -> Vec<crate::writers::gecko::assemble::OpenInterval> {
+    pub fn open_markers(&self) -> Vec<(ThreadKey, Marker)> {
         self.markers.open_markers(&self.registry)
     }
 
-    /// `meta.markerSchema` entries for the markers of the probes attached so far.
-    pub fn marker_schemas(&self) -> Vec<serde_json::Value> {
+    /// Schemas of the markers of the probes attached so far.
+    pub fn marker_schemas(&self) -> Vec<MarkerSchema> {
         markers::schemas(&self.registry)
     }
 
@@ -322,7 +309,7 @@ impl UsdtSession {
     /// loaded library's `.rodata`: BPF cannot fault pages in) is read from the process now,
     /// but only from a read-only file mapping, whose bytes cannot have changed since the hit.
     pub fn recover_strings<S>(&mut self, collector: &mut Collector<S>) {
-        for h in &mut collector.usdt_hits {
+        for h in collector.outbox.usdt_hits_mut() {
             let Some(site) = self.registry.sites.get(h.spec_id as usize) else { continue };
             let mut slot = 0;
             for (i, &is_str) in site.strings.iter().enumerate() {
@@ -347,10 +334,7 @@ impl UsdtSession {
 
     /// Scans newly (re)mapped processes the collector noticed.
     pub fn on_maps_changed<S>(&mut self, collector: &mut Collector<S>) {
-        let mut pids = std::mem::take(&mut collector.maps_changed);
-        pids.sort_unstable();
-        pids.dedup();
-        for pid in pids {
+        for pid in collector.outbox.take_maps_changed() {
             self.scan_pid(pid);
         }
     }
@@ -368,8 +352,13 @@ impl UsdtSession {
                 None => return Ok(()),
             },
             None => {
-                let probes =
-                    notes::read_probes(open).ok().filter(|p| !p.notes.is_empty()).map(Arc::new);
+                let probes = match notes::read_probes(open) {
+                    Ok(p) => (!p.notes.is_empty()).then(|| Arc::new(p)),
+                    Err(e) => {
+                        self.warnings.push(format!("{display}: USDT notes not read: {e:#}"));
+                        None
+                    }
+                };
                 self.files.insert(key, ScannedFile { probes: probes.clone() });
                 match probes {
                     Some(p) => p,
@@ -519,7 +508,7 @@ impl UsdtSession {
     pub fn finish<S: SampleSink>(
         mut self,
         collector: &mut Collector<S>,
-        counters: UsdtCounters,
+        counters: Counters,
     ) -> Result<UsdtReport> {
         self.detach();
         self.markers.finish(&self.registry, &mut collector.store);
@@ -540,13 +529,12 @@ impl UsdtSession {
             .collect();
         hit_counts.sort();
         let mut by_label: HashMap<String, u64> = HashMap::new();
-        for (&(pid, addr), &n) in &collector.label_samples {
+        for (&(pid, label), &n) in &collector.label_samples {
             let name = collector
                 .processes
-                .processes
-                .get(&pid)
-                .and_then(|p| p.labels.get(&addr).cloned())
-                .unwrap_or_else(|| format!("{addr:#x}"));
+                .get(pid)
+                .and_then(|p| p.meta.labels.get(&label).cloned())
+                .unwrap_or_else(|| format!("{:#x}", label.0));
             *by_label.entry(name).or_default() += n;
         }
         let mut label_samples: Vec<_> = by_label.into_iter().collect();

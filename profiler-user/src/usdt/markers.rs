@@ -7,19 +7,25 @@
 //! * `--usdt` probes → instant markers named `provider:name` with the probe's arguments;
 //! * `--usdt-interval` → intervals from a start hit to the next end hit on the same thread.
 //!
-//! An end without its begin and a begin never ended are kept as Gecko IntervalEnd /
-//! IntervalStart markers, which the Firefox Profiler shows as incomplete intervals.
+//! An end without its begin and a begin never ended are kept as IntervalEnd / IntervalStart
+//! markers, which the Firefox Profiler shows as incomplete intervals.
 
 use std::collections::HashMap;
 
-use serde_json::{Value, json};
-
 use super::{IntervalId, ProbeInfo, ProbeRegistry, ProbeRole, UsdtArg, UsdtHit};
 use crate::{
-    model::ids::{Pid, Tid},
-    store::SampleSink,
-    store::codec::{MarkerField, MarkerPhase, StoredMarker, ThreadKey},
-    writers::gecko::assemble::OpenInterval,
+    model::{
+        ids::{Pid, ThreadKey, Tid},
+        markers::{
+            FieldFormat, Marker, MarkerPhase, MarkerSchema, MarkerSource, MarkerValue, MarkerView,
+            SchemaField,
+        },
+        time::MonoNs,
+    },
+    store::{
+        SampleSink,
+        codec::{MarkerField, StoredMarker},
+    },
 };
 
 /// Open intervals kept waiting for their end; past this, a begin is stored at once as an
@@ -92,6 +98,17 @@ fn int_fields(args: &[UsdtArg], n: usize) -> Vec<Field> {
         .collect()
 }
 
+impl Field {
+    fn value(&self) -> Option<MarkerValue> {
+        match self {
+            Field::Str(s) => Some(MarkerValue::Str(s.clone())),
+            Field::Int(v) => Some(MarkerValue::Int(*v)),
+            Field::Uint(v) => Some(MarkerValue::Uint(*v)),
+            Field::Absent => None,
+        }
+    }
+}
+
 fn text(a: Option<&UsdtArg>) -> String {
     a.map(UsdtArg::to_string).unwrap_or_default()
 }
@@ -119,7 +136,7 @@ impl MarkerMaker {
     /// Stores the markers `hit` completes (none for a begin, which waits for its end).
     pub fn hit<S: SampleSink>(&mut self, reg: &ProbeRegistry, hit: &UsdtHit, sink: &mut S) {
         let Some(probe) = reg.probe(hit.probe) else { return };
-        let thread = ThreadKey { pid: hit.pid, tid: hit.tid };
+        let thread = ThreadKey::Task { pid: hit.pid, tid: hit.tid };
         let t = hit.time_ns;
         let a = &hit.args;
         match probe.role {
@@ -322,22 +339,21 @@ impl MarkerMaker {
         }
     }
 
-    /// The intervals waiting for their end, for a snapshot.
-    pub fn open_markers(&self, reg: &ProbeRegistry) -> Vec<OpenInterval> {
-        let to_value = |f: &Field| match f {
-            Field::Str(s) => Some(Value::from(s.as_str())),
-            Field::Int(v) => Some(Value::from(*v)),
-            Field::Uint(v) => Some(Value::from(*v)),
-            Field::Absent => None,
+    /// The intervals waiting for their end, for a snapshot: IntervalStart markers.
+    pub fn open_markers(&self, reg: &ProbeRegistry) -> Vec<(ThreadKey, Marker)> {
+        let pending = |schema: &str, o: &Open| {
+            let start = MonoNs(o.start_ns);
+            let marker = Marker {
+                name: o.name.clone(),
+                schema: schema.to_owned(),
+                phase: MarkerPhase::IntervalStart,
+                start,
+                end: start,
+                fields: o.fields.iter().map(Field::value).collect(),
+            };
+            (o.thread, marker)
         };
-        let pending = |schema: &str, o: &Open| OpenInterval {
-            thread: o.thread,
-            start_ns: o.start_ns,
-            name: o.name.clone(),
-            schema: schema.to_owned(),
-            fields: o.fields.iter().map(to_value).collect(),
-        };
-        let mut out: Vec<OpenInterval> = self
+        let mut out: Vec<(ThreadKey, Marker)> = self
             .open
             .values()
             .flat_map(|m| m.values())
@@ -349,7 +365,7 @@ impl MarkerMaker {
                 out.extend(starts.iter().map(|o| pending(&schema, o)));
             }
         }
-        out.sort_by_key(|o| o.start_ns);
+        out.sort_by_key(|(_, m)| m.start);
         out
     }
 
@@ -410,51 +426,44 @@ fn store<S: SampleSink>(
     sink.push_marker(thread, marker);
 }
 
-fn arg_fields(prefix: &str, label: &str, n: usize) -> Vec<Value> {
+fn arg_fields(prefix: &str, label: &str, n: usize) -> Vec<SchemaField> {
     (0..n)
-        .map(|i| json!({"key": format!("{prefix}{i}"), "label": format!("{label} {i}"), "format": "integer"}))
+        .map(|i| {
+            SchemaField::new(&format!("{prefix}{i}"), &format!("{label} {i}"), FieldFormat::Integer)
+        })
         .collect()
 }
 
-/// `meta.markerSchema` entries for every marker this registry's probes can produce. Field
-/// order is the order of the stored fields.
-pub fn schemas(reg: &ProbeRegistry) -> Vec<Value> {
-    let mut out = vec![
-        json!({
-            "name": SCHEMA_MARKER,
-            "display": ["marker-chart", "marker-table"],
-            "chartLabel": "{marker.data.text}",
-            "tableLabel": "{marker.data.text}",
-            "tooltipLabel": "{marker.name}: {marker.data.text}",
-            "data": [
-                {"key": "text", "label": "Text", "format": "string", "searchable": true},
-                {"label": "Source", "value": "rsprof:marker USDT probe"},
-            ],
-        }),
-        json!({
-            "name": SCHEMA_INTERVAL,
-            "display": ["marker-chart", "marker-table", "timeline-overview"],
-            "chartLabel": "{marker.name}",
-            "tableLabel": "{marker.name} (id {marker.data.id})",
-            "tooltipLabel": "{marker.name}",
-            "data": [
-                {"key": "id", "label": "Id", "format": "integer"},
-                {"label": "Source", "value": "rsprof:begin / rsprof:end USDT probes"},
-            ],
-        }),
-        json!({
-            "name": SCHEMA_COUNTER,
-            "display": ["marker-chart", "marker-table"],
-            "chartLabel": "{marker.data.value}",
-            "tableLabel": "{marker.name} = {marker.data.value}",
-            "tooltipLabel": "{marker.name} = {marker.data.value}",
-            "data": [
-                {"key": "value", "label": "Value", "format": "integer"},
-                {"label": "Source", "value": "rsprof:counter USDT probe"},
-            ],
-            "graphs": [{"key": "value", "type": "line", "color": "blue"}],
-        }),
-    ];
+/// Schemas of every marker this registry's probes can produce. Field order is the order of
+/// the stored fields.
+pub fn schemas(reg: &ProbeRegistry) -> Vec<MarkerSchema> {
+    use MarkerView::*;
+    let note = |source: &str| vec![("Source".to_owned(), source.to_owned())];
+    let label = |s: &str| Some(s.to_owned());
+    let mut marker = MarkerSchema::new(SCHEMA_MARKER, MarkerSource::Usdt, &[Chart, Table]);
+    marker.chart_label = label("{text}");
+    marker.table_label = label("{text}");
+    marker.tooltip_label = label("{name}: {text}");
+    marker.fields = vec![SchemaField {
+        searchable: true,
+        ..SchemaField::new("text", "Text", FieldFormat::String)
+    }];
+    marker.notes = note("rsprof:marker USDT probe");
+    let mut interval =
+        MarkerSchema::new(SCHEMA_INTERVAL, MarkerSource::Usdt, &[Chart, Table, Timeline]);
+    interval.chart_label = label("{name}");
+    interval.table_label = label("{name} (id {id})");
+    interval.tooltip_label = label("{name}");
+    interval.fields = vec![SchemaField::new("id", "Id", FieldFormat::Integer)];
+    interval.notes = note("rsprof:begin / rsprof:end USDT probes");
+    let mut counter = MarkerSchema::new(SCHEMA_COUNTER, MarkerSource::Usdt, &[Chart, Table]);
+    counter.chart_label = label("{value}");
+    counter.table_label = label("{name} = {value}");
+    counter.tooltip_label = label("{name} = {value}");
+    counter.fields = vec![SchemaField::new("value", "Value", FieldFormat::Integer)];
+    counter.notes = note("rsprof:counter USDT probe");
+    counter.graphs = vec!["value".to_owned()];
+    let mut out = vec![marker, interval, counter];
     let mut seen = std::collections::HashSet::new();
     for p in &reg.probes {
         if p.role != ProbeRole::UserInstant {
@@ -465,29 +474,26 @@ pub fn schemas(reg: &ProbeRegistry) -> Vec<Value> {
             continue;
         }
         let n = instant_arg_count(reg, &name);
-        let labels: Vec<String> = (0..n).map(|i| format!("{{marker.data.arg{i}}}")).collect();
-        out.push(json!({
-            "name": probe_schema(&name),
-            "display": ["marker-chart", "marker-table"],
-            "tableLabel": labels.join(" "),
-            "tooltipLabel": format!("{name} {}", labels.join(" ")),
-            "data": arg_fields("arg", "Argument", n),
-        }));
+        let labels: Vec<String> = (0..n).map(|i| format!("{{arg{i}}}")).collect();
+        let mut s = MarkerSchema::new(&probe_schema(&name), MarkerSource::Usdt, &[Chart, Table]);
+        s.table_label = Some(labels.join(" "));
+        s.tooltip_label = Some(format!("{name} {}", labels.join(" ")));
+        s.fields = arg_fields("arg", "Argument", n);
+        out.push(s);
     }
     for (i, spec) in reg.intervals.iter().enumerate() {
         let id = IntervalId(i as u32);
-        let n_start = start_arg_count(reg, id);
-        let n_end = end_arg_count(reg, id);
-        let mut data = arg_fields("start", "Start argument", n_start);
-        data.extend(arg_fields("end", "End argument", n_end));
-        out.push(json!({
-            "name": interval_schema(spec),
-            "display": ["marker-chart", "marker-table", "timeline-overview"],
-            "chartLabel": "{marker.name}",
-            "tableLabel": "{marker.name}",
-            "tooltipLabel": "{marker.name}",
-            "data": data,
-        }));
+        let mut s = MarkerSchema::new(
+            &interval_schema(spec),
+            MarkerSource::Usdt,
+            &[Chart, Table, Timeline],
+        );
+        s.chart_label = label("{name}");
+        s.table_label = label("{name}");
+        s.tooltip_label = label("{name}");
+        s.fields = arg_fields("start", "Start argument", start_arg_count(reg, id));
+        s.fields.extend(arg_fields("end", "End argument", end_arg_count(reg, id)));
+        out.push(s);
     }
     out
 }
@@ -497,7 +503,7 @@ mod tests {
     use super::*;
     use crate::{
         store::codec::Event,
-        store::{ChunkedStore, read_events},
+        store::{ChunkedStore, snapshot::read_events},
         usdt::{ProbeId, SiteInfo, UsdtString},
     };
 
@@ -567,7 +573,8 @@ mod tests {
                         MarkerField::Absent => "-".into(),
                     })
                     .collect();
-                rows.push((key.tid.0, m.phase, text(m.name), m.start_ns, m.end_ns, fields));
+                let ThreadKey::Task { tid, .. } = key else { panic!("USDT markers are on tasks") };
+                rows.push((tid.0, m.phase, text(m.name), m.start_ns, m.end_ns, fields));
             },
             |e| panic!("{e}"),
         );
@@ -703,21 +710,15 @@ mod tests {
     #[test]
     fn schemas_list_fields_in_stored_order() {
         let schemas = schemas(&registry());
-        let by_name = |n: &str| schemas.iter().find(|s| s["name"] == n).unwrap().clone();
-        let keys = |v: &Value| -> Vec<String> {
-            v["data"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|f| f["key"].as_str().map(str::to_owned))
-                .collect()
-        };
+        let by_name = |n: &str| schemas.iter().find(|s| s.name == n).unwrap().clone();
+        let keys = |s: &MarkerSchema| -> Vec<String> { s.keys().map(str::to_owned).collect() };
         assert_eq!(keys(&by_name(SCHEMA_MARKER)), ["text"]);
         assert_eq!(keys(&by_name(SCHEMA_INTERVAL)), ["id"]);
-        assert_eq!(by_name(SCHEMA_COUNTER)["graphs"][0]["key"], "value");
+        assert_eq!(by_name(SCHEMA_COUNTER).graphs, ["value"]);
         assert_eq!(keys(&by_name("USDT p:n6")), ["arg0"]);
         let iv = by_name("USDT interval py:start:done@/bin/py");
         assert_eq!(keys(&iv), ["start0", "end0"]);
-        assert!(iv["display"].as_array().unwrap().iter().any(|d| d == "timeline-overview"));
+        assert!(iv.views.contains(&MarkerView::Timeline));
+        assert!(schemas.iter().all(|s| s.source == MarkerSource::Usdt));
     }
 }

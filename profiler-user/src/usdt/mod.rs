@@ -33,7 +33,7 @@ use crate::{
 };
 
 pub use attach::UsdtSession;
-pub use report::{UsdtCounters, UsdtReport};
+pub use report::UsdtReport;
 
 /// Index of a probe (provider:name in one file) in the [`ProbeRegistry`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

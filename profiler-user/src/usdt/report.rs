@@ -3,50 +3,10 @@
 
 use std::fmt::Write as _;
 
-use anyhow::Result;
 use profiler_common::counter;
 
 use super::{ProbeRegistry, markers::MarkerStats};
-use crate::{bpf::object::Sampler, collect::processes::MAX_LABELS};
-
-/// Kernel-side USDT counters, summed over CPUs.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct UsdtCounters {
-    pub sent: u64,
-    pub lost_ringbuf_full: u64,
-    pub lost_other: u64,
-    pub arg_errors: u64,
-    pub str_null: u64,
-    pub str_unreadable: u64,
-    pub str_truncated: u64,
-    pub label_pushes: u64,
-    pub label_pops: u64,
-    pub label_overflows: u64,
-    pub label_underflows: u64,
-    pub label_map_full: u64,
-    pub samples_with_labels: u64,
-}
-
-impl UsdtCounters {
-    pub fn read(sampler: &Sampler) -> Result<Self> {
-        let c = |i| sampler.counter(i);
-        Ok(Self {
-            sent: c(counter::USDT_SENT)?,
-            lost_ringbuf_full: c(counter::USDT_LOST_RINGBUF_FULL)?,
-            lost_other: c(counter::USDT_LOST_OTHER)?,
-            arg_errors: c(counter::USDT_ARG_ERRORS)?,
-            str_null: c(counter::USDT_STR_NULL)?,
-            str_unreadable: c(counter::USDT_STR_UNREADABLE)?,
-            str_truncated: c(counter::USDT_STR_TRUNCATED)?,
-            label_pushes: c(counter::LABEL_PUSHES)?,
-            label_pops: c(counter::LABEL_POPS)?,
-            label_overflows: c(counter::LABEL_OVERFLOWS)?,
-            label_underflows: c(counter::LABEL_UNDERFLOWS)?,
-            label_map_full: c(counter::LABEL_MAP_FULL)?,
-            samples_with_labels: c(counter::SAMPLES_WITH_LABELS)?,
-        })
-    }
-}
+use crate::{bpf::counters::Counters, collect::processes::MAX_LABELS};
 
 /// What the recording saw, for the summary. The hits themselves became markers in storage.
 #[derive(Debug, Default)]
@@ -63,7 +23,8 @@ pub struct UsdtReport {
     pub label_samples: Vec<(String, u64)>,
     /// Labels left unnamed because their process already had `MAX_LABELS` names.
     pub labels_over_limit: u64,
-    pub counters: UsdtCounters,
+    /// Every kernel counter; the USDT ones are reported here.
+    pub counters: Counters,
     pub warnings: Vec<String>,
     /// Sites attached over the recording.
     pub sites: usize,
@@ -87,9 +48,9 @@ impl UsdtReport {
             s,
             "usdt: {} hits recorded, {} lost (ring buffer full {}, other {}); {} probe sites attached",
             self.hits,
-            c.lost_ringbuf_full + c.lost_other,
-            c.lost_ringbuf_full,
-            c.lost_other,
+            c.get(counter::USDT_LOST_RINGBUF_FULL) + c.get(counter::USDT_LOST_OTHER),
+            c.get(counter::USDT_LOST_RINGBUF_FULL),
+            c.get(counter::USDT_LOST_OTHER),
             self.sites
         );
         if !self.hit_counts.is_empty() {
@@ -108,18 +69,22 @@ impl UsdtReport {
         let _ = writeln!(
             s,
             "  strings: {} null, {} unreadable ({} of them read later from read-only mappings), {} truncated; argument read errors {}",
-            c.str_null, c.str_unreadable, self.strings_recovered, c.str_truncated, c.arg_errors
+            c.get(counter::USDT_STR_NULL),
+            c.get(counter::USDT_STR_UNREADABLE),
+            self.strings_recovered,
+            c.get(counter::USDT_STR_TRUNCATED),
+            c.get(counter::USDT_ARG_ERRORS)
         );
-        if c.label_pushes + c.label_pops > 0 {
+        if c.get(counter::LABEL_PUSHES) + c.get(counter::LABEL_POPS) > 0 {
             let _ = writeln!(
                 s,
                 "  labels: {} pushes, {} pops, {} overflows, {} underflows, {} map full; {} samples labelled",
-                c.label_pushes,
-                c.label_pops,
-                c.label_overflows,
-                c.label_underflows,
-                c.label_map_full,
-                c.samples_with_labels
+                c.get(counter::LABEL_PUSHES),
+                c.get(counter::LABEL_POPS),
+                c.get(counter::LABEL_OVERFLOWS),
+                c.get(counter::LABEL_UNDERFLOWS),
+                c.get(counter::LABEL_MAP_FULL),
+                c.get(counter::SAMPLES_WITH_LABELS)
             );
             for (name, n) in self.label_samples.iter().take(10) {
                 let _ = writeln!(s, "  label '{name}': {n} samples");

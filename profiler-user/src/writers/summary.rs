@@ -1,18 +1,109 @@
-//! The text summary printed when a recording ends.
+//! The text summary printed when a recording ends: [`SummaryCounts`] tallies the events
+//! export reads, [`render`] adds the kernel and collector counters.
 
-use std::fmt::Write as _;
+use std::{
+    collections::{HashMap, HashSet},
+    fmt::Write as _,
+};
+
+use profiler_common::counter;
 
 use crate::{
-    bpf::object::KernelCounters, collect::collector::CollectorStats, store::StoreStats,
-    writers::gecko::assemble::ProfileStats,
+    bpf::counters::Counters,
+    collect::collector::CollectorStats,
+    model::{
+        Sample,
+        ids::{Pid, ThreadKey},
+        markers::Marker,
+        stacks::{FrameIndex, SymbolizedStacks},
+    },
+    store::StoreStats,
+    symbolize::SymbolizeErrors,
+    writers::{EventSink, ProfileContext},
 };
+
+/// What the written profile holds, for the summary.
+#[derive(Clone, Debug, Default)]
+pub struct ProfileStats {
+    pub processes: usize,
+    pub threads: usize,
+    pub samples: u64,
+    pub idle_samples: u64,
+    pub markers: u64,
+    /// Self samples per leaf function ("name (in module)"), most first; idle excluded.
+    pub top_functions: Vec<(String, u64)>,
+    /// Time range (ms since start) recycled away to stay within the buffer size.
+    pub dropped_ms: Option<(f64, f64)>,
+    pub dropped_events: u64,
+    /// Corrupt chunks or blocks found while reading storage (skipped).
+    pub corrupt: Vec<String>,
+}
+
+/// Tallies a recording's events for the summary.
+pub struct SummaryCounts<'a> {
+    stacks: &'a SymbolizedStacks,
+    stats: ProfileStats,
+    threads: HashSet<ThreadKey>,
+    processes: HashSet<Option<Pid>>,
+    leaves: HashMap<FrameIndex, u64>,
+}
+
+impl<'a> SummaryCounts<'a> {
+    pub fn new(stacks: &'a SymbolizedStacks) -> Self {
+        Self {
+            stacks,
+            stats: ProfileStats::default(),
+            threads: HashSet::new(),
+            processes: HashSet::new(),
+            leaves: HashMap::new(),
+        }
+    }
+
+    fn thread(&mut self, t: ThreadKey) {
+        if self.threads.insert(t) {
+            self.processes.insert(t.pid());
+        }
+    }
+
+    pub fn finish(self, ctx: &ProfileContext, corrupt: &[String]) -> ProfileStats {
+        let mut stats = self.stats;
+        stats.threads = self.threads.len();
+        stats.processes = self.processes.len();
+        stats.top_functions = top_functions(self.stacks, self.leaves, 10);
+        let r = ctx.recycled;
+        if let Some((first, last)) = r.range {
+            stats.dropped_ms = Some((ctx.info.ms(first), ctx.info.ms(last)));
+            stats.dropped_events = r.events;
+        }
+        stats.corrupt = corrupt.to_vec();
+        stats
+    }
+}
+
+impl EventSink for SummaryCounts<'_> {
+    fn sample(&mut self, thread: ThreadKey, s: &Sample) {
+        self.thread(thread);
+        self.stats.samples += 1;
+        if thread.is_idle() {
+            self.stats.idle_samples += 1;
+        } else if let Some(leaf) = s.stack.and_then(|id| self.stacks.leaf(id)) {
+            *self.leaves.entry(leaf).or_default() += 1;
+        }
+    }
+
+    fn marker(&mut self, thread: ThreadKey, _: &Marker) {
+        self.thread(thread);
+        self.stats.markers += 1;
+    }
+}
 
 pub struct SummaryInput<'a> {
     pub profile: &'a ProfileStats,
     pub store: &'a StoreStats,
     pub buffer_bytes: usize,
-    pub counters: &'a KernelCounters,
+    pub counters: &'a Counters,
     pub stats: &'a CollectorStats,
+    pub symbolize: &'a SymbolizeErrors,
     pub duration_s: f64,
     pub frequency: u64,
     pub cpus: usize,
@@ -36,25 +127,59 @@ pub fn render(i: &SummaryInput) -> String {
     let _ = writeln!(
         s,
         "  lost by cause: ring buffer full {}, no scratch buffer {}; lifecycle events lost {}",
-        c.lost_ringbuf_full, c.lost_no_scratch, c.lost_task_events
+        c.get(counter::LOST_RINGBUF_FULL),
+        c.get(counter::LOST_NO_SCRATCH),
+        c.get(counter::LOST_TASK_EVENTS)
     );
     let _ = writeln!(
         s,
         "  kernel: {} sent, {} filtered out; expected about {:.0} system-wide",
-        c.samples_sent, c.samples_filtered, expected
+        c.get(counter::SAMPLES_SENT),
+        c.get(counter::SAMPLES_FILTERED),
+        expected
     );
-    if c.samples_sent != recorded {
+    if c.get(counter::SAMPLES_SENT) != recorded {
         let _ = writeln!(
             s,
             "  warning: kernel sent {} samples but {} arrived ({} undecodable)",
-            c.samples_sent, recorded, i.stats.decode_errors
+            c.get(counter::SAMPLES_SENT),
+            recorded,
+            i.stats.decode_errors
         );
     }
     let _ = writeln!(
         s,
         "  stack errors: kernel {}, user {}; cpu-time read errors {}; unmapped user frames {}",
-        c.kernel_stack_errors, c.user_stack_errors, c.cpu_time_errors, i.stats.unmapped_frames
+        c.get(counter::KERNEL_STACK_ERRORS),
+        c.get(counter::USER_STACK_ERRORS),
+        c.get(counter::CPU_TIME_ERRORS),
+        i.stats.unmapped_frames
     );
+    if i.stats.maps_errors > 0 {
+        let _ = writeln!(
+            s,
+            "  warning: reading /proc/PID/maps of a live process failed {} times (frames may be \
+             unmapped)",
+            i.stats.maps_errors
+        );
+    }
+    let sym = i.symbolize;
+    for (module, err) in sym.modules.iter().take(10) {
+        let _ = writeln!(s, "  warning: could not symbolize {module}: {err}");
+    }
+    if sym.modules.len() > 10 {
+        let _ = writeln!(s, "  ({} more files could not be symbolized)", sym.modules.len() - 10);
+    }
+    if let Some(err) = &sym.kernel {
+        let _ = writeln!(s, "  warning: kernel frames left as addresses: {err}");
+    }
+    if sym.unreadable_frames > 0 {
+        let _ = writeln!(
+            s,
+            "  {} frames of files that could not be opened are shown as addresses",
+            sym.unreadable_frames
+        );
+    }
     if recorded > 0 {
         let _ = writeln!(
             s,
@@ -132,4 +257,22 @@ fn human_bytes(b: usize) -> String {
         b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
         b => format!("{b} B"),
     }
+}
+
+fn top_functions(
+    tree: &SymbolizedStacks,
+    leaves: HashMap<FrameIndex, u64>,
+    n: usize,
+) -> Vec<(String, u64)> {
+    // Inlined frames of one address share a leaf; merge by name so a function counts once.
+    let mut by_name: HashMap<String, u64> = HashMap::new();
+    for (f, c) in leaves {
+        if let Some(fr) = tree.frame(f) {
+            *by_name.entry(format!("{} (in {})", fr.function, fr.module)).or_default() += c;
+        }
+    }
+    let mut v: Vec<_> = by_name.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v.truncate(n);
+    v
 }

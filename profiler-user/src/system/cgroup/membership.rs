@@ -3,7 +3,7 @@
 //! seen and again only when its main thread shows up in a different cgroup.
 
 use crate::{
-    model::ids::Pid,
+    model::ids::{CgroupId, Pid},
     system::cgroup::container::{self, Identity},
     system::cgroup::fs::PathCache,
 };
@@ -11,7 +11,7 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct ProcessCgroup {
     /// cgroup v2 id of the latest sample that set `path`; 0 = not seen yet.
-    pub id: u64,
+    pub id: CgroupId,
     /// Path below the cgroup v2 mount, when known.
     pub path: Option<String>,
     pub identity: Option<Identity>,
@@ -19,8 +19,14 @@ pub struct ProcessCgroup {
 
 impl ProcessCgroup {
     /// Called for every sample; a comparison unless the cgroup changed.
-    pub fn observe(&mut self, pid: Pid, main_thread: bool, cgroup_id: u64, cache: &mut PathCache) {
-        if cgroup_id == self.id || cgroup_id == 0 || (self.id != 0 && !main_thread) {
+    pub fn observe(
+        &mut self,
+        pid: Pid,
+        main_thread: bool,
+        cgroup_id: CgroupId,
+        cache: &mut PathCache,
+    ) {
+        if cgroup_id == self.id || cgroup_id.0 == 0 || (self.id.0 != 0 && !main_thread) {
             return;
         }
         self.id = cgroup_id;
@@ -29,11 +35,11 @@ impl ProcessCgroup {
             .and_then(|t| container::v2_path_from_proc(&t).map(str::to_owned));
         self.path = match from_proc {
             Some(p) => {
-                cache.remember(cgroup_id, &p);
+                cache.remember(cgroup_id.0, &p);
                 Some(p)
             }
             // Gone already: find the cgroup by id (it may still exist).
-            None => cache.lookup(cgroup_id),
+            None => cache.lookup(cgroup_id.0),
         };
         self.identity = self.path.as_deref().and_then(container::parse);
     }
@@ -52,11 +58,11 @@ mod tests {
         let id = std::fs::metadata(m.cgroup(&path).unwrap().dir).unwrap().ino();
         let mut pc = ProcessCgroup::default();
         let mut cache = PathCache::default();
-        pc.observe(Pid(std::process::id()), true, id, &mut cache);
-        assert_eq!((pc.id, pc.path.as_deref()), (id, Some(path.as_str())));
+        pc.observe(Pid(std::process::id()), true, CgroupId(id), &mut cache);
+        assert_eq!((pc.id, pc.path.as_deref()), (CgroupId(id), Some(path.as_str())));
         // A dead pid falls back to the id → path cache.
         let mut gone = ProcessCgroup::default();
-        gone.observe(Pid(u32::MAX - 1), true, id, &mut cache);
+        gone.observe(Pid(u32::MAX - 1), true, CgroupId(id), &mut cache);
         assert_eq!(gone.path.as_deref(), Some(path.as_str()));
     }
 }

@@ -14,7 +14,7 @@
 
 use serde_json::{Value, json};
 
-use crate::system::cgroup::container::Identity;
+use crate::model::container::Identity;
 
 pub const MARKER_TYPE: &str = "ContainerIdentity";
 

@@ -24,10 +24,9 @@ use std::io::{self, Write};
 
 use serde_json::{Value, json};
 
-use crate::{
-    model::ids::{Pid, Tid},
-    model::stacks::{FrameIndex, FrameKind, SymbolizedStacks},
-    store::codec::StackId,
+use crate::model::{
+    ids::{Pid, StackId, Tid},
+    stacks::{FrameIndex, FrameKind, SymbolizedStacks},
 };
 
 pub const GECKO_VERSION: u32 = 36;
@@ -41,13 +40,16 @@ pub const CATEGORY_IDLE: u32 = 1;
 pub const CATEGORY_USER: u32 = 2;
 pub const CATEGORY_KERNEL: u32 = 3;
 pub const CATEGORY_LABEL: u32 = 4;
+/// Markers from USDT probes: their own colour in the Marker Chart, apart from everything else.
+pub const CATEGORY_USDT: u32 = 5;
 
-const CATEGORIES: [(&str, &str); 5] = [
+const CATEGORIES: [(&str, &str); 6] = [
     ("Other", "grey"),
     ("Idle", "transparent"),
     ("User", "yellow"),
     ("Kernel", "orange"),
     ("Label", "lightblue"),
+    ("USDT", "magenta"),
 ];
 
 fn categories() -> Value {
@@ -654,7 +656,7 @@ mod tests {
         assert_eq!(j["meta"]["rsprof"]["buffer"], 1);
         let cats: Vec<_> =
             j["meta"]["categories"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
-        assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label"]);
+        assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label", "USDT"]);
         assert_eq!(j["threads"].as_array().unwrap().len(), 0);
         // One sub-process per process, busiest first, main thread first.
         let procs = j["processes"].as_array().unwrap();

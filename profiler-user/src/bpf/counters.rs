@@ -1,0 +1,144 @@
+//! The one table of kernel counters: index (`profiler_common::counter`), name and help text.
+//! The summary, the USDT report and metrics all read counters through it.
+
+use profiler_common::counter::{self, COUNT};
+
+pub struct CounterDef {
+    pub index: u32,
+    /// snake_case, unique; a metric name part.
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+const fn def(index: u32, name: &'static str, help: &'static str) -> CounterDef {
+    CounterDef { index, name, help }
+}
+
+/// Every counter the BPF programs keep, in index order.
+pub const COUNTERS: &[CounterDef] = &[
+    def(counter::SAMPLES_SENT, "samples_sent", "Samples written to the ring buffer"),
+    def(
+        counter::SAMPLES_FILTERED,
+        "samples_filtered",
+        "Samples of tasks the filters do not select",
+    ),
+    def(counter::LOST_RINGBUF_FULL, "samples_lost_ringbuf_full", "Samples lost: ring buffer full"),
+    def(
+        counter::LOST_NO_SCRATCH,
+        "samples_lost_no_scratch",
+        "Samples lost: no per-CPU scratch buffer",
+    ),
+    def(
+        counter::KERNEL_STACK_ERRORS,
+        "kernel_stack_errors",
+        "Samples whose kernel stack could not be read",
+    ),
+    def(
+        counter::USER_STACK_ERRORS,
+        "user_stack_errors",
+        "Samples whose user stack could not be read",
+    ),
+    def(
+        counter::LOST_TASK_EVENTS,
+        "task_events_lost",
+        "Fork/exec/exit records lost: ring buffer full",
+    ),
+    def(
+        counter::CPU_TIME_ERRORS,
+        "cpu_time_errors",
+        "Samples whose task CPU time could not be read",
+    ),
+    def(
+        counter::TARGETS_FULL,
+        "targets_full",
+        "Children of the command not followed: target set full",
+    ),
+    def(counter::USDT_SENT, "usdt_hits_sent", "USDT hits written to the ring buffer"),
+    def(
+        counter::USDT_LOST_RINGBUF_FULL,
+        "usdt_hits_lost_ringbuf_full",
+        "USDT hits lost: ring buffer full",
+    ),
+    def(
+        counter::USDT_LOST_OTHER,
+        "usdt_hits_lost_other",
+        "USDT hits lost: no scratch buffer or unknown spec",
+    ),
+    def(counter::USDT_ARG_ERRORS, "usdt_arg_errors", "USDT arguments that could not be read"),
+    def(counter::USDT_STR_NULL, "usdt_str_null", "USDT string arguments that were NULL"),
+    def(
+        counter::USDT_STR_UNREADABLE,
+        "usdt_str_unreadable",
+        "USDT string arguments the kernel could not read",
+    ),
+    def(
+        counter::USDT_STR_TRUNCATED,
+        "usdt_str_truncated",
+        "USDT string arguments cut at the length limit",
+    ),
+    def(counter::LABEL_PUSHES, "label_pushes", "rsprof:label_push hits"),
+    def(counter::LABEL_POPS, "label_pops", "rsprof:label_pop hits"),
+    def(counter::LABEL_OVERFLOWS, "label_overflows", "Label pushes beyond the stack depth limit"),
+    def(counter::LABEL_UNDERFLOWS, "label_underflows", "Label pops with an empty label stack"),
+    def(counter::LABEL_MAP_FULL, "label_map_full", "Label pushes lost: thread label map full"),
+    def(counter::SAMPLES_WITH_LABELS, "samples_with_labels", "Samples that carried a label"),
+];
+
+/// Every kernel counter, summed over CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counters([u64; COUNT as usize]);
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self([0; COUNT as usize])
+    }
+}
+
+impl Counters {
+    /// Reads each counter through `read(index)`.
+    pub fn read<E>(mut read: impl FnMut(u32) -> Result<u64, E>) -> Result<Self, E> {
+        let mut c = Self::default();
+        for d in COUNTERS {
+            c.0[d.index as usize] = read(d.index)?;
+        }
+        Ok(c)
+    }
+
+    /// One counter by its `profiler_common::counter` index.
+    pub fn get(&self, index: u32) -> u64 {
+        self.0.get(index as usize).copied().unwrap_or(0)
+    }
+
+    /// Samples the kernel took but could not send.
+    pub fn lost_samples(&self) -> u64 {
+        self.get(counter::LOST_RINGBUF_FULL) + self.get(counter::LOST_NO_SCRATCH)
+    }
+
+    /// (definition, value) of every counter.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static CounterDef, u64)> + '_ {
+        COUNTERS.iter().map(|d| (d, self.get(d.index)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_lists_every_counter_once_in_order() {
+        let indices: Vec<u32> = COUNTERS.iter().map(|d| d.index).collect();
+        assert_eq!(indices, (0..COUNT).collect::<Vec<_>>());
+        let mut names: Vec<&str> = COUNTERS.iter().map(|d| d.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COUNTERS.len(), "names are unique");
+    }
+
+    #[test]
+    fn reads_by_index() {
+        let c = Counters::read(|i| Ok::<_, ()>(u64::from(i) * 10)).unwrap();
+        assert_eq!(c.get(counter::LOST_NO_SCRATCH), 30);
+        assert_eq!(c.lost_samples(), 20 + 30);
+        assert_eq!(c.iter().count(), COUNT as usize);
+    }
+}

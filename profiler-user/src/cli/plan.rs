@@ -1,0 +1,151 @@
+//! A recording's arguments validated once into a [`RecordPlan`]: sizes and rates checked,
+//! pids checked to exist, USDT requests parsed, cgroup/container selection resolved. Nothing
+//! after this parses or re-checks an argument.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Result, bail};
+
+use crate::{
+    cli::args::RecordArgs,
+    model::ids::Pid,
+    system::{cgroup::filter::Selection, host},
+    usdt::{self, ProbeRequest},
+};
+
+/// What to profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Every process (possibly restricted by `cgroups`).
+    All,
+    Pids(Vec<Pid>),
+    /// Run this command and profile it and its children.
+    Command(Vec<String>),
+}
+
+pub struct RecordPlan {
+    pub target: Target,
+    /// `--cgroup`/`--container`, resolved to cgroups.
+    pub cgroups: Option<Selection>,
+    pub frequency: u64,
+    pub duration: Option<Duration>,
+    pub output: PathBuf,
+    pub quiet: bool,
+    pub buffer_bytes: usize,
+    /// A power of two.
+    pub ring_bytes: u32,
+    pub usdt_requests: Vec<ProbeRequest>,
+    /// `--usdt-interval` specs, by interval id.
+    pub usdt_intervals: Vec<String>,
+    pub usdt_dump: Option<PathBuf>,
+}
+
+impl RecordPlan {
+    pub fn from_args(args: RecordArgs) -> Result<Self> {
+        let max = host::max_sample_rate();
+        if args.frequency == 0 || args.frequency > max {
+            bail!(
+                "invalid frequency {} Hz: must be between 1 and {max} (kernel.perf_event_max_sample_rate)",
+                args.frequency
+            );
+        }
+        let duration = match args.duration {
+            Some(d) if !(d.is_finite() && d > 0.0) => {
+                bail!("invalid duration {d}: must be a positive number of seconds")
+            }
+            d => d.map(Duration::from_secs_f64),
+        };
+        if args.buffer_size < (64 << 10) || args.buffer_size > (64 << 30) {
+            bail!("invalid buffer size {}: must be between 64K and 64G", args.buffer_size);
+        }
+        if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
+            bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
+        }
+        let (usdt_requests, usdt_intervals) =
+            usdt::requests_from_args(&args.usdt, &args.usdt_interval)?;
+        let target = if !args.command.is_empty() {
+            Target::Command(args.command)
+        } else if !args.pid.is_empty() {
+            for &pid in &args.pid {
+                if pid == 0 || !host::process_exists(Pid(pid)) {
+                    bail!("no process with pid {pid}");
+                }
+            }
+            Target::Pids(args.pid.into_iter().map(Pid).collect())
+        } else {
+            Target::All
+        };
+        Ok(Self {
+            target,
+            cgroups: None,
+            frequency: args.frequency,
+            duration,
+            output: args.output,
+            quiet: args.quiet,
+            buffer_bytes: args.buffer_size as usize,
+            ring_bytes: args.ring_buffer_size.next_power_of_two() as u32,
+            usdt_requests,
+            usdt_intervals,
+            usdt_dump: args.usdt_dump,
+        }
+        .with_cgroups(&args.cgroup, &args.container)?)
+    }
+
+    fn with_cgroups(mut self, cgroups: &[String], containers: &[String]) -> Result<Self> {
+        self.cgroups = Selection::from_args(cgroups, containers)?;
+        Ok(self)
+    }
+
+    /// What the recording covers, for the "sampling …" line.
+    pub fn describe(&self) -> String {
+        let what = match &self.target {
+            Target::All => "all processes".to_owned(),
+            Target::Pids(pids) => {
+                format!("pid {}", pids.iter().map(Pid::to_string).collect::<Vec<_>>().join(","))
+            }
+            Target::Command(cmd) => format!("'{}' and its children", cmd.join(" ")),
+        };
+        match (&self.cgroups, &self.target) {
+            (Some(c), Target::All) => c.describe(),
+            (Some(c), _) => format!("{what} in {}", c.describe()),
+            (None, _) => what,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::args::Cli;
+    use clap::Parser as _;
+
+    fn plan(argv: &[&str]) -> Result<RecordPlan> {
+        let mut full = vec!["rsprof-bpf"];
+        full.extend(argv);
+        RecordPlan::from_args(Cli::try_parse_from(full).unwrap().record)
+    }
+
+    #[test]
+    fn validates_once() {
+        let p = plan(&["--all", "-F", "99", "-d", "1.5", "--ring-buffer-size", "5000"]).unwrap();
+        assert_eq!(p.target, Target::All);
+        assert_eq!(p.duration, Some(Duration::from_millis(1500)));
+        assert_eq!(p.ring_bytes, 8192);
+        assert_eq!(p.describe(), "all processes");
+        let me = std::process::id();
+        let p = plan(&["-p", &me.to_string()]).unwrap();
+        assert_eq!(p.target, Target::Pids(vec![Pid(me)]));
+        let p = plan(&["--", "sleep", "1"]).unwrap();
+        assert_eq!(p.describe(), "'sleep 1' and its children");
+        for bad in [
+            &["--all", "-F", "0"][..],
+            &["--all", "-d=-1"],
+            &["--all", "-d", "NaN"],
+            &["--all", "--buffer-size", "1K"],
+            &["--all", "--usdt", "nocolon"],
+            &["-p", "4294967294"],
+        ] {
+            assert!(plan(bad).is_err(), "{bad:?}");
+        }
+    }
+}

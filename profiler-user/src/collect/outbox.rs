@@ -1,0 +1,93 @@
+//! What the collector noticed that other parts act on after each drain (the USDT session
+//! today): typed mailboxes instead of public vectors to empty by hand.
+
+use crate::{
+    bpf::decode::RawUsdtHit,
+    model::ids::{Pid, Tid},
+};
+
+#[derive(Debug, Default)]
+pub struct Outbox {
+    usdt_hits: Vec<RawUsdtHit>,
+    maps_changed: Vec<Pid>,
+    exited_threads: Vec<Tid>,
+    exited_processes: Vec<Pid>,
+}
+
+/// Threads and processes that exited since the last look.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Exits {
+    pub threads: Vec<Tid>,
+    pub processes: Vec<Pid>,
+}
+
+impl Outbox {
+    pub fn usdt_hit(&mut self, hit: RawUsdtHit) {
+        self.usdt_hits.push(hit);
+    }
+
+    /// `pid`'s mappings were (re)read: it may have mapped new files.
+    pub fn maps_changed(&mut self, pid: Pid) {
+        self.maps_changed.push(pid);
+    }
+
+    pub fn thread_exited(&mut self, tid: Tid) {
+        self.exited_threads.push(tid);
+    }
+
+    pub fn process_exited(&mut self, pid: Pid) {
+        self.exited_processes.push(pid);
+    }
+
+    /// The hits received since the last take, in arrival order, to amend in place.
+    pub fn usdt_hits_mut(&mut self) -> &mut [RawUsdtHit] {
+        &mut self.usdt_hits
+    }
+
+    /// Takes the hits; hand the emptied vector back with [`Outbox::reuse_hits`].
+    pub fn take_usdt_hits(&mut self) -> Vec<RawUsdtHit> {
+        std::mem::take(&mut self.usdt_hits)
+    }
+
+    /// Keeps the allocation of a taken hit vector for the next drain.
+    pub fn reuse_hits(&mut self, mut hits: Vec<RawUsdtHit>) {
+        if self.usdt_hits.is_empty() {
+            hits.clear();
+            self.usdt_hits = hits;
+        }
+    }
+
+    /// Processes whose mappings changed, each once.
+    pub fn take_maps_changed(&mut self) -> Vec<Pid> {
+        let mut pids = std::mem::take(&mut self.maps_changed);
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    pub fn take_exits(&mut self) -> Exits {
+        Exits {
+            threads: std::mem::take(&mut self.exited_threads),
+            processes: std::mem::take(&mut self.exited_processes),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_changes_are_deduplicated_and_taken_once() {
+        let mut o = Outbox::default();
+        o.maps_changed(Pid(3));
+        o.maps_changed(Pid(1));
+        o.maps_changed(Pid(3));
+        assert_eq!(o.take_maps_changed(), vec![Pid(1), Pid(3)]);
+        assert!(o.take_maps_changed().is_empty());
+        o.thread_exited(Tid(5));
+        o.process_exited(Pid(5));
+        assert_eq!(o.take_exits(), Exits { threads: vec![Tid(5)], processes: vec![Pid(5)] });
+        assert_eq!(o.take_exits(), Exits::default());
+    }
+}

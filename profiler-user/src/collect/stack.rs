@@ -1,0 +1,150 @@
+//! Stack normalization: a sample's raw addresses become [`FrameAddr`]s, root first — user
+//! frames (turned into (module, file offset) while the process is alive) with label frames
+//! placed under the frames that pushed them, then kernel frames.
+
+use std::time::{Duration, Instant};
+
+use crate::{
+    bpf::decode::{LabelRef, Sample},
+    collect::{
+        modules::{ModuleTable, read_address_space},
+        outbox::Outbox,
+        processes::ProcessInfo,
+    },
+    model::{
+        address::FrameAddr,
+        ids::{LabelId, Pid},
+    },
+    system::procfs::ProcError,
+};
+
+/// Re-read /proc/PID/maps for an unknown address at most this often per process.
+const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(20);
+
+/// What normalizing one stack ran into.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Normalized {
+    /// User frames in no mapping of their process.
+    pub unmapped: u64,
+    /// Reading the process's maps failed for a reason other than its exit.
+    pub maps_errors: u64,
+}
+
+/// Fills `frames` (cleared first) with the normalized stack of `s`, a sample of process `p`.
+/// An address outside the known mappings re-reads them (rate-limited) before it is given up
+/// as unmapped.
+pub fn normalize(
+    s: &Sample,
+    p: &mut ProcessInfo,
+    modules: &mut ModuleTable,
+    outbox: &mut Outbox,
+    frames: &mut Vec<FrameAddr>,
+) -> Normalized {
+    frames.clear();
+    let mut out = Normalized::default();
+    let n = s.user_stack.len();
+    let places = label_places(&s.labels, n);
+    let label = |l: &LabelRef| FrameAddr::Label { pid: s.pid, label: LabelId(l.addr) };
+    let mut next_label = 0;
+    for (i, &addr) in s.user_stack.iter().enumerate().rev() {
+        let root_pos = n - 1 - i;
+        while next_label < places.len() && places[next_label] <= root_pos {
+            frames.push(label(&s.labels[next_label]));
+            next_label += 1;
+        }
+        // Callers' entries are return addresses; look up the call instruction.
+        let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
+        let mut hit = p.space.lookup(lookup);
+        if hit.is_none() && !p.exited && stale(p) {
+            out.maps_errors += u64::from(refresh_space(s.pid, p, modules).is_err());
+            outbox.maps_changed(s.pid);
+            hit = p.space.lookup(lookup);
+        }
+        frames.push(match hit {
+            Some((module, offset)) => FrameAddr::User { module, offset },
+            None => {
+                out.unmapped += 1;
+                FrameAddr::Unmapped(addr)
+            }
+        });
+    }
+    frames.extend(s.labels[next_label..].iter().map(label));
+    frames.extend(kernel_frames(&s.kernel_stack));
+    out
+}
+
+/// Kernel frames root first; callers' return addresses minus one (the call instruction).
+pub fn kernel_frames(leaf_first: &[u64]) -> impl Iterator<Item = FrameAddr> + '_ {
+    leaf_first
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, &addr)| FrameAddr::Kernel(if i == 0 { addr } else { addr - 1 }))
+}
+
+fn stale(p: &ProcessInfo) -> bool {
+    p.space_read_at.is_none_or(|t| t.elapsed() >= MAPS_REFRESH_INTERVAL)
+}
+
+/// Re-reads the address space of `pid`. A process that is gone is marked exited (its last
+/// known mappings stay); any other failure is returned for the caller to count.
+pub fn refresh_space(
+    pid: Pid,
+    p: &mut ProcessInfo,
+    modules: &mut ModuleTable,
+) -> Result<(), ProcError> {
+    p.space_read_at = Some(Instant::now());
+    match read_address_space(pid, modules) {
+        Ok(space) => {
+            p.space = space;
+            Ok(())
+        }
+        Err(ProcError::Gone) => {
+            p.exited = true;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Where each label (outermost first) goes among `n` user frames listed root first: before
+/// frame `place`, i.e. right under the `depth` frames that were on the stack when it was
+/// pushed. An unknown depth (0), one deeper than this stack, or a stack cut at the walk's
+/// limit (it keeps the leaf end, so counting from the root is off) puts the label just above
+/// the leaf; places never decrease, so labels keep their push order.
+fn label_places(labels: &[LabelRef], n: usize) -> Vec<usize> {
+    if n >= profiler_common::MAX_STACK_DEPTH {
+        return vec![n; labels.len()];
+    }
+    let mut prev = 0;
+    labels
+        .iter()
+        .map(|l| {
+            let d = l.depth as usize;
+            let place = if d == 0 || d > n { n } else { d };
+            prev = place.max(prev);
+            prev
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_go_under_their_pusher() {
+        let l = |depth| LabelRef { addr: 0x1000, depth };
+        // main → work (pushed at depth 2) → hot: the label sits between work and hot.
+        assert_eq!(label_places(&[l(2)], 3), vec![2]);
+        // Nested pushes in the same frame keep their order; an inner frame's push goes deeper.
+        assert_eq!(label_places(&[l(2), l(2), l(3)], 4), vec![2, 2, 3]);
+        // Unknown or too deep (truncated stack): just above the leaf.
+        assert_eq!(label_places(&[l(0), l(9)], 3), vec![3, 3]);
+        // An inner label never goes above an outer one.
+        assert_eq!(label_places(&[l(3), l(1)], 4), vec![3, 3]);
+        // A walk cut at its limit: the root side is missing.
+        let n = profiler_common::MAX_STACK_DEPTH;
+        assert_eq!(label_places(&[l(2)], n), vec![n]);
+    }
+}

@@ -1,0 +1,67 @@
+//! Facts about the host a recording needs: privileges, CPU counts, the OS string, limits.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+
+use crate::model::ids::Pid;
+
+/// `kernel.perf_event_max_sample_rate`, the highest sampling frequency the kernel allows.
+pub fn max_sample_rate() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100_000)
+}
+
+pub fn process_exists(pid: Pid) -> bool {
+    Path::new(&format!("/proc/{pid}/stat")).exists()
+}
+
+pub fn check_privileges() -> Result<()> {
+    // SAFETY: trivial syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "rsprof-bpf needs root (CAP_BPF and CAP_PERFMON) to load BPF programs: run it with sudo"
+        );
+    }
+    Ok(())
+}
+
+/// `uname -srm`.
+pub fn oscpu() -> String {
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid utsname buffer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "Linux".into();
+    }
+    let field = |f: &[libc::c_char]| {
+        let b: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    format!("{} {} {}", field(&u.sysname), field(&u.release), field(&u.machine))
+}
+
+/// Distinct (package, core) pairs in /proc/cpuinfo.
+pub fn physical_cpus() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mut cores = std::collections::HashSet::new();
+    let (mut phys, mut core) = (None, None);
+    for line in text.lines() {
+        let mut kv = line.splitn(2, ':').map(str::trim);
+        match (kv.next(), kv.next()) {
+            (Some("physical id"), Some(v)) => phys = Some(v.to_owned()),
+            (Some("core id"), Some(v)) => core = Some(v.to_owned()),
+            (Some(""), None) | (None, _) => {
+                if let (Some(p), Some(c)) = (phys.take(), core.take()) {
+                    cores.insert((p, c));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let (Some(p), Some(c)) = (phys, core) {
+        cores.insert((p, c));
+    }
+    (!cores.is_empty()).then_some(cores.len() as u32)
+}
