@@ -271,3 +271,75 @@ fn bad_input_is_a_clear_error() {
         let _ = UnwindTable::from_elf(&data[..len]);
     }
 }
+
+/// Every CFI row binutils' `readelf -wF` prints (an independent DWARF CFI interpreter) with
+/// CFA = rsp/rbp + N and the return address at CFA - 8 has the same rule in our table,
+/// and so does its rbp column.
+#[test]
+fn rows_agree_with_readelf() {
+    for path in [LIBC, PYTHON] {
+        let (_, table) = compile(path);
+        let out =
+            std::process::Command::new("readelf").args(["-wF", path]).output().unwrap_or_else(
+                |e| panic!("running readelf ({e}): install the Debian package binutils"),
+            );
+        // readelf exits with 1 on files without .debug_* sections, having printed the CFI.
+        let text = String::from_utf8(out.stdout).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains(" FDE "), "readelf -wF {path} printed no FDE: {stderr}");
+        let (mut columns, mut checked, mut in_fde) = (Vec::new(), 0, false);
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // CIEs print their initial rows too, at LOC 0.
+            if fields.len() >= 4 && (fields[3] == "FDE" || fields[3] == "CIE") {
+                in_fde = fields[3] == "FDE";
+                continue;
+            }
+            if !in_fde {
+                continue;
+            }
+            if fields.first() == Some(&"LOC") {
+                columns = fields;
+                continue;
+            }
+            let Some(loc) = fields.first().and_then(|f| u64::from_str_radix(f, 16).ok()) else {
+                continue;
+            };
+            if fields.len() != columns.len() || fields[1] == "exp" {
+                continue;
+            }
+            let column = |name| columns.iter().position(|c| *c == name).map(|i| fields[i]);
+            if column("ra") != Some("c-8") {
+                continue;
+            }
+            let (base, offset) = fields[1].split_once('+').unwrap();
+            let kind = match base {
+                "rsp" => UNWIND_CFA_RSP,
+                "rbp" => UNWIND_CFA_RBP,
+                _ => continue,
+            };
+            let r = row(&table, loc);
+            let what = format!("{path} at {loc:#x}: readelf says {line:?}, table says {r:?}");
+            let Ok(offset) = offset.parse::<u16>() else {
+                // Frames of 64 KiB or more do not fit the row.
+                assert_eq!(r.cfa_kind(), UNWIND_CFA_UNSUPPORTED, "{what}");
+                continue;
+            };
+            assert_eq!((r.cfa_kind(), r.cfa_offset), (kind, offset), "{what}");
+            match column("rbp") {
+                None | Some("u") => assert_eq!(r.rbp_kind(), UNWIND_RBP_UNCHANGED, "{what}"),
+                Some(saved) => {
+                    let slot: i64 = saved.strip_prefix('c').unwrap().parse().unwrap();
+                    assert_eq!(
+                        (r.rbp_kind(), r.rbp_offset()),
+                        (UNWIND_RBP_CFA_OFFSET, slot),
+                        "{what}"
+                    );
+                }
+            }
+            checked += 1;
+        }
+        eprintln!("{path}: {checked} readelf rows agree");
+        assert!(checked > table.stats().cfi_rows * 9 / 10, "{path}: only {checked} rows checked");
+    }
+}
