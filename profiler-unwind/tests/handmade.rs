@@ -248,3 +248,24 @@ fn addresses_beyond_32_bits_are_rejected() {
     .unwrap_err();
     assert!(matches!(err, profiler_unwind::Error::AddressTooLarge(0x1_0000_0000)), "{err}");
 }
+
+/// Overlapping FDEs (broken linkers, hand-written asm): the one starting later wins from its
+/// start to its end; the earlier one's rest is not trusted after that.
+#[test]
+fn overlapping_fdes() {
+    let mut t = FrameTable::default();
+    let c = t.add_cie(cie(1));
+    let mut outer = FrameDescriptionEntry::new(Address::Constant(0x1000), 0x100);
+    outer.add_instruction(0x80, Cfi::CfaOffset(16));
+    t.add_fde(c, outer);
+    let mut inner = FrameDescriptionEntry::new(Address::Constant(0x1040), 0x10);
+    inner.add_instruction(0, Cfi::CfaOffset(48));
+    t.add_fde(c, inner);
+    let table = from_eh_frame(&eh_frame_bytes(&t));
+    let rsp = |off| Some((UNWIND_CFA_RSP, off, UNWIND_RBP_UNCHANGED, 0));
+    assert_eq!(kind(&table, 0x103f), rsp(8));
+    assert_eq!(kind(&table, 0x1040), rsp(48));
+    assert_eq!(kind(&table, 0x1050), None);
+    assert_eq!(kind(&table, 0x1080), rsp(16));
+    assert_eq!(kind(&table, 0x1100), None);
+}
