@@ -5,6 +5,9 @@
 //! sample with a 10-frame stack costs ~170 bytes of ring space, not the full array.
 #![no_std]
 
+mod unwind;
+pub use unwind::*;
+
 /// Deepest stack `bpf_get_stack` returns (the kernel's default `perf_event_max_stack`).
 pub const MAX_STACK_DEPTH: usize = 127;
 pub const TASK_COMM_LEN: usize = 16;

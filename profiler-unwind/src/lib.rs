@@ -1,0 +1,215 @@
+//! Compiles the call frame information (CFI) of an x86-64 ELF file into a compact unwind
+//! table that a BPF program can binary-search while walking a user stack without frame
+//! pointers.
+//!
+//! # Table format
+//!
+//! A table is a `Vec<`[`UnwindRow`]`>` (8 bytes a row, `#[repr(C)]`, defined in
+//! `profiler-common` so the BPF crate reads the same layout), sorted by strictly increasing
+//! `pc`. A row's rule holds from its `pc` up to the next row's `pc`; the last row is always
+//! `UNWIND_CFA_NONE`. Adjacent rows with the same rule are merged, and every address range
+//! that no FDE covers starts with an `UNWIND_CFA_NONE` row, so a gap between two functions
+//! is never taken for the end of the previous one.
+//!
+//! `pc` is a *file-relative virtual address*: the address space of the ELF program headers
+//! (`p_vaddr`) and of the CFI itself. One table therefore serves every process that maps
+//! the file, whatever its load address. Addresses must fit in 32 bits (files whose code
+//! lies above 4 GiB are rejected with [`Error::AddressTooLarge`]).
+//!
+//! Rules (`cfa_kind` in the low nibble of `kinds`, see `profiler_common::UNWIND_CFA_*`):
+//! - `RSP` / `RBP`: CFA = rsp / rbp + `cfa_offset`;
+//! - `PLT`: the binutils PLT expression, CFA = rsp + `cfa_offset` + ((rip & 15) >= `aux` ?
+//!   8 : 0);
+//! - `SIGNAL`: an FDE marked as a signal trampoline (augmentation `S`, e.g. glibc's
+//!   `__restore_rt`); the walker restores rip/rsp/rbp from the `ucontext` on the stack;
+//! - `END`: the return address is undefined (`_start`, `clone`): the stack ends here;
+//! - `UNSUPPORTED`: CFI exists but is none of the above; the walker stops and counts it;
+//! - `NONE`: no CFI covers the address.
+//!
+//! The rbp rule (high nibble): `UNCHANGED`, `CFA_OFFSET` (saved at CFA + 8 * `aux`), or
+//! `UNSUPPORTED`. The return address is always at CFA - 8: a row whose CFI says otherwise is
+//! `UNSUPPORTED`.
+//!
+//! # BPF lookup contract
+//!
+//! For a runtime PC in a mapping of the file, userspace provides the mapping's load bias
+//! (`bias = map_start + (p_offset - map_offset) - p_vaddr` for the `PT_LOAD` segment the
+//! mapping holds). The walker computes `addr = pc - bias` (for frames above the leaf, the
+//! return address minus one, so a call at the very end of a function finds that function's
+//! row), gives up if `addr` does not fit in `u32`, and binary-searches the last row with
+//! `row.pc <= addr`. No such row, or `UNWIND_CFA_NONE`, means "no unwind info".
+//! [`UnwindTable::lookup`] is the reference implementation of that search. Otherwise:
+//! `cfa = base + cfa_offset`; `ra = *(cfa - 8)`; `rbp = *(cfa + rbp_offset)` if the rbp
+//! rule is `CFA_OFFSET`; `rsp = cfa`.
+//!
+//! CFI comes from `.eh_frame` (FDEs enumerated through the sorted `.eh_frame_hdr` table
+//! when present, which also finds `.eh_frame` in files without section headers through
+//! `PT_GNU_EH_FRAME`) and from `.debug_frame` for the addresses `.eh_frame` does not cover.
+
+mod compile;
+mod elf;
+
+use std::fmt;
+
+use profiler_common::UNWIND_CFA_NONE;
+pub use profiler_common::UnwindRow;
+
+/// Why a file could not be compiled.
+#[derive(Debug)]
+pub enum Error {
+    /// The bytes are not a readable ELF file.
+    Elf(object::Error),
+    /// A valid object file, but not 64-bit ELF (e.g. 32-bit ELF, PE, Mach-O).
+    UnsupportedFormat(&'static str),
+    /// Not x86-64 (`e_machine` value).
+    UnsupportedMachine(u16),
+    /// The ELF structure is inconsistent.
+    Malformed(&'static str),
+    /// No `.eh_frame` (also not via `PT_GNU_EH_FRAME`) and no `.debug_frame`.
+    NoCfi,
+    /// `.eh_frame_hdr` points to an `.eh_frame` outside the file's loaded segments.
+    EhFrameNotFound(u64),
+    /// Malformed CFI section.
+    Cfi { section: &'static str, error: gimli::Error },
+    /// Covered addresses do not fit the rows' 32-bit `pc`.
+    AddressTooLarge(u64),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Elf(e) => write!(f, "not a readable ELF file: {e}"),
+            Error::UnsupportedFormat(what) => write!(f, "unsupported object format: {what}"),
+            Error::UnsupportedMachine(m) => {
+                write!(f, "unsupported machine {m} (e_machine); only x86-64 (62) is supported")
+            }
+            Error::Malformed(what) => write!(f, "malformed ELF file: {what}"),
+            Error::NoCfi => write!(f, "no call frame information (.eh_frame or .debug_frame)"),
+            Error::EhFrameNotFound(addr) => write!(
+                f,
+                ".eh_frame_hdr points to .eh_frame at {addr:#x}, outside the loaded segments"
+            ),
+            Error::Cfi { section, error } => write!(f, "malformed {section}: {error}"),
+            Error::AddressTooLarge(addr) => {
+                write!(f, "CFI covers address {addr:#x}, beyond the table's 32-bit addresses")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Elf(e) => Some(e),
+            Error::Cfi { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl From<object::Error> for Error {
+    fn from(e: object::Error) -> Self {
+        Error::Elf(e)
+    }
+}
+
+/// CFI rows (before merging) whose rule the table cannot express, by cause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unsupported {
+    /// CFA based on a register other than rsp and rbp.
+    pub cfa_register: usize,
+    /// CFA given by an expression other than the PLT form.
+    pub cfa_expression: usize,
+    /// CFA offset (or PLT parameters) outside the row's fields.
+    pub cfa_offset_range: usize,
+    /// Return address not at CFA - 8 (nor undefined), or not in register 16.
+    pub return_address: usize,
+    /// rbp rule other than unchanged or "saved at CFA + 8n": the row keeps its CFA rule.
+    pub rbp: usize,
+    /// FDEs whose instructions could not be evaluated: their whole range is unsupported.
+    pub fde_errors: usize,
+}
+
+/// What a compilation produced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Rows in the table (after merging) and their size in bytes.
+    pub rows: usize,
+    pub bytes: usize,
+    /// FDEs compiled, by section (`.debug_frame` FDEs that overlap `.eh_frame` are skipped).
+    pub eh_frame_fdes: usize,
+    pub debug_frame_fdes: usize,
+    /// Rows of the CFI (one per address range with its own rule), before merging.
+    pub cfi_rows: usize,
+    /// Signal-trampoline FDEs.
+    pub signal_fdes: usize,
+    /// CFI rows using the PLT expression.
+    pub plt_rows: usize,
+    /// CFI rows whose return address is undefined (end of stack).
+    pub end_rows: usize,
+    pub unsupported: Unsupported,
+}
+
+impl Stats {
+    pub fn fdes(&self) -> usize {
+        self.eh_frame_fdes + self.debug_frame_fdes
+    }
+}
+
+/// The raw CFI of one file: section contents and the virtual addresses they are loaded at.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CfiSections<'a> {
+    /// `.eh_frame` at its address. May extend past the section's end when only
+    /// `.eh_frame_hdr` locates it; FDEs are then reached through the hdr table.
+    pub eh_frame: Option<(u64, &'a [u8])>,
+    pub eh_frame_hdr: Option<(u64, &'a [u8])>,
+    pub debug_frame: Option<&'a [u8]>,
+    /// Bases for `DW_EH_PE_textrel` / `DW_EH_PE_datarel` pointers, when known.
+    pub text_address: Option<u64>,
+    pub got_address: Option<u64>,
+}
+
+/// A compiled unwind table for one file.
+#[derive(Clone, Debug)]
+pub struct UnwindTable {
+    rows: Vec<UnwindRow>,
+    stats: Stats,
+}
+
+impl UnwindTable {
+    /// Compiles the CFI of an x86-64 ELF file (its complete bytes).
+    pub fn from_elf(data: &[u8]) -> Result<UnwindTable, Error> {
+        let sections = elf::cfi_sections(data)?;
+        UnwindTable::from_sections(&sections)
+    }
+
+    /// Compiles already located CFI sections (x86-64, little-endian).
+    pub fn from_sections(sections: &CfiSections<'_>) -> Result<UnwindTable, Error> {
+        if sections.eh_frame.is_none() && sections.debug_frame.is_none() {
+            return Err(Error::NoCfi);
+        }
+        let (rows, mut stats) = compile::compile(sections)?;
+        stats.rows = rows.len();
+        stats.bytes = std::mem::size_of_val(rows.as_slice());
+        Ok(UnwindTable { rows, stats })
+    }
+
+    /// The rows, sorted by `pc`; the form the BPF maps receive.
+    pub fn rows(&self) -> &[UnwindRow] {
+        &self.rows
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The row whose rule applies at the file-relative virtual address `addr`, or `None`
+    /// when no CFI covers it. Reference for the BPF binary search.
+    pub fn lookup(&self, addr: u64) -> Option<UnwindRow> {
+        let addr = u32::try_from(addr).ok()?;
+        // Index of the first row with pc > addr; the row before it applies.
+        let after = self.rows.partition_point(|row| row.pc <= addr);
+        let row = *self.rows.get(after.checked_sub(1)?)?;
+        (row.cfa_kind() != UNWIND_CFA_NONE).then_some(row)
+    }
+}

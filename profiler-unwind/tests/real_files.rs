@@ -1,0 +1,345 @@
+//! Tables compiled from the CFI of real files on this machine.
+
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use profiler_common::*;
+use profiler_unwind::{CfiSections, Error, UnwindTable};
+
+const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
+const PYTHON: &str = "/usr/bin/python3.11";
+
+/// The file's bytes, or a failure naming the Debian package that provides it.
+fn read(path: &str) -> Vec<u8> {
+    let package = match path {
+        LIBC => "libc6",
+        PYTHON => "python3.11-minimal",
+        _ => "?",
+    };
+    std::fs::read(path).unwrap_or_else(|e| {
+        panic!("cannot read {path} ({e}): install the Debian package {package}")
+    })
+}
+
+struct Function {
+    name: String,
+    address: u64,
+    code: Vec<u8>,
+}
+
+/// Function symbols (static and dynamic) with their first bytes of code.
+fn functions(data: &[u8]) -> Vec<Function> {
+    let file = object::File::parse(data).unwrap();
+    let mut out: Vec<Function> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.address() != 0)
+        .filter_map(|s| {
+            let section = file.section_by_index(s.section_index()?).ok()?;
+            let bytes = section.data().ok()?;
+            let start = (s.address() - section.address()) as usize;
+            let end = (start + s.size() as usize).min(bytes.len());
+            Some(Function {
+                name: s.name().ok()?.to_string(),
+                address: s.address(),
+                code: bytes.get(start..end)?.to_vec(),
+            })
+        })
+        .collect();
+    out.sort_by_key(|f| f.address);
+    out
+}
+
+fn compile(path: &str) -> (Vec<u8>, UnwindTable) {
+    let data = read(path);
+    let table = UnwindTable::from_elf(&data)
+        .unwrap_or_else(|e| panic!("compiling the unwind table of {path}: {e}"));
+    (data, table)
+}
+
+fn row(table: &UnwindTable, addr: u64) -> UnwindRow {
+    table.lookup(addr).unwrap_or_else(|| panic!("no unwind info at {addr:#x}"))
+}
+
+fn assert_rsp(row: UnwindRow, offset: u16, what: &str) {
+    assert_eq!(
+        (row.cfa_kind(), row.cfa_offset),
+        (UNWIND_CFA_RSP, offset),
+        "{what}: expected CFA = rsp + {offset}, got {row:?}"
+    );
+}
+
+#[test]
+fn known_functions_start_with_cfa_rsp_plus_8() {
+    for (path, names) in [
+        (LIBC, &["malloc", "free", "qsort", "fopen", "printf", "__libc_start_main"][..]),
+        (
+            PYTHON,
+            &["Py_BytesMain", "PyObject_Call", "_PyEval_EvalFrameDefault", "PyDict_GetItem"][..],
+        ),
+    ] {
+        let (data, table) = compile(path);
+        let functions = functions(&data);
+        for name in names {
+            let f = functions
+                .iter()
+                .find(|f| f.name == *name)
+                .unwrap_or_else(|| panic!("{name} not in the symbols of {path}"));
+            let entry = row(&table, f.address);
+            assert_rsp(entry, 8, &format!("{path} {name} at entry"));
+            assert_eq!(entry.rbp_kind(), UNWIND_RBP_UNCHANGED, "{name}: {entry:?}");
+        }
+    }
+}
+
+/// In every function that begins with `[endbr64;] push rbp`, the row right after the push
+/// says CFA = rsp + 16 with rbp saved at CFA - 16.
+#[test]
+fn push_rbp_prologues() {
+    for path in [LIBC, PYTHON] {
+        let (data, table) = compile(path);
+        let mut checked = 0;
+        for f in functions(&data) {
+            let prefix = if f.code.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) { 4 } else { 0 };
+            if f.code.get(prefix) != Some(&0x55) {
+                continue;
+            }
+            let what = format!("{path} {} at {:#x}", f.name, f.address);
+            assert_rsp(row(&table, f.address), 8, &format!("{what}, entry"));
+            let after = row(&table, f.address + prefix as u64 + 1);
+            assert_rsp(after, 16, &format!("{what}, after push rbp"));
+            assert_eq!(
+                (after.rbp_kind(), after.rbp_offset()),
+                (UNWIND_RBP_CFA_OFFSET, -16),
+                "{what}, after push rbp: {after:?}"
+            );
+            checked += 1;
+        }
+        eprintln!("{path}: {checked} functions start with push rbp");
+        assert!(checked >= 20, "{path}: only {checked} functions start with push rbp");
+    }
+}
+
+#[test]
+fn plt_stubs_use_the_plt_rule() {
+    for path in [LIBC, PYTHON] {
+        let (data, table) = compile(path);
+        let file = object::File::parse(&*data).unwrap();
+        let plt = file.section_by_name(".plt").unwrap_or_else(|| panic!("{path}: no .plt"));
+        assert_eq!(plt.address() % 16, 0, "the PLT rule assumes 16-byte aligned stubs");
+        // PLT0 pushes the link map, then jumps to the resolver.
+        assert_rsp(row(&table, plt.address()), 16, "PLT0");
+        assert_rsp(row(&table, plt.address() + 6), 24, "PLT0 after push");
+        let mut stubs = 0;
+        for stub in (plt.address() + 16..plt.address() + plt.size()).step_by(16) {
+            for addr in [stub, stub + 11, stub + 15] {
+                let r = row(&table, addr);
+                assert_eq!(
+                    (r.cfa_kind(), r.cfa_offset, r.aux, r.rbp_kind()),
+                    (UNWIND_CFA_PLT, 8, 11, UNWIND_RBP_UNCHANGED),
+                    "{path} PLT stub at {stub:#x}: {r:?}"
+                );
+            }
+            stubs += 1;
+        }
+        assert!(stubs > 10, "{path}: {stubs} PLT stubs");
+        assert!(table.stats().plt_rows >= 1);
+    }
+}
+
+/// glibc's `__restore_rt` (`mov $15, %rax; syscall`: rt_sigreturn) is a signal trampoline.
+#[test]
+fn libc_restore_rt_is_a_signal_frame() {
+    let (data, table) = compile(LIBC);
+    let file = object::File::parse(&*data).unwrap();
+    let text = file.section_by_name(".text").unwrap();
+    let code = text.data().unwrap();
+    let pattern = [0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+    let at = code
+        .windows(pattern.len())
+        .position(|w| w == pattern)
+        .expect("rt_sigreturn sequence not found in libc .text");
+    let addr = text.address() + at as u64;
+    let r = row(&table, addr);
+    assert_eq!(r.cfa_kind(), UNWIND_CFA_SIGNAL, "__restore_rt at {addr:#x}: {r:?}");
+    assert_eq!(table.stats().signal_fdes, 1);
+}
+
+/// `_start` marks the return address undefined: the walk ends there.
+#[test]
+fn python_start_ends_the_stack() {
+    let (data, table) = compile(PYTHON);
+    let start = functions(&data).into_iter().find(|f| f.name == "_start");
+    let start = start.expect("_start not in the symbols of python3.11");
+    // The rule after `xor %ebp,%ebp` (or endbr64 first), anywhere in _start's body.
+    let r = row(&table, start.address + 4);
+    assert_eq!(r.cfa_kind(), UNWIND_CFA_END, "_start: {r:?}");
+}
+
+#[test]
+fn table_sizes() {
+    let mut total = 0;
+    for path in [LIBC, PYTHON] {
+        let (_, table) = compile(path);
+        let stats = table.stats();
+        eprintln!("{path}: {stats:#?}");
+        assert_eq!(stats.bytes, stats.rows * 8);
+        assert!(stats.eh_frame_fdes > 1000, "{path}: {} FDEs", stats.eh_frame_fdes);
+        assert!(stats.rows > stats.fdes(), "{path}: {} rows", stats.rows);
+        total += stats.bytes;
+    }
+    eprintln!("python3.11 + libc: {total} bytes");
+    assert!(total <= 8 << 20, "tables take {total} bytes, more than 8 MiB");
+}
+
+/// Every row of libc is well formed, and `lookup` returns it over its whole range.
+#[test]
+fn every_libc_row_decodes() {
+    let (_, table) = compile(LIBC);
+    let rows = table.rows();
+    assert!(rows.len() > 10_000, "{} rows", rows.len());
+    assert_eq!(rows.last().unwrap().cfa_kind(), UNWIND_CFA_NONE, "the table must end in NONE");
+    let mut kinds = [0usize; 7];
+    for (i, r) in rows.iter().enumerate() {
+        assert!(r.cfa_kind() <= UNWIND_CFA_UNSUPPORTED, "row {i}: {r:?}");
+        assert!(r.rbp_kind() <= UNWIND_RBP_UNSUPPORTED, "row {i}: {r:?}");
+        kinds[r.cfa_kind() as usize] += 1;
+        if r.cfa_kind() == UNWIND_CFA_UNSUPPORTED {
+            eprintln!("unsupported rule at {:#x}", r.pc);
+        }
+        let expect = (r.cfa_kind() != UNWIND_CFA_NONE).then_some(*r);
+        assert_eq!(table.lookup(r.pc as u64), expect, "row {i} at its start");
+        if let Some(prev) = i.checked_sub(1).map(|p| rows[p]) {
+            assert!(prev.pc < r.pc, "rows {} and {i} out of order", i - 1);
+            assert!(!prev.same_rule(r), "rows {} and {i} should have merged", i - 1);
+            let expect = (prev.cfa_kind() != UNWIND_CFA_NONE).then_some(prev);
+            assert_eq!(table.lookup(r.pc as u64 - 1), expect, "row {} at its end", i - 1);
+        }
+        if r.cfa_kind() == UNWIND_CFA_RBP || r.cfa_kind() == UNWIND_CFA_RSP {
+            assert!(r.cfa_offset >= 8, "row {i}: CFA below the return address: {r:?}");
+        }
+    }
+    eprintln!("libc rows by CFA kind (NONE, RSP, RBP, PLT, SIGNAL, END, UNSUPPORTED): {kinds:?}");
+    assert!(kinds[UNWIND_CFA_NONE as usize] > 1, "no gaps between FDEs at all?");
+    assert!(table.lookup(u64::from(rows[0].pc) - 1).is_none());
+    assert!(table.lookup(u64::from(rows.last().unwrap().pc)).is_none());
+    assert!(table.lookup(1 << 40).is_none());
+}
+
+/// FDEs reached through `.eh_frame_hdr` (the default) and by walking `.eh_frame` give the
+/// same table; so do files without section headers (found through `PT_GNU_EH_FRAME`).
+#[test]
+fn eh_frame_hdr_section_walk_and_no_section_headers_agree() {
+    let (data, table) = compile(LIBC);
+    let file = object::File::parse(&*data).unwrap();
+    let eh = file.section_by_name(".eh_frame").unwrap();
+    let walked = UnwindTable::from_sections(&CfiSections {
+        eh_frame: Some((eh.address(), eh.data().unwrap())),
+        eh_frame_hdr: None,
+        debug_frame: None,
+        text_address: None,
+        got_address: None,
+    })
+    .unwrap();
+    assert_eq!(walked.rows(), table.rows());
+
+    // e_shoff (0x28), e_shnum (0x3c) and e_shstrndx (0x3e) zeroed: no section headers.
+    let mut stripped = data.clone();
+    stripped[0x28..0x30].fill(0);
+    stripped[0x3c..0x40].fill(0);
+    let from_segments = UnwindTable::from_elf(&stripped).unwrap();
+    assert_eq!(from_segments.rows(), table.rows());
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let data = read(LIBC);
+    let mut arm = data.clone();
+    arm[0x12..0x14].copy_from_slice(&183u16.to_le_bytes()); // EM_AARCH64
+    let err = UnwindTable::from_elf(&arm).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedMachine(183)), "{err}");
+    assert!(err.to_string().contains("x86-64"), "{err}");
+
+    let err = UnwindTable::from_elf(b"#!/bin/sh\necho not elf\n").unwrap_err();
+    assert!(!err.to_string().is_empty());
+
+    let mut elf32 = data[..64].to_vec();
+    elf32[4] = 1; // ELFCLASS32
+    let err = UnwindTable::from_elf(&elf32).unwrap_err();
+    assert!(matches!(err, Error::UnsupportedFormat(_) | Error::Elf(_)), "{err}");
+
+    // Cut anywhere: an error or a (smaller) table, never a panic.
+    for len in [64, 4096, data.len() / 2, data.len() - 1] {
+        let _ = UnwindTable::from_elf(&data[..len]);
+    }
+}
+
+/// Every CFI row binutils' `readelf -wF` prints (an independent DWARF CFI interpreter) with
+/// CFA = rsp/rbp + N and the return address at CFA - 8 has the same rule in our table,
+/// and so does its rbp column.
+#[test]
+fn rows_agree_with_readelf() {
+    for path in [LIBC, PYTHON] {
+        let (_, table) = compile(path);
+        let out =
+            std::process::Command::new("readelf").args(["-wF", path]).output().unwrap_or_else(
+                |e| panic!("running readelf ({e}): install the Debian package binutils"),
+            );
+        // readelf exits with 1 on files without .debug_* sections, having printed the CFI.
+        let text = String::from_utf8(out.stdout).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains(" FDE "), "readelf -wF {path} printed no FDE: {stderr}");
+        let (mut columns, mut checked, mut in_fde) = (Vec::new(), 0, false);
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // CIEs print their initial rows too, at LOC 0.
+            if fields.len() >= 4 && (fields[3] == "FDE" || fields[3] == "CIE") {
+                in_fde = fields[3] == "FDE";
+                continue;
+            }
+            if !in_fde {
+                continue;
+            }
+            if fields.first() == Some(&"LOC") {
+                columns = fields;
+                continue;
+            }
+            let Some(loc) = fields.first().and_then(|f| u64::from_str_radix(f, 16).ok()) else {
+                continue;
+            };
+            if fields.len() != columns.len() || fields[1] == "exp" {
+                continue;
+            }
+            let column = |name| columns.iter().position(|c| *c == name).map(|i| fields[i]);
+            if column("ra") != Some("c-8") {
+                continue;
+            }
+            let (base, offset) = fields[1].split_once('+').unwrap();
+            let kind = match base {
+                "rsp" => UNWIND_CFA_RSP,
+                "rbp" => UNWIND_CFA_RBP,
+                _ => continue,
+            };
+            let r = row(&table, loc);
+            let what = format!("{path} at {loc:#x}: readelf says {line:?}, table says {r:?}");
+            let Ok(offset) = offset.parse::<u16>() else {
+                // Frames of 64 KiB or more do not fit the row.
+                assert_eq!(r.cfa_kind(), UNWIND_CFA_UNSUPPORTED, "{what}");
+                continue;
+            };
+            assert_eq!((r.cfa_kind(), r.cfa_offset), (kind, offset), "{what}");
+            match column("rbp") {
+                None | Some("u") => assert_eq!(r.rbp_kind(), UNWIND_RBP_UNCHANGED, "{what}"),
+                Some(saved) => {
+                    let slot: i64 = saved.strip_prefix('c').unwrap().parse().unwrap();
+                    assert_eq!(
+                        (r.rbp_kind(), r.rbp_offset()),
+                        (UNWIND_RBP_CFA_OFFSET, slot),
+                        "{what}"
+                    );
+                }
+            }
+            checked += 1;
+        }
+        eprintln!("{path}: {checked} readelf rows agree");
+        assert!(checked > table.stats().cfi_rows * 9 / 10, "{path}: only {checked} rows checked");
+    }
+}
