@@ -39,6 +39,7 @@ pub struct KernelCounters {
     pub lost_task_events: u64,
     pub cpu_time_errors: u64,
     pub targets_full: u64,
+    pub cpu_time_stale: u64,
 }
 
 impl KernelCounters {
@@ -84,12 +85,14 @@ impl Sampler {
     }
 
     /// Attaches lifecycle tracepoints first so no fork/exec between the two steps is missed,
-    /// then the sampler on every online CPU.
+    /// and sched_switch so most CPUs have seen a switch (making CPU time current) by the
+    /// first sample, then the sampler on every online CPU.
     pub fn attach(&mut self, frequency: u64) -> Result<()> {
         for (prog, tp) in [
             ("on_fork", "sched_process_fork"),
             ("on_exec", "sched_process_exec"),
             ("on_exit", "sched_process_exit"),
+            ("on_sched_switch", "sched_switch"),
         ] {
             let p: &mut RawTracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
             p.load().with_context(|| format!("load {prog}"))?;
@@ -148,13 +151,14 @@ impl Sampler {
             lost_task_events: sum(counter::LOST_TASK_EVENTS)?,
             cpu_time_errors: sum(counter::CPU_TIME_ERRORS)?,
             targets_full: sum(counter::TARGETS_FULL)?,
+            cpu_time_stale: sum(counter::CPU_TIME_STALE)?,
         })
     }
 
-    /// (runs, total run time) of the CPU-clock sampler, counted by the kernel only while
-    /// `kernel.bpf_stats_enabled` is 1; None when it was off.
-    pub fn sampler_run_stats(&self) -> Option<(u64, std::time::Duration)> {
-        let info = self.ebpf.program("on_cpu_clock")?.info().ok()?;
+    /// (runs, total run time) of BPF program `prog` (`on_cpu_clock`, `on_sched_switch`, ...),
+    /// counted by the kernel only while `kernel.bpf_stats_enabled` is 1; None when it was off.
+    pub fn run_stats(&self, prog: &str) -> Option<(u64, std::time::Duration)> {
+        let info = self.ebpf.program(prog)?.info().ok()?;
         (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
     }
 

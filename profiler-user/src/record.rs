@@ -299,12 +299,14 @@ pub fn run(args: RecordArgs) -> Result<()> {
             eprint!("{}", usdt_report.render());
         }
     }
-    if let (false, Some((runs, time))) = (args.quiet, sampler.sampler_run_stats()) {
-        eprintln!(
-            "BPF sampler (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s in all",
-            time.as_nanos() as f64 / runs as f64,
-            time.as_secs_f64()
-        );
+    for (prog, what) in [("on_cpu_clock", "sampler"), ("on_sched_switch", "sched_switch hook")] {
+        if let (false, Some((runs, time))) = (args.quiet, sampler.run_stats(prog)) {
+            eprintln!(
+                "BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s in all",
+                time.as_nanos() as f64 / runs as f64,
+                time.as_secs_f64()
+            );
+        }
     }
     if let Some(c) = &cgroups {
         // Printed even with -q: an empty profile must not go unexplained.

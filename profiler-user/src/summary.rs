@@ -51,8 +51,13 @@ pub fn render(i: &SummaryInput) -> String {
     }
     let _ = writeln!(
         s,
-        "  stack errors: kernel {}, user {}; cpu-time read errors {}; unmapped user frames {}",
-        c.kernel_stack_errors, c.user_stack_errors, c.cpu_time_errors, i.stats.unmapped_frames
+        "  stack errors: kernel {}, user {}; cpu-time read errors {}, as of last tick {}; \
+         unmapped user frames {}",
+        c.kernel_stack_errors,
+        c.user_stack_errors,
+        c.cpu_time_errors,
+        c.cpu_time_stale,
+        i.stats.unmapped_frames
     );
     if recorded > 0 {
         let _ = writeln!(
