@@ -138,7 +138,10 @@ fn half_busy_thread_is_drawn_at_half_height() {
         pairs.len(),
         drawn
     );
-    assert!((0.4..=0.6).contains(&drawn), "5 ms busy / 5 ms asleep drawn at {drawn:.3}, want 0.5 ± 0.1");
+    assert!(
+        (0.4..=0.6).contains(&drawn),
+        "5 ms busy / 5 ms asleep drawn at {drawn:.3}, want 0.5 ± 0.1"
+    );
 }
 
 #[test]
