@@ -7,7 +7,6 @@
 
 use std::process::{Command, Stdio};
 
-use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
