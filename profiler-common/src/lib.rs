@@ -47,7 +47,8 @@ pub struct SampleHeader {
     pub header: EventHeader,
     /// cgroup v2 id (inode of the cgroup directory) of the sampled task.
     pub cgroup_id: u64,
-    /// The task's `se.sum_exec_runtime` at sample time: its real CPU time so far.
+    /// The task's CPU time so far, current at the sample: its `se.sum_exec_runtime` at its
+    /// last switch-in plus the time it has run since (see profiler-ebpf's sched.rs).
     pub cpu_time_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
     pub kernel_frames: u16,
@@ -171,7 +172,10 @@ pub mod counter {
     pub const LABEL_MAP_FULL: u32 = 20;
     /// Samples that carried at least one label.
     pub const SAMPLES_WITH_LABELS: u32 = 21;
-    pub const COUNT: u32 = 22;
+    /// Sample sent with its task's CPU time as of the last scheduler tick (no context switch
+    /// seen on its CPU since attaching), not current at the sample.
+    pub const CPU_TIME_STALE: u32 = 22;
+    pub const COUNT: u32 = 23;
 }
 
 /// Size of the `USDT_SPECS` array: probe sites attached at once.

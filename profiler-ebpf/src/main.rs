@@ -1,9 +1,11 @@
 //! rsprof-bpf kernel side: a CPU-clock sampler plus fork/exec/exit tracepoints, all writing
-//! variable-length records into one ring buffer so userspace sees them in one ordered stream.
+//! variable-length records into one ring buffer so userspace sees them in one ordered stream,
+//! and a sched_switch hook (sched.rs) that keeps the samples' CPU time current.
 #![no_std]
 #![no_main]
 
 mod cgroup;
+mod sched;
 mod usdt;
 
 use aya_ebpf::{
@@ -115,7 +117,13 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         s.flags = 0;
         let task = bpf_get_current_task();
         match read_kernel_u64(task + cfg.task_sum_exec_runtime as u64) {
-            Some(t) => s.cpu_time_ns = t,
+            Some(raw) => {
+                let (t, current) = sched::current_cpu_time(s.header.time_ns, raw);
+                s.cpu_time_ns = t;
+                if !current {
+                    count(counter::CPU_TIME_STALE);
+                }
+            }
             None => {
                 s.cpu_time_ns = 0;
                 s.flags |= SAMPLE_CPU_TIME_ERROR;

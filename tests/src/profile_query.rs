@@ -57,6 +57,11 @@ pub fn sample_times(thread: &Value) -> Vec<f64> {
     column(thread, "samples", "time").into_iter().map(|v| v.as_f64().unwrap_or(f64::NAN)).collect()
 }
 
+/// Each sample's `threadCPUDelta` (in `meta.sampleUnits.threadCPUDelta` units), None when null.
+pub fn sample_cpu_deltas(thread: &Value) -> Vec<Option<u64>> {
+    column(thread, "samples", "threadCPUDelta").into_iter().map(Value::as_u64).collect()
+}
+
 /// For each sample, its frame location strings from root to leaf (empty for a null stack).
 /// Panics on dangling indices: run `gecko_schema::validate` first for a readable report.
 pub fn sample_stacks(thread: &Value) -> Vec<Vec<String>> {

@@ -82,6 +82,11 @@ pub const COUNTERS: &[CounterDef] = &[
     def(counter::LABEL_UNDERFLOWS, "label_underflows", "Label pops with an empty label stack"),
     def(counter::LABEL_MAP_FULL, "label_map_full", "Label pushes lost: thread label map full"),
     def(counter::SAMPLES_WITH_LABELS, "samples_with_labels", "Samples that carried a label"),
+    def(
+        counter::CPU_TIME_STALE,
+        "cpu_time_stale",
+        "Samples whose CPU time is as of the last tick (no context switch seen on the CPU yet)",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

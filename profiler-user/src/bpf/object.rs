@@ -66,12 +66,14 @@ impl BpfObject {
     }
 
     /// Attaches lifecycle tracepoints first so no fork/exec between the two steps is missed,
-    /// then the sampler on every online CPU.
+    /// and sched_switch so most CPUs have seen a switch (making CPU time current) by the
+    /// first sample, then the sampler on every online CPU.
     pub fn attach(&mut self, frequency: u64) -> Result<()> {
         for (prog, tp) in [
             ("on_fork", "sched_process_fork"),
             ("on_exec", "sched_process_exec"),
             ("on_exit", "sched_process_exit"),
+            ("on_sched_switch", "sched_switch"),
         ] {
             let p: &mut RawTracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
             p.load().with_context(|| format!("load {prog}"))?;
@@ -123,10 +125,10 @@ impl BpfObject {
         Counters::read(|i| self.counter(i))
     }
 
-    /// (runs, total run time) of the CPU-clock sampler, counted by the kernel only while
-    /// `kernel.bpf_stats_enabled` is 1; None when it was off.
-    pub fn sampler_run_stats(&self) -> Option<(u64, std::time::Duration)> {
-        let info = self.ebpf.program("on_cpu_clock")?.info().ok()?;
+    /// (runs, total run time) of BPF program `prog` (`on_cpu_clock`, `on_sched_switch`, ...),
+    /// counted by the kernel only while `kernel.bpf_stats_enabled` is 1; None when it was off.
+    pub fn run_stats(&self, prog: &str) -> Option<(u64, std::time::Duration)> {
+        let info = self.ebpf.program(prog)?.info().ok()?;
         (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
     }
 

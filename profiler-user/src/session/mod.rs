@@ -291,12 +291,16 @@ impl<'p> Recorder<'p> {
         if !usdt_report.is_empty() {
             self.msgs.block(&usdt_report.render());
         }
-        if let Some((runs, time)) = self.bpf.sampler_run_stats() {
-            self.msgs.info(format_args!(
-                "BPF sampler (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s in all",
-                time.as_nanos() as f64 / runs as f64,
-                time.as_secs_f64()
-            ));
+        for (prog, what) in [("on_cpu_clock", "sampler"), ("on_sched_switch", "sched_switch hook")]
+        {
+            if let Some((runs, time)) = self.bpf.run_stats(prog) {
+                self.msgs.info(format_args!(
+                    "BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s \
+                     in all",
+                    time.as_nanos() as f64 / runs as f64,
+                    time.as_secs_f64()
+                ));
+            }
         }
         if let Some(c) = &self.plan.cgroups {
             let kept = collector_stats.samples;

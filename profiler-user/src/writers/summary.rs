@@ -149,10 +149,12 @@ pub fn render(i: &SummaryInput) -> String {
     }
     let _ = writeln!(
         s,
-        "  stack errors: kernel {}, user {}; cpu-time read errors {}; unmapped user frames {}",
+        "  stack errors: kernel {}, user {}; cpu-time read errors {}, as of last tick {}; \
+         unmapped user frames {}",
         c.get(counter::KERNEL_STACK_ERRORS),
         c.get(counter::USER_STACK_ERRORS),
         c.get(counter::CPU_TIME_ERRORS),
+        c.get(counter::CPU_TIME_STALE),
         i.stats.unmapped_frames
     );
     if i.stats.maps_errors > 0 {
