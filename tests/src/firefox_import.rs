@@ -213,23 +213,37 @@ impl Session {
         }
     }
 
-    /// A query that must succeed and print JSON.
-    fn query(&self, args: &[&str]) -> anyhow::Result<Value> {
-        let mut all = args.to_vec();
-        all.extend(["--json", "--session", SESSION]);
-        let out = node(&self.dir).args(&all).output().context("running `node`")?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() || !out.stderr.is_empty() {
-            bail!(
-                "`profiler-cli {}` failed ({}):\n{}{}",
-                all.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr),
-                self.report()
-            );
+    /// Runs the queries at once (each is a Node start; the daemon answers them in turn); each
+    /// must succeed and print JSON.
+    fn queries<const N: usize>(&self, queries: [&[&str]; N]) -> anyhow::Result<[Value; N]> {
+        let running = queries.map(|args| {
+            let mut all = args.to_vec();
+            all.extend(["--json", "--session", SESSION]);
+            let child = node(&self.dir)
+                .args(&all)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("running `node`");
+            (all.join(" "), child)
+        });
+        let mut results = Vec::with_capacity(N);
+        for (cmd, child) in running {
+            let out = child?.wait_with_output()?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            if !out.status.success() || !out.stderr.is_empty() {
+                bail!(
+                    "`profiler-cli {cmd}` failed ({}):\n{}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr),
+                    self.report()
+                );
+            }
+            let json = serde_json::from_str(&stdout)
+                .with_context(|| format!("`profiler-cli {cmd}` printed no JSON:\n{stdout}"))?;
+            results.push(json);
         }
-        serde_json::from_str(&stdout)
-            .with_context(|| format!("`profiler-cli {}` printed no JSON:\n{stdout}", all.join(" ")))
+        Ok(results.try_into().unwrap())
     }
 
     fn read(&self, name: &str) -> String {
@@ -294,7 +308,13 @@ pub fn import(path: &Path, busiest: Option<usize>) -> anyhow::Result<Imported> {
         return Err(failed("could not import, or complained importing,"));
     }
 
-    let list = session.query(&["thread", "list", "--limit", "1000000000"])?;
+    // Thread 0 stands in when there are no samples, so every import runs the same queries.
+    let handle = format!("t-{}", busiest.unwrap_or(0));
+    let [list, info, samples] = session.queries([
+        &["thread", "list", "--limit", "1000000000"],
+        &["thread", "info", "--thread", &handle],
+        &["thread", "samples", "--thread", &handle],
+    ])?;
     let mut threads = list["threads"]
         .as_array()
         .context("`thread list` has no threads array")?
@@ -314,20 +334,14 @@ pub fn import(path: &Path, busiest: Option<usize>) -> anyhow::Result<Imported> {
         "`thread list` thread indices are not 0..n: {threads:?}"
     );
     let threads = threads.into_iter().map(|(_, pid, tid)| (pid, tid)).collect();
-
     let busiest = match busiest {
-        Some(i) => {
-            let handle = format!("t-{i}");
-            let info = session.query(&["thread", "info", "--thread", &handle])?;
-            let samples = session.query(&["thread", "samples", "--thread", &handle])?;
-            Some((
-                i,
-                info["sampleCount"].as_u64().context("`thread info` has no sampleCount")?,
-                samples["categoryBreakdown"]["totalSamples"]
-                    .as_u64()
-                    .context("`thread samples` has no categoryBreakdown.totalSamples")?,
-            ))
-        }
+        Some(i) => Some((
+            i,
+            info["sampleCount"].as_u64().context("`thread info` has no sampleCount")?,
+            samples["categoryBreakdown"]["totalSamples"]
+                .as_u64()
+                .context("`thread samples` has no categoryBreakdown.totalSamples")?,
+        )),
         None => None,
     };
     // The queries run in the daemon too: look again.
