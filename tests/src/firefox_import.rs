@@ -299,8 +299,9 @@ pub fn import(path: &Path, busiest: Option<usize>) -> anyhow::Result<Imported> {
     session.wait_loaded()?;
     let failed = |what: &str| {
         anyhow::anyhow!(
-            "the Firefox Profiler (profiler-cli {VERSION}) {what} {}:\n{}",
+            "the Firefox Profiler (profiler-cli {VERSION}) {what} {}:\n{}\n{}",
             path.display(),
+            session.complaints().join("\n"),
             session.report()
         )
     };
