@@ -20,7 +20,7 @@ use crate::{fixtures, profile_query};
 
 pub const PACKAGE: &str = "@firefox-devtools/profiler-cli";
 /// Exact version installed by `cargo xtask setup`. It declares Node >= 24 but runs on Node 20
-/// (checked: every test here imports through it on 20.20): the newer features we found in its
+/// (checked on 20.20 and 18.20): the newer features we found in its
 /// bundle are feature-detected, except `--use-env-proxy` for its daemon, which it leaves out
 /// (with a warning) when a proxy variable is set; we clear those variables (it never needs the
 /// network here, see `SYMBOL_SERVER`).
