@@ -65,9 +65,18 @@ const DISPLAYS: &[&str] = &[
     "stack-chart",
 ];
 
+/// Reads a profile file like [`read`], then imports it with the Firefox Profiler's own code
+/// ([`crate::firefox_import::check`]): every profile a test loads must import cleanly there.
+pub fn load(path: impl AsRef<Path>) -> anyhow::Result<Value> {
+    let path = path.as_ref();
+    let profile = read(path)?;
+    crate::firefox_import::check(path, &profile)?;
+    Ok(profile)
+}
+
 /// Reads a profile file, gunzipping it if it starts with the gzip magic (like the front-end,
 /// which ignores the file name).
-pub fn load(path: impl AsRef<Path>) -> anyhow::Result<Value> {
+pub fn read(path: impl AsRef<Path>) -> anyhow::Result<Value> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let json = if bytes.starts_with(&[0x1f, 0x8b]) {
@@ -654,12 +663,12 @@ fn brief(v: &Value) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
     /// A small valid profile: one root thread and one sub-process thread.
-    fn valid() -> Value {
+    pub(crate) fn valid() -> Value {
         let thread = |tid: u32| {
             json!({
                 "name": "main", "processType": "default", "processName": "app", "pid": 7, "tid": tid,

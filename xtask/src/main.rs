@@ -1,7 +1,7 @@
 //! Developer tasks for rsprof-bpf, run as `cargo xtask <command>`.
 //!
 //! * `setup`  installs what building and testing need (nightly + rust-src, bpf-linker, Debian
-//!   packages), idempotently.
+//!   packages, the Firefox Profiler's CLI), idempotently.
 //! * `build`  builds the release profiler (`target/release/rsprof-bpf`).
 //! * `run`    builds, then runs the profiler with the given arguments (as root).
 //! * `test`   setup, build, then the whole test suite, tests running one at a time.
@@ -31,8 +31,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what is missing: nightly toolchain with rust-src, bpf-linker 0.10.4, and the
-    /// Debian packages gcc, linux-perf, systemtap-sdt-dev. Safe to run repeatedly.
+    /// Install what is missing: nightly toolchain with rust-src, bpf-linker 0.10.4, the
+    /// Debian packages gcc, linux-perf, systemtap-sdt-dev, nodejs, npm, and the Firefox
+    /// Profiler's CLI (npm @firefox-devtools/profiler-cli) in target/profiler-cli. Safe to run
+    /// repeatedly.
     Setup,
     /// Build the release profiler: cargo build --release -p profiler-user.
     Build,

@@ -15,10 +15,11 @@ pub const BPF_LINKER_VERSION: &str = "0.10.4";
 pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
 
 pub fn setup() -> anyhow::Result<()> {
-    step("setup: toolchains, bpf-linker, system packages");
+    step("setup: toolchains, bpf-linker, system packages, profiler-cli");
     rust_nightly()?;
     bpf_linker()?;
     debian_packages()?;
+    profiler_cli()?;
     environment_checks();
     println!("setup: done");
     Ok(())
@@ -145,6 +146,11 @@ fn debian_packages() -> anyhow::Result<()> {
         return Ok(());
     }
     println!("packages missing: {}; installing", missing.join(" "));
+    apt_install(&missing)
+}
+
+/// `apt-get update`, then installs `missing` and checks they are installed.
+fn apt_install(missing: &[&str]) -> anyhow::Result<()> {
     let apt = |args: &[&str]| {
         let mut cmd = if is_root() {
             Command::new("apt-get")
@@ -158,7 +164,7 @@ fn debian_packages() -> anyhow::Result<()> {
     };
     run_cmd(&mut apt(&["update"]))?;
     let mut install = apt(&["install", "-y", "--no-install-recommends"]);
-    install.args(&missing);
+    install.args(missing);
     run_cmd(&mut install)?;
     let still: Vec<&str> = missing.iter().copied().filter(|p| !package_installed(p)).collect();
     if !still.is_empty() {
@@ -166,6 +172,52 @@ fn debian_packages() -> anyhow::Result<()> {
     }
     println!("packages installed: {}", missing.join(" "));
     Ok(())
+}
+
+/// `node` and `npm` run profiler-cli and install it. They are checked as commands, not
+/// packages: a NodeSource `nodejs` package bundles npm and conflicts with Debian's `npm`.
+fn node_npm() -> anyhow::Result<()> {
+    let version = |cmd: &str| stdout_of(Command::new(cmd).arg("--version"));
+    if let (Some(node), Some(npm)) = (version("node"), version("npm")) {
+        println!("node {}, npm {}: already installed", node.trim(), npm.trim());
+        return Ok(());
+    }
+    println!("node/npm: missing, installing the Debian packages nodejs npm");
+    apt_install(&["nodejs", "npm"])
+}
+
+/// The Firefox Profiler's CLI, pinned, in `<target dir>/profiler-cli` (see
+/// `tests::firefox_import`).
+fn profiler_cli() -> anyhow::Result<()> {
+    use tests::firefox_import::{PACKAGE, VERSION, install_dir, installed_version};
+    node_npm()?;
+    let dir = install_dir();
+    match installed_version() {
+        Some(v) if v == VERSION => {
+            println!("{PACKAGE} {v}: already installed in {}", dir.display());
+            return Ok(());
+        }
+        Some(v) => println!("{PACKAGE}: found {v}, need {VERSION}; installing"),
+        None => println!("{PACKAGE}: missing, installing {VERSION} into {}", dir.display()),
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // The package declares Node >= 24 but runs on Node 20 (see
+    // tests::firefox_import::VERSION); --engine-strict=false keeps a user's npm config from
+    // turning npm's engine warning into an error.
+    run_cmd(
+        Command::new("npm")
+            .args(["install", "--prefix"])
+            .arg(&dir)
+            .args(["--no-audit", "--no-fund", "--no-save", "--engine-strict=false"])
+            .arg(format!("{PACKAGE}@{VERSION}")),
+    )?;
+    match installed_version() {
+        Some(v) if v == VERSION => {
+            println!("{PACKAGE} {v}: installed");
+            Ok(())
+        }
+        other => bail!("npm install finished but {} holds {other:?}", dir.display()),
+    }
 }
 
 /// Warnings only: the suite needs them, building does not.
