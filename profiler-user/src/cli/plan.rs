@@ -77,7 +77,7 @@ impl RecordPlan {
         };
         Ok(Self {
             target,
-            cgroups: None,
+            cgroups: Selection::from_args(&args.cgroup, &args.container)?,
             frequency: args.frequency,
             duration,
             output: args.output,
@@ -87,13 +87,7 @@ impl RecordPlan {
             usdt_requests,
             usdt_intervals,
             usdt_dump: args.usdt_dump,
-        }
-        .with_cgroups(&args.cgroup, &args.container)?)
-    }
-
-    fn with_cgroups(mut self, cgroups: &[String], containers: &[String]) -> Result<Self> {
-        self.cgroups = Selection::from_args(cgroups, containers)?;
-        Ok(self)
+        })
     }
 
     /// What the recording covers, for the "sampling …" line.

@@ -12,7 +12,7 @@ use std::{
     sync::OnceLock,
 };
 
-pub use crate::model::ids::ModuleId;
+use crate::model::ids::ModuleId;
 use crate::{
     model::ids::Pid,
     system::procfs::{self, MapsLine, ProcError},
