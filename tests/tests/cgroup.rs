@@ -189,7 +189,8 @@ fn pid_and_command_filters_intersect_with_the_cgroup() {
     // -- CMD: of its two children only the one that moves into the cgroup is recorded.
     let pid_file = output_path("cgroup_cmd_outside", "pid");
     let script = format!(
-        "{s} 1 & echo $! > {f}; echo $$ > {cg}/cgroup.procs; exec {s} 1",
+        // The inside child runs 2 s: > 300 samples even when other work shares the CPUs.
+        "{s} 1 & echo $! > {f}; echo $$ > {cg}/cgroup.procs; exec {s} 2",
         s = split.display(),
         f = pid_file.display(),
         cg = cg.display()

@@ -220,6 +220,8 @@ fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
         "--lib",
         "--bins",
         "--tests",
+        // Every test binary runs even after one fails: CI shows all failures at once.
+        "--no-fail-fast",
         "--",
         "--test-threads=1",
     ])
