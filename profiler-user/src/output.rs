@@ -247,7 +247,7 @@ mod tests {
             file: Some(file),
             named_tmp: Some(tmp.clone()),
         };
-        assert_eq!(entries(&d), [name.clone()]);
+        assert_eq!(entries(&d), [name.as_str()]);
         out.commit(|w| w.write_all(b"{}")).unwrap();
         assert_eq!(entries(&d), ["p.json"]);
         assert_eq!(fs::read_to_string(&dest).unwrap(), "{}");

@@ -93,7 +93,7 @@ fn sigterm_before_the_handlers_are_installed_leaves_nothing() {
     // the signal handlers are installed. Catch the profiler in between: stopped as soon as its
     // output is open, checked to have no SIGTERM handler yet, then terminated.
     for _ in 0..20 {
-        let mut child = command()
+        let child = command()
             .unwrap()
             .args(["--all", "-o"])
             .arg(dir.join("p.json"))

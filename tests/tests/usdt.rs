@@ -459,17 +459,22 @@ fn all_mode_attaches_to_processes_already_running() {
             .spawn()
             .unwrap(),
     );
-    let (stop_markers, marker_lines) =
-        (markers_child.0.stdin.take().unwrap(), markers_child.0.stdout.take().unwrap());
-    let mut marker_lines = BufReader::new(marker_lines).lines();
+    let stop_markers = markers_child.0.stdin.take().unwrap();
+    // One message per step, read as they come (a full pipe would stall the fixture).
+    let (step_tx, steps) = std::sync::mpsc::channel();
+    let marker_lines = BufReader::new(markers_child.0.stdout.take().unwrap()).lines();
+    std::thread::spawn(move || {
+        marker_lines.map_while(Result::ok).try_for_each(|_| step_tx.send(()))
+    });
     // Hitting its probes before the profiler starts.
-    assert!(marker_lines.next().is_some_and(|l| l.unwrap().starts_with("interval 0 ")));
+    steps.recv_timeout(Duration::from_secs(10)).expect("markers fixture runs");
     let out = output_path("all_running", "json");
     let rec = Recording::start(&["--all"], out.clone());
     // 1000 more steps with the profiler attached, then the fixture exits mid-recording.
-    let seen = marker_lines.by_ref().take(1000).count();
+    let before = steps.try_iter().count();
+    let seen = steps.iter().take(1000).count();
     drop(stop_markers);
-    let rest = marker_lines.count();
+    let rest = steps.iter().count();
     let markers_status = markers_child.0.wait().unwrap();
     // Labelled samples of the other fixture for a while longer.
     std::thread::sleep(Duration::from_secs(2));
@@ -479,7 +484,7 @@ fn all_mode_attaches_to_processes_already_running() {
     assert!(done.status.success(), "{}", done.stderr);
     assert!(
         markers_status.success() && seen == 1000,
-        "markers fixture: {markers_status}, {seen} + {rest} steps"
+        "markers fixture: {markers_status}, {before} + {seen} + {rest} steps"
     );
     assert!(label_samples(&done.stderr, "hot-work") > 300, "{}", done.stderr);
     let profile = tests::gecko_schema::load(&out).unwrap();
