@@ -172,6 +172,17 @@ pub fn run(args: &[&str]) -> Result<Finished> {
     })
 }
 
+/// A fixture running in the background, killed and reaped when dropped (also when the test
+/// fails).
+pub struct Background(pub Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs a fixture to completion and returns its pid.
 pub fn run_fixture(name: &str, args: &[&str]) -> Result<u32> {
     let exe = fixtures::build(name)?;

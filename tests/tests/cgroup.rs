@@ -14,7 +14,7 @@ use tests::{
     cgroups::CgroupTree,
     fixtures,
     gecko_schema::validate,
-    harness::{Recording, output_path, run},
+    harness::{Background, Recording, output_path, run},
     profile_query::{ThreadInfo, sample_stacks, threads},
 };
 
@@ -176,13 +176,15 @@ fn pid_and_command_filters_intersect_with_the_cgroup() {
     let split = fixtures::build("split").unwrap();
     let cg_arg = cg.display().to_string();
 
-    // -p of a process outside the cgroup: nothing matches both.
-    let mut outside = Command::new(&split).arg("3").stdout(Stdio::null()).spawn().unwrap();
+    // -p of a process outside the cgroup (busy all through the recording, however long the
+    // profiler takes to attach): nothing matches both.
+    let outside =
+        Background(Command::new(&split).arg("600").stdout(Stdio::null()).spawn().unwrap());
     let out = output_path("cgroup_pid", "json");
-    let pid = outside.id().to_string();
+    let pid = outside.0.id().to_string();
     let done =
         run(&["-p", &pid, "--cgroup", &cg_arg, "-d", "1", "-o", out.to_str().unwrap()]).unwrap();
-    let _ = (outside.kill(), outside.wait());
+    drop(outside);
     assert!(done.status.success(), "{}", done.stderr);
     assert!(done.stderr.contains("no sample matched the filter"), "{}", done.stderr);
 

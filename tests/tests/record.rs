@@ -13,7 +13,7 @@ use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
-    harness::{Recording, output_path, run, run_fixture},
+    harness::{Background, Recording, output_path, run, run_fixture},
     profile_query::{
         ThreadInfo, count_samples_with_path, module_name, sample_stacks, threads, threads_of_pid,
     },
@@ -173,9 +173,10 @@ fn thread_cpu_delta_comes_from_real_cpu_time() {
 #[test]
 fn pid_filter_records_only_that_process() {
     let exe = fixtures::build("split").unwrap();
-    let mut target = Command::new(&exe).arg("4").stdout(Stdio::null()).spawn().unwrap();
-    let mut other = Command::new(&exe).arg("4").stdout(Stdio::null()).spawn().unwrap();
-    let pid = target.id();
+    // Busy until killed, however long the profiler takes to attach.
+    let spawn = || Background(Command::new(&exe).arg("600").stdout(Stdio::null()).spawn().unwrap());
+    let (target, _other) = (spawn(), spawn());
+    let pid = target.0.id();
     let rec = Recording::start(&["-p", &pid.to_string(), "-d", "2"], output_path("pid", "json"))
         .expect("start");
     let done = rec.wait().unwrap();
@@ -184,9 +185,9 @@ fn pid_filter_records_only_that_process() {
     let all = threads(&profile);
     assert!(!all.is_empty());
     assert!(all.iter().all(|t| t.pid == u64::from(pid)), "only pid {pid}: {:?}", names(&all));
-    assert!(count_samples_with_path(all[0].thread, &["work", "hot_a"]) > 500);
+    let hot = count_samples_with_path(all[0].thread, &["work", "hot_a"]);
+    assert!(hot > 500, "{hot} samples in work → hot_a");
     assert!(done.stderr.contains("filtered out"), "summary reports filtered samples");
-    let _ = (target.kill(), other.kill(), target.wait(), other.wait());
 }
 
 #[test]

@@ -62,6 +62,8 @@ fn tiny_buffer_keeps_only_the_newest_window() {
 #[test]
 fn sigusr1_writes_a_snapshot_while_recording_continues() {
     let out = output_path("snapshot", "json");
+    // Built before recording: a first build must not eat into the 1.2 s before the snapshot.
+    tests::fixtures::build("split.c").expect("build fixture");
     let mut rec = Recording::start(&["--all"], out.clone()).expect("start recording");
     let fixture = thread::spawn(|| run_fixture("split.c", &["3"]).expect("run fixture"));
     thread::sleep(Duration::from_millis(1200));

@@ -4,13 +4,17 @@
 //! line per hit: `TIME PID TID CPU PROVIDER:NAME ARGS…`); counts in the summary. Needs root;
 //! run serially.
 
-use std::process::{Command, Stdio};
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
-    harness::{Recording, command, output_path, run},
+    harness::{Background, Recording, command, output_path, run},
     profile_query::{
         Marker, contains_path, frame_categories, function_name, markers, sample_stacks, threads,
         threads_of_pid,
@@ -443,27 +447,51 @@ fn probes_of_a_program_execed_during_the_recording_are_found() {
 #[test]
 fn all_mode_attaches_to_processes_already_running() {
     let exe = fixtures::build("usdt_app").unwrap();
-    let mut labels =
-        Command::new(&exe).args(["labels", "4"]).stdout(Stdio::null()).spawn().unwrap();
-    // Exits about three seconds into the recording, mid-interval for all the profiler knows.
-    let mut markers_child =
-        Command::new(&exe).args(["markers", "3000"]).stdout(Stdio::null()).spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Both run until the test ends them, however long the profiler takes to attach.
+    let labels = Background(
+        Command::new(&exe).args(["labels", "600"]).stdout(Stdio::null()).spawn().unwrap(),
+    );
+    let mut markers_child = Background(
+        Command::new(&exe)
+            .args(["markers", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stop_markers = markers_child.0.stdin.take().unwrap();
+    // One message per step, read as they come (a full pipe would stall the fixture).
+    let (step_tx, steps) = std::sync::mpsc::channel();
+    let marker_lines = BufReader::new(markers_child.0.stdout.take().unwrap()).lines();
+    std::thread::spawn(move || {
+        marker_lines.map_while(Result::ok).try_for_each(|_| step_tx.send(()))
+    });
+    // Hitting its probes before the profiler starts.
+    steps.recv_timeout(Duration::from_secs(10)).expect("markers fixture runs");
     let out = output_path("all_running", "json");
-    let done = run(&["--all", "-d", "5", "-o", out.to_str().unwrap()]).unwrap();
-    labels.kill().unwrap();
-    labels.wait().unwrap();
-    let exited_early = markers_child.try_wait().unwrap().is_some();
-    let _ = markers_child.kill();
-    markers_child.wait().unwrap();
+    let rec = Recording::start(&["--all"], out.clone());
+    // 1000 more steps with the profiler attached, then the fixture exits mid-recording.
+    let before = steps.try_iter().count();
+    let seen = steps.iter().take(1000).count();
+    drop(stop_markers);
+    let rest = steps.iter().count();
+    let markers_status = markers_child.0.wait().unwrap();
+    // Labelled samples of the other fixture for a while longer.
+    std::thread::sleep(Duration::from_secs(2));
+    let done = rec.and_then(|r| r.interrupt());
+    drop(labels);
+    let done = done.unwrap();
     assert!(done.status.success(), "{}", done.stderr);
-    assert!(exited_early, "the markers fixture outlived the recording");
+    assert!(
+        markers_status.success() && seen == 1000,
+        "markers fixture: {markers_status}, {before} + {seen} + {rest} steps"
+    );
     assert!(label_samples(&done.stderr, "hot-work") > 300, "{}", done.stderr);
     let profile = tests::gecko_schema::load(&out).unwrap();
     if let Err(problems) = validate(&profile) {
         panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
     }
-    let pid = markers_child.id();
+    let pid = markers_child.0.id();
     let ms: Vec<Marker> =
         threads_of_pid(&profile, pid).iter().flat_map(|t| markers(t.thread)).collect();
     let steps = ms.iter().filter(|m| m.name == "step" && m.phase == 1).count();
@@ -532,15 +560,27 @@ fn rip_relative_arguments_are_evaluated_at_the_probe() {
 #[test]
 fn snapshots_show_intervals_still_open() {
     let exe = fixtures::build("usdt_app").unwrap();
-    let t0 = std::time::Instant::now();
-    let mut child = Command::new(&exe).args(["long", "3"]).stdout(Stdio::null()).spawn().unwrap();
+    let mut child = Command::new(&exe)
+        .arg("long")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let out = output_path("open_snapshot", "json");
     let mut rec = Recording::start(&["-p", &pid.to_string()], out.clone()).unwrap();
-    // Mid-interval: it began 0.5 s after the start and lasts 3 s.
-    std::thread::sleep(std::time::Duration::from_millis(2000).saturating_sub(t0.elapsed()));
+    // The profiler samples: begin the interval, and snapshot once it has begun.
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdin.write_all(b"begin\n").unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "begun\n");
+    let begun = Instant::now();
     rec.signal(10); // SIGUSR1
-    rec.wait_for_line("wrote snapshot", std::time::Duration::from_secs(60)).expect("snapshot");
+    rec.wait_for_line("wrote snapshot", Duration::from_secs(60)).expect("snapshot");
+    let open_for = begun.elapsed().as_secs_f64() * 1000.0;
+    drop(stdin); // ends the interval
     assert!(child.wait().unwrap().success());
     let done = rec.interrupt().unwrap();
     let long = |profile: &Value| -> Vec<(u64, Option<f64>, Option<f64>, Value)> {
@@ -564,5 +604,5 @@ fn snapshots_show_intervals_still_open() {
     );
     let in_final = long(&done.profile().unwrap());
     let [(1, Some(a), Some(b), _)] = in_final[..] else { panic!("{in_final:?}") };
-    assert!(b - a >= 2900.0 && in_snap[0].1 == Some(a), "{in_final:?} {in_snap:?}");
+    assert!(b - a >= open_for && in_snap[0].1 == Some(a), "{in_final:?} {in_snap:?} {open_for}");
 }

@@ -2,8 +2,9 @@
 //!
 //! * `setup`  installs what building and testing need (nightly + rust-src, bpf-linker, Debian
 //!   packages, the Firefox Profiler's CLI), idempotently.
-//! * `build`  builds the release profiler (`target/release/rsprof-bpf`).
-//! * `run`    builds, then runs the profiler with the given arguments (as root).
+//! * `build`  setup (what building needs), then builds the release profiler
+//!   (`target/release/rsprof-bpf`).
+//! * `run`    setup, build, then runs the profiler with the given arguments (as root).
 //! * `test`   setup, build, then the whole test suite, tests running one at a time.
 //! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
 //! * `bench-cgroup` measures the kernel cgroup filter's cost, see `bench_cgroup.rs`.
@@ -36,10 +37,18 @@ enum Cmd {
     /// Profiler's CLI (npm @firefox-devtools/profiler-cli) in target/profiler-cli. Safe to run
     /// repeatedly.
     Setup,
-    /// Build the release profiler: cargo build --release -p profiler-user.
-    Build,
-    /// Build, then run target/release/rsprof-bpf with ARGS (through `sudo -E` unless root).
+    /// Setup, then build the release profiler: cargo build --release -p profiler-user.
+    Build {
+        /// Skip the setup step.
+        #[arg(long)]
+        no_setup: bool,
+    },
+    /// Setup, build, then run target/release/rsprof-bpf with ARGS (through `sudo -E` unless
+    /// root).
     Run {
+        /// Skip the setup step.
+        #[arg(long)]
+        no_setup: bool,
         /// Arguments for rsprof-bpf, e.g. `cargo xtask run -- --all -F 999 -o out.json.gz`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
@@ -85,8 +94,9 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Setup => setup::setup(),
-        Cmd::Build => build().map(|_| ()),
-        Cmd::Run { args } => run(args),
+        // The README's first command is `cargo xtask run` on a fresh machine: setup comes first.
+        Cmd::Build { no_setup } => setup_unless(no_setup).and_then(|()| build()).map(|_| ()),
+        Cmd::Run { no_setup, args } => setup_unless(no_setup).and_then(|()| run(args)),
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
         Cmd::Bench(args) => bench::bench(args),
         Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
@@ -175,6 +185,11 @@ pub fn build() -> anyhow::Result<PathBuf> {
     anyhow::ensure!(bin.is_file(), "build succeeded but {} does not exist", bin.display());
     println!("built {}", bin.display());
     Ok(bin)
+}
+
+/// The quick setup check (installing what is missing) unless `--no-setup`.
+fn setup_unless(no_setup: bool) -> anyhow::Result<()> {
+    if no_setup { Ok(()) } else { setup::ensure() }
 }
 
 fn run(args: Vec<OsString>) -> anyhow::Result<()> {

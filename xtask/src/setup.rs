@@ -14,15 +14,40 @@ pub const BPF_LINKER_VERSION: &str = "0.10.4";
 /// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures.
 pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
 
+/// `cargo xtask setup`: every check on its own line.
 pub fn setup() -> anyhow::Result<()> {
     step("setup: toolchains, bpf-linker, system packages, profiler-cli");
-    rust_nightly()?;
-    bpf_linker()?;
-    debian_packages()?;
+    let mut present = Vec::new();
+    install_missing(&mut present)?;
+    for what in &present {
+        println!("{what}: already installed");
+    }
+    // Only the tests need it; `build` and `run` (`ensure`) do not install it.
     profiler_cli()?;
     environment_checks();
     println!("setup: done");
     Ok(())
+}
+
+/// Setup before `build` and `run`: one line when everything is already installed (the checks
+/// take a few tens of milliseconds), the full story only when something is installed.
+pub fn ensure() -> anyhow::Result<()> {
+    let mut present = Vec::new();
+    install_missing(&mut present)?;
+    if !present.is_empty() {
+        println!("setup: already installed: {}", present.join(", "));
+    }
+    if !Path::new(VMLINUX_BTF).exists() {
+        println!("{NO_BTF}");
+    }
+    Ok(())
+}
+
+/// Installs what is missing; names what was already there in `present`.
+fn install_missing(present: &mut Vec<String>) -> anyhow::Result<()> {
+    rust_nightly(present)?;
+    bpf_linker(present)?;
+    debian_packages(present)
 }
 
 /// Output of a command, or None when it could not be started or failed.
@@ -36,7 +61,7 @@ fn host_triple() -> Option<String> {
     out.lines().find_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_owned())
 }
 
-fn rust_nightly() -> anyhow::Result<()> {
+fn rust_nightly(present: &mut Vec<String>) -> anyhow::Result<()> {
     let Some(toolchains) = stdout_of(Command::new("rustup").args(["toolchain", "list"])) else {
         bail!(
             "`rustup` was not found (or failed). The BPF crate needs a nightly toolchain managed \
@@ -65,7 +90,7 @@ fn rust_nightly() -> anyhow::Result<()> {
             "rust-src",
         ]))?;
     } else {
-        println!("nightly toolchain: already installed");
+        present.push("nightly toolchain".to_owned());
     }
 
     let components = stdout_of(Command::new("rustup").args([
@@ -77,7 +102,7 @@ fn rust_nightly() -> anyhow::Result<()> {
     ]))
     .context("`rustup component list --toolchain nightly --installed` failed")?;
     if components.lines().any(|l| l.trim() == "rust-src" || l.trim().starts_with("rust-src-")) {
-        println!("rust-src (nightly): already installed");
+        present.push("rust-src (nightly)".to_owned());
     } else {
         println!("rust-src (nightly): missing, installing");
         run_cmd(Command::new("rustup").args([
@@ -97,10 +122,10 @@ fn bpf_linker_version() -> Option<String> {
     out.split_whitespace().nth(1).map(str::to_owned)
 }
 
-fn bpf_linker() -> anyhow::Result<()> {
+fn bpf_linker(present: &mut Vec<String>) -> anyhow::Result<()> {
     match bpf_linker_version() {
         Some(v) if v == BPF_LINKER_VERSION => {
-            println!("bpf-linker {v}: already installed");
+            present.push(format!("bpf-linker {v}"));
             return Ok(());
         }
         Some(v) => println!("bpf-linker: found {v}, need {BPF_LINKER_VERSION}; installing"),
@@ -129,7 +154,7 @@ fn package_installed(pkg: &str) -> bool {
         .is_some_and(|s| s.trim() == "install ok installed")
 }
 
-fn debian_packages() -> anyhow::Result<()> {
+fn debian_packages(present: &mut Vec<String>) -> anyhow::Result<()> {
     if Command::new("dpkg-query").arg("--version").output().is_err() {
         println!(
             "warning: dpkg-query not found (not Debian?); make sure these are installed: {}",
@@ -140,7 +165,7 @@ fn debian_packages() -> anyhow::Result<()> {
     let missing: Vec<&str> =
         DEBIAN_PACKAGES.iter().copied().filter(|p| !package_installed(p)).collect();
     for pkg in DEBIAN_PACKAGES.iter().filter(|p| !missing.contains(p)) {
-        println!("package {pkg}: already installed");
+        present.push(format!("package {pkg}"));
     }
     if missing.is_empty() {
         return Ok(());
@@ -220,15 +245,16 @@ fn profiler_cli() -> anyhow::Result<()> {
     }
 }
 
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+const NO_BTF: &str = "WARNING: /sys/kernel/btf/vmlinux is missing: the kernel lacks BTF \
+                      (CONFIG_DEBUG_INFO_BTF); rsprof-bpf cannot run and the tests will fail";
+
 /// Warnings only: the suite needs them, building does not.
 fn environment_checks() {
-    if Path::new("/sys/kernel/btf/vmlinux").exists() {
-        println!("kernel BTF (/sys/kernel/btf/vmlinux): present");
+    if Path::new(VMLINUX_BTF).exists() {
+        println!("kernel BTF ({VMLINUX_BTF}): present");
     } else {
-        println!(
-            "WARNING: /sys/kernel/btf/vmlinux is missing: the kernel lacks BTF \
-             (CONFIG_DEBUG_INFO_BTF); rsprof-bpf cannot run and the tests will fail"
-        );
+        println!("{NO_BTF}");
     }
     if is_root() {
         println!("running as root: yes");

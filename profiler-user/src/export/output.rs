@@ -1,10 +1,19 @@
-//! Atomic profile output: a temp file beside the destination, created before sampling starts
-//! (so an unwritable path fails early), renamed over the destination only once complete.
+//! Atomic profile output. The file is created before sampling starts (so an unwritable path
+//! fails early) as an unnamed `O_TMPFILE` file in the destination's directory and gets its name
+//! only once complete: a recording killed before then (SIGKILL, or SIGTERM before its handlers
+//! are installed) leaves nothing behind, as the kernel frees an unnamed file with its last fd.
 
 use std::{
+    ffi::CString,
     fs::{self, File, OpenOptions},
     io::{self, BufWriter, Write},
+    os::unix::{
+        ffi::OsStrExt as _,
+        fs::OpenOptionsExt as _,
+        io::{AsRawFd as _, RawFd},
+    },
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use anyhow::{Context as _, Result};
@@ -12,8 +21,10 @@ use flate2::{Compression, write::GzEncoder};
 
 pub struct PendingOutput {
     dest: PathBuf,
-    tmp: PathBuf,
+    dir: PathBuf,
     file: Option<File>,
+    /// The visible temp file when the filesystem has no `O_TMPFILE`; None for an unnamed file.
+    named_tmp: Option<PathBuf>,
 }
 
 impl PendingOutput {
@@ -25,21 +36,29 @@ impl PendingOutput {
         if dest.is_dir() {
             anyhow::bail!("output path {} is a directory", dest.display());
         }
-        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .with_context(|| format!("cannot write output {}", dest.display()))?;
-        Ok(Self { dest: dest.to_path_buf(), tmp, file: Some(file) })
+        let cannot = || format!("cannot write output {}", dest.display());
+        let unnamed =
+            OpenOptions::new().write(true).custom_flags(libc::O_TMPFILE).mode(0o666).open(&dir);
+        let (file, named_tmp) = match unnamed {
+            Ok(file) => (file, None),
+            // No O_TMPFILE on this filesystem (EOPNOTSUPP: some FUSE and network filesystems;
+            // EISDIR: kernels before 3.11 see only its O_DIRECTORY bit). Fall back to a named
+            // temp file, which a killed recording does leave behind.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
+                let (file, tmp) = create_named(&dir, dest).with_context(cannot)?;
+                (file, Some(tmp))
+            }
+            Err(e) => return Err(e).with_context(cannot),
+        };
+        Ok(Self { dest: dest.to_path_buf(), dir, file: Some(file), named_tmp })
     }
 
     pub fn path(&self) -> &Path {
         &self.dest
     }
 
-    /// Writes the content through `write` (gzip when the name ends in .gz), syncs and renames.
+    /// Writes the content through `write` (gzip when the name ends in .gz), syncs, and gives the
+    /// file its name.
     pub fn commit<T>(mut self, write: impl FnOnce(&mut dyn Write) -> io::Result<T>) -> Result<T> {
         let file = self.file.take().expect("commit once");
         let gz = self.dest.extension().is_some_and(|e| e == "gz");
@@ -53,18 +72,106 @@ impl PendingOutput {
             (out, buf.into_inner().map_err(|e| e.into_error())?)
         };
         file.sync_all().context("sync profile")?;
-        fs::rename(&self.tmp, &self.dest)
-            .with_context(|| format!("rename {} to {}", self.tmp.display(), self.dest.display()))?;
+        match self.named_tmp.take() {
+            Some(tmp) => rename(&tmp, &self.dest).inspect_err(|_| {
+                let _ = fs::remove_file(&tmp);
+            })?,
+            None => self.link(&file)?,
+        }
         Ok(out)
+    }
+
+    /// Names the unnamed file. It is linked straight to the destination when that does not exist
+    /// (atomic; nothing else ever becomes visible). linkat cannot replace a file (Linux has no
+    /// flag for that), so an existing destination is replaced by linking under a hidden name and
+    /// renaming that over it; only a kill between those two calls, after the profile is complete,
+    /// leaves the hidden file.
+    fn link(&self, file: &File) -> Result<()> {
+        let fd = file.as_raw_fd();
+        match link_fd(fd, &self.dest) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("create {}", self.dest.display())),
+        }
+        for tmp in hidden_names(&self.dir, &self.dest) {
+            match link_fd(fd, &tmp) {
+                Ok(()) => {
+                    return rename(&tmp, &self.dest).inspect_err(|_| {
+                        let _ = fs::remove_file(&tmp);
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e).with_context(|| format!("create {}", tmp.display())),
+            }
+        }
+        unreachable!("hidden_names never ends")
     }
 }
 
 impl Drop for PendingOutput {
     fn drop(&mut self) {
-        if self.file.is_some() || self.tmp.exists() {
-            let _ = fs::remove_file(&self.tmp);
+        // An unnamed file goes with its fd; a named one is removed unless commit renamed it.
+        if let Some(tmp) = &self.named_tmp {
+            let _ = fs::remove_file(tmp);
         }
     }
+}
+
+fn rename(from: &Path, to: &Path) -> Result<()> {
+    fs::rename(from, to).with_context(|| format!("rename {} to {}", from.display(), to.display()))
+}
+
+/// `.NAME.PID.N.tmp` beside the destination, N counting up (past files left by a killed run
+/// whose pid was reused, or by another output of this process).
+fn hidden_names<'a>(dir: &'a Path, dest: &'a Path) -> impl Iterator<Item = PathBuf> + 'a {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let pid = std::process::id();
+    std::iter::repeat_with(move || {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        dir.join(format!(".{name}.{pid}.{n}.tmp"))
+    })
+}
+
+/// A new named temp file beside `dest`.
+fn create_named(dir: &Path, dest: &Path) -> io::Result<(File, PathBuf)> {
+    for tmp in hidden_names(dir, dest) {
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(file) => return Ok((file, tmp)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("hidden_names never ends")
+}
+
+/// Gives the file open at `fd` the name `to` (which must not exist).
+fn link_fd(fd: RawFd, to: &Path) -> io::Result<()> {
+    let to = CString::new(to.as_os_str().as_bytes())?;
+    let proc_fd = CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_fd.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.kind() != io::ErrorKind::NotFound || Path::new("/proc/self/fd").exists() {
+        return Err(err);
+    }
+    // /proc is not mounted: AT_EMPTY_PATH links the fd itself (needs CAP_DAC_READ_SEARCH, which
+    // the root-run profiler has).
+    // SAFETY: as above; the empty path is a NUL-terminated literal.
+    let r =
+        unsafe { libc::linkat(fd, c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_EMPTY_PATH) };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 #[cfg(test)]
@@ -73,8 +180,18 @@ mod tests {
 
     fn tmpdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("rsprof-out-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    fn entries(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
     }
 
     #[test]
@@ -82,11 +199,24 @@ mod tests {
         let d = tmpdir("gz");
         let dest = d.join("p.json.gz");
         let out = PendingOutput::create(&dest).unwrap();
-        assert!(!dest.exists(), "nothing at the destination before commit");
+        assert!(out.named_tmp.is_none(), "{} supports O_TMPFILE", d.display());
+        assert_eq!(entries(&d), Vec::<String>::new(), "nothing visible before commit");
         out.commit(|w| w.write_all(b"{}")).unwrap();
         let raw = fs::read(&dest).unwrap();
         assert_eq!(&raw[..2], &[0x1f, 0x8b]);
-        assert_eq!(fs::read_dir(&d).unwrap().count(), 1, "temp file renamed away");
+        assert_eq!(entries(&d), ["p.json.gz"]);
+    }
+
+    #[test]
+    fn replaces_an_existing_file() {
+        let d = tmpdir("replace");
+        let dest = d.join("p.json");
+        fs::write(&dest, "old").unwrap();
+        let out = PendingOutput::create(&dest).unwrap();
+        assert_eq!(fs::read_to_string(&dest).unwrap(), "old", "untouched until commit");
+        out.commit(|w| w.write_all(b"new")).unwrap();
+        assert_eq!(fs::read_to_string(&dest).unwrap(), "new");
+        assert_eq!(entries(&d), ["p.json"], "no hidden name left");
     }
 
     #[test]
@@ -99,6 +229,32 @@ mod tests {
     fn dropped_output_leaves_nothing() {
         let d = tmpdir("drop");
         drop(PendingOutput::create(&d.join("p.json")).unwrap());
-        assert_eq!(fs::read_dir(&d).unwrap().count(), 0);
+        assert_eq!(entries(&d), Vec::<String>::new());
+    }
+
+    /// The fallback for filesystems without O_TMPFILE: a hidden named file, renamed on commit
+    /// and removed when dropped.
+    #[test]
+    fn named_fallback_renames_or_removes() {
+        let d = tmpdir("named");
+        let dest = d.join("p.json");
+        let (file, tmp) = create_named(&d, &dest).unwrap();
+        let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with(".p.json.") && name.ends_with(".tmp"), "{name}");
+        let out = PendingOutput {
+            dest: dest.clone(),
+            dir: d.clone(),
+            file: Some(file),
+            named_tmp: Some(tmp.clone()),
+        };
+        assert_eq!(entries(&d), [name.as_str()]);
+        out.commit(|w| w.write_all(b"{}")).unwrap();
+        assert_eq!(entries(&d), ["p.json"]);
+        assert_eq!(fs::read_to_string(&dest).unwrap(), "{}");
+
+        let (file, tmp) = create_named(&d, &dest).unwrap();
+        assert_ne!(tmp.file_name().unwrap().to_string_lossy(), name, "a fresh name each time");
+        drop(PendingOutput { dest, dir: d.clone(), file: Some(file), named_tmp: Some(tmp) });
+        assert_eq!(entries(&d), ["p.json"]);
     }
 }
