@@ -167,6 +167,8 @@ pub struct Marker<'v> {
     pub start: Option<f64>,
     pub end: Option<f64>,
     pub phase: u64,
+    /// Index into `meta.categories`.
+    pub category: u64,
     pub data: &'v Value,
 }
 
@@ -177,6 +179,7 @@ pub fn markers(thread: &Value) -> Vec<Marker<'_>> {
     let ends = column(thread, "markers", "endTime");
     let phases = column(thread, "markers", "phase");
     let data = column(thread, "markers", "data");
+    let categories = column(thread, "markers", "category");
     (0..names.len())
         .map(|i| Marker {
             name: names[i]
@@ -186,9 +189,16 @@ pub fn markers(thread: &Value) -> Vec<Marker<'_>> {
             start: starts[i].as_f64(),
             end: ends[i].as_f64(),
             phase: phases[i].as_u64().unwrap_or(u64::MAX),
+            category: categories[i].as_u64().unwrap_or(u64::MAX),
             data: data[i],
         })
         .collect()
+}
+
+/// (name, colour) of category `index` of the profile.
+pub fn category(profile: &Value, index: u64) -> (&str, &str) {
+    let c = &profile["meta"]["categories"][index as usize];
+    (c["name"].as_str().unwrap_or("<none>"), c["color"].as_str().unwrap_or("<none>"))
 }
 
 /// Name of the category of every frame of `function` (module ignored).

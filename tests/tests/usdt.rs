@@ -16,8 +16,8 @@ use tests::{
     gecko_schema::validate,
     harness::{Background, Recording, command, output_path, run},
     profile_query::{
-        Marker, contains_path, frame_categories, function_name, markers, sample_stacks, threads,
-        threads_of_pid,
+        Marker, category, contains_path, frame_categories, function_name, markers, sample_stacks,
+        threads, threads_of_pid,
     },
 };
 
@@ -247,6 +247,15 @@ fn check_markers(r: &Recorded, n: usize) {
     }
     assert!(r.stderr.contains(&format!("markers: {} instant, {n} intervals, {n} counter values; incomplete: 0 never ended, 0 ended without a begin", 2 * n)), "{}", r.stderr);
     assert_eq!(r.of("rsprof:marker").len(), 2 * n);
+    // USDT markers stand out in the Marker Chart: their own category, a colour nothing else in
+    // the profile's category list uses.
+    for m in on_main.iter().chain(&on_worker).filter(|m| m.data["type"] != "ContainerIdentity") {
+        assert_eq!(category(&r.profile, m.category).0, "USDT", "{m:?}");
+    }
+    let usdt_colour = category(&r.profile, on_worker[0].category).1;
+    let cats = r.profile["meta"]["categories"].as_array().unwrap();
+    let same = cats.iter().filter(|c| c["color"] == usdt_colour).count();
+    assert_eq!(same, 1, "the USDT colour {usdt_colour} is its own: {cats:?}");
 }
 
 #[test]
