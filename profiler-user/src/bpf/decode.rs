@@ -97,25 +97,25 @@ pub struct TaskEvent {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
+pub enum KernelEvent {
     Sample(Sample),
     Task(TaskEvent),
     Usdt(RawUsdtHit),
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum DecodeError {
+pub enum RecordError {
     Short { kind: u32, len: usize },
     UnknownKind(u32),
 }
 
-impl std::fmt::Display for DecodeError {
+impl std::fmt::Display for RecordError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DecodeError::Short { kind, len } => {
+            RecordError::Short { kind, len } => {
                 write!(f, "record kind {kind} too short ({len} bytes)")
             }
-            DecodeError::UnknownKind(k) => write!(f, "unknown record kind {k}"),
+            RecordError::UnknownKind(k) => write!(f, "unknown record kind {k}"),
         }
     }
 }
@@ -142,12 +142,12 @@ fn header(b: &[u8]) -> (u32, u32, u64, u32, u32) {
     (u32_at(b, 0), u32_at(b, 4), u64_at(b, 8), u32_at(b, 16), u32_at(b, 20))
 }
 
-pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
+pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
     if b.len() < HDR {
-        return Err(DecodeError::Short { kind: 0, len: b.len() });
+        return Err(RecordError::Short { kind: 0, len: b.len() });
     }
     let (kind, cpu, time_ns, pid, tid) = header(b);
-    let short = DecodeError::Short { kind, len: b.len() };
+    let short = RecordError::Short { kind, len: b.len() };
     match kind {
         EVENT_SAMPLE => {
             if b.len() < SAMPLE_RECORD_FIXED {
@@ -166,7 +166,7 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 return Err(short);
             }
             let frame = |i: usize| u64_at(b, SAMPLE_RECORD_FIXED + i * 8);
-            Ok(Event::Sample(Sample {
+            Ok(KernelEvent::Sample(Sample {
                 time: MonoNs(time_ns),
                 cpu,
                 pid: Pid(pid),
@@ -210,7 +210,7 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 }
                 _ => TaskKind::Exit,
             };
-            Ok(Event::Task(TaskEvent {
+            Ok(KernelEvent::Task(TaskEvent {
                 time: MonoNs(time_ns),
                 pid: Pid(pid),
                 tid: Tid(tid),
@@ -241,7 +241,7 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 let ob = o + std::mem::offset_of!(UsdtString, bytes);
                 strs.push(RawUsdtStr { flags, bytes: b[ob..ob + len].to_vec() });
             }
-            Ok(Event::Usdt(RawUsdtHit {
+            Ok(KernelEvent::Usdt(RawUsdtHit {
                 time_ns,
                 cpu,
                 pid: Pid(pid),
@@ -253,7 +253,7 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 strs,
             }))
         }
-        k => Err(DecodeError::UnknownKind(k)),
+        k => Err(RecordError::UnknownKind(k)),
     }
 }
 
@@ -292,7 +292,7 @@ mod tests {
         let (l1, l2) = (label_entry(0x7000, 2), label_entry(0x8000, 3));
         r.frames[..7].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403, l1, l2]);
         let b = bytes_of(&r, SAMPLE_RECORD_FIXED + 7 * 8);
-        let Event::Sample(s) = decode(&b).unwrap() else { panic!() };
+        let KernelEvent::Sample(s) = decode(&b).unwrap() else { panic!() };
         assert_eq!((s.pid, s.tid, s.cpu, s.time), (Pid(10), Tid(11), 1, MonoNs(42)));
         assert_eq!(s.thread(), ThreadKey::Task { pid: Pid(10), tid: Tid(11) });
         assert_eq!(s.comm, "worker");
@@ -301,7 +301,7 @@ mod tests {
         let l = |addr, depth| LabelRef { addr, depth };
         assert_eq!(s.labels, vec![l(0x7000, 2), l(0x8000, 3)]);
         // A record cut before its frames is rejected.
-        assert!(matches!(decode(&b[..b.len() - 1]), Err(DecodeError::Short { .. })));
+        assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
     }
 
     #[test]
@@ -317,7 +317,7 @@ mod tests {
         };
         t.cmdline[..8].copy_from_slice(b"ls\0-l\0/\0");
         let b = bytes_of(&t, TASK_RECORD_FIXED + 8);
-        let Event::Task(e) = decode(&b).unwrap() else { panic!() };
+        let KernelEvent::Task(e) = decode(&b).unwrap() else { panic!() };
         assert_eq!(
             e.kind,
             TaskKind::Exec { argv: vec!["ls".into(), "-l".into(), "/".into()], truncated: false }
@@ -341,7 +341,7 @@ mod tests {
         r.strs[0].bytes[..3].copy_from_slice(b"hi\0");
         r.strs[1].flags = profiler_common::USDT_STR_IS_NULL;
         let full = bytes_of(&r, size_of::<UsdtRecord>());
-        let Event::Usdt(h) = decode(&full).unwrap() else { panic!() };
+        let KernelEvent::Usdt(h) = decode(&full).unwrap() else { panic!() };
         assert_eq!((h.pid, h.tid, h.probe_id, h.spec_id), (Pid(5), Tid(6), 3, 4));
         assert_eq!(h.args, vec![0x1000, 0]);
         assert_eq!(h.strs[0], RawUsdtStr { flags: 0, bytes: b"hi".to_vec() });
@@ -353,7 +353,7 @@ mod tests {
         assert!(decode(&bad).is_err());
         let mut long = full.clone();
         long[USDT_RECORD_FIXED..USDT_RECORD_FIXED + 2].copy_from_slice(&u16::MAX.to_ne_bytes());
-        let Event::Usdt(h) = decode(&long).unwrap() else { panic!() };
+        let KernelEvent::Usdt(h) = decode(&long).unwrap() else { panic!() };
         assert_eq!(h.strs[0].bytes.len(), USDT_STR_MAX - 1);
     }
 
@@ -362,6 +362,6 @@ mod tests {
         assert!(decode(&[1, 2, 3]).is_err());
         let mut b = vec![0u8; 64];
         b[0] = 77;
-        assert_eq!(decode(&b), Err(DecodeError::UnknownKind(77)));
+        assert_eq!(decode(&b), Err(RecordError::UnknownKind(77)));
     }
 }

@@ -3,7 +3,7 @@
 //! mappings; what other parts must act on goes to the `outbox`.
 
 use crate::{
-    bpf::decode::{self, DecodeError, Event, Sample, TaskEvent, TaskKind},
+    bpf::decode::{self, KernelEvent, RecordError, Sample, TaskEvent, TaskKind},
     collect::{
         modules::ModuleTable,
         outbox::Outbox,
@@ -64,7 +64,7 @@ impl<S: SampleSink> Collector<S> {
     }
 
     /// Handles one raw ring-buffer record; a record that does not decode is counted.
-    pub fn handle_record(&mut self, bytes: &[u8]) -> Result<(), DecodeError> {
+    pub fn handle_record(&mut self, bytes: &[u8]) -> Result<(), RecordError> {
         match decode::decode(bytes) {
             Ok(ev) => {
                 self.handle(ev);
@@ -77,11 +77,11 @@ impl<S: SampleSink> Collector<S> {
         }
     }
 
-    pub fn handle(&mut self, ev: Event) {
+    pub fn handle(&mut self, ev: KernelEvent) {
         match ev {
-            Event::Sample(s) => self.on_sample(s),
-            Event::Task(t) => self.on_task(t),
-            Event::Usdt(u) => self.outbox.usdt_hit(u),
+            KernelEvent::Sample(s) => self.on_sample(s),
+            KernelEvent::Task(t) => self.on_task(t),
+            KernelEvent::Usdt(u) => self.outbox.usdt_hit(u),
         }
     }
 

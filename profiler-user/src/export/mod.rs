@@ -22,7 +22,7 @@ use crate::{
     },
     store::{
         ChunkedStore,
-        codec::{Event, MarkerField, StoredMarker},
+        codec::{MarkerField, StoredEvent, StoredMarker},
         snapshot::{StoreSnapshot, read_events},
     },
     symbolize::{ModuleSource, SymbolizeErrors, Symbols, module_sources, name_labels, symbolize},
@@ -190,7 +190,7 @@ fn replay(
     read_events(
         snap,
         |ev| match ev {
-            Event::Sample(key, s) => {
+            StoredEvent::Sample(key, s) => {
                 let s = Sample {
                     time: MonoNs(s.time_ns),
                     cpu_delta_ns: s.cpu_delta_ns,
@@ -198,7 +198,7 @@ fn replay(
                 };
                 sinks.iter_mut().for_each(|w| w.sample(key, &s));
             }
-            Event::Marker(key, m) => {
+            StoredEvent::Marker(key, m) => {
                 let m = resolve_marker(snap, &m);
                 sinks.iter_mut().for_each(|w| w.marker(key, &m));
             }

@@ -48,22 +48,22 @@ impl StoredMarker {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
+pub enum StoredEvent {
     Sample(ThreadKey, StoredSample),
     Marker(ThreadKey, StoredMarker),
 }
 
-impl Event {
+impl StoredEvent {
     pub fn thread(&self) -> ThreadKey {
         match self {
-            Event::Sample(t, _) | Event::Marker(t, _) => *t,
+            StoredEvent::Sample(t, _) | StoredEvent::Marker(t, _) => *t,
         }
     }
 
     pub fn time_ns(&self) -> u64 {
         match self {
-            Event::Sample(_, s) => s.time_ns,
-            Event::Marker(_, m) => m.time_ns(),
+            StoredEvent::Sample(_, s) => s.time_ns,
+            StoredEvent::Marker(_, m) => m.time_ns(),
         }
     }
 }
@@ -76,7 +76,7 @@ const FIELD_UINT: u8 = 2;
 const FIELD_ABSENT: u8 = 3;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DecodeError {
+pub enum BlockError {
     UnknownKind(u8),
     /// A varint or field runs off the end of the block, or a value is out of range.
     Malformed(&'static str),
@@ -84,7 +84,7 @@ pub enum DecodeError {
     TrailingBytes(usize),
 }
 
-impl std::fmt::Display for DecodeError {
+impl std::fmt::Display for BlockError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::UnknownKind(k) => write!(f, "unknown block kind {k}"),
@@ -94,7 +94,7 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-impl std::error::Error for DecodeError {}
+impl std::error::Error for BlockError {}
 
 fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
@@ -157,17 +157,17 @@ fn phase_code(p: MarkerPhase) -> u8 {
 }
 
 /// Appends the encoding of `ev` to `out` (cleared first).
-pub fn encode(ev: &Event, times: &mut ChunkTimes, out: &mut Vec<u8>) {
+pub fn encode(ev: &StoredEvent, times: &mut ChunkTimes, out: &mut Vec<u8>) {
     out.clear();
     match ev {
-        Event::Sample(t, s) => {
+        StoredEvent::Sample(t, s) => {
             out.push(KIND_SAMPLE);
             put_thread(out, *t);
             put(out, times.delta(*t, s.time_ns));
             put(out, s.cpu_delta_ns);
             put(out, s.stack.map_or(0, |id| id.0 as u64 + 1));
         }
-        Event::Marker(t, m) => {
+        StoredEvent::Marker(t, m) => {
             out.push(KIND_MARKER);
             put_thread(out, *t);
             out.push(phase_code(m.phase));
@@ -206,25 +206,25 @@ pub fn encode(ev: &Event, times: &mut ChunkTimes, out: &mut Vec<u8>) {
 struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
-    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
-        leb128::read::unsigned(&mut self.0).map_err(|_| DecodeError::Malformed(what))
+    fn u64(&mut self, what: &'static str) -> Result<u64, BlockError> {
+        leb128::read::unsigned(&mut self.0).map_err(|_| BlockError::Malformed(what))
     }
 
-    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
-        u32::try_from(self.u64(what)?).map_err(|_| DecodeError::Malformed(what))
+    fn u32(&mut self, what: &'static str) -> Result<u32, BlockError> {
+        u32::try_from(self.u64(what)?).map_err(|_| BlockError::Malformed(what))
     }
 
-    fn byte(&mut self, what: &'static str) -> Result<u8, DecodeError> {
-        let (&b, rest) = self.0.split_first().ok_or(DecodeError::Malformed(what))?;
+    fn byte(&mut self, what: &'static str) -> Result<u8, BlockError> {
+        let (&b, rest) = self.0.split_first().ok_or(BlockError::Malformed(what))?;
         self.0 = rest;
         Ok(b)
     }
 
-    fn thread(&mut self) -> Result<ThreadKey, DecodeError> {
+    fn thread(&mut self) -> Result<ThreadKey, BlockError> {
         let tid = self.u32("tid")?;
         let pid = match self.u64("pid")? {
             0 => tid,
-            p => u32::try_from(p - 1).map_err(|_| DecodeError::Malformed("pid"))?,
+            p => u32::try_from(p - 1).map_err(|_| BlockError::Malformed("pid"))?,
         };
         Ok(if pid == 0 {
             ThreadKey::Idle { cpu: tid }
@@ -234,7 +234,7 @@ impl Reader<'_> {
     }
 }
 
-pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<Event, DecodeError> {
+pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<StoredEvent, BlockError> {
     let mut r = Reader(block);
     let ev = match r.byte("kind")? {
         KIND_SAMPLE => {
@@ -242,15 +242,15 @@ pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<Event, DecodeError
             let time_ns = times.undelta(t, r.u64("time")?);
             let cpu_delta_ns = r.u64("cpu delta")?;
             let stack = r.u32("stack")?.checked_sub(1).map(StackId);
-            Event::Sample(t, StoredSample { time_ns, cpu_delta_ns, stack })
+            StoredEvent::Sample(t, StoredSample { time_ns, cpu_delta_ns, stack })
         }
         KIND_MARKER => {
             let t = r.thread()?;
             let phase =
-                *PHASES.get(r.byte("phase")? as usize).ok_or(DecodeError::Malformed("phase"))?;
+                *PHASES.get(r.byte("phase")? as usize).ok_or(BlockError::Malformed("phase"))?;
             let time = times.undelta(t, r.u64("time")?);
             let end_ns = if phase == MarkerPhase::Interval {
-                time.checked_add(r.u64("duration")?).ok_or(DecodeError::Malformed("duration"))?
+                time.checked_add(r.u64("duration")?).ok_or(BlockError::Malformed("duration"))?
             } else {
                 time
             };
@@ -259,7 +259,7 @@ pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<Event, DecodeError
             let n = r.u64("field count")?;
             // Each field takes at least two bytes: refuse counts the block cannot hold.
             if n > r.0.len() as u64 / 2 {
-                return Err(DecodeError::Malformed("field count"));
+                return Err(BlockError::Malformed("field count"));
             }
             let mut fields = Vec::with_capacity(n as usize);
             for _ in 0..n {
@@ -271,15 +271,18 @@ pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<Event, DecodeError
                         r.u64("absent field")?;
                         MarkerField::Absent
                     }
-                    _ => return Err(DecodeError::Malformed("field tag")),
+                    _ => return Err(BlockError::Malformed("field tag")),
                 });
             }
-            Event::Marker(t, StoredMarker { phase, start_ns: time, end_ns, name, schema, fields })
+            StoredEvent::Marker(
+                t,
+                StoredMarker { phase, start_ns: time, end_ns, name, schema, fields },
+            )
         }
-        k => return Err(DecodeError::UnknownKind(k)),
+        k => return Err(BlockError::UnknownKind(k)),
     };
     if !r.0.is_empty() {
-        return Err(DecodeError::TrailingBytes(r.0.len()));
+        return Err(BlockError::TrailingBytes(r.0.len()));
     }
     Ok(ev)
 }
@@ -295,15 +298,15 @@ mod tests {
     #[test]
     fn events_round_trip_with_per_thread_deltas() {
         let evs = vec![
-            Event::Sample(
+            StoredEvent::Sample(
                 key(10, 10),
                 StoredSample { time_ns: 1_000, cpu_delta_ns: 0, stack: None },
             ),
-            Event::Sample(
+            StoredEvent::Sample(
                 key(10, 11),
                 StoredSample { time_ns: 900, cpu_delta_ns: 5, stack: Some(StackId(0)) },
             ),
-            Event::Marker(
+            StoredEvent::Marker(
                 key(10, 10),
                 StoredMarker {
                     phase: MarkerPhase::Interval,
@@ -319,7 +322,7 @@ mod tests {
                     ],
                 },
             ),
-            Event::Sample(
+            StoredEvent::Sample(
                 key(10, 10),
                 StoredSample {
                     time_ns: 2_000_000,
@@ -335,7 +338,7 @@ mod tests {
             assert_eq!(&decode(&buf, &mut dec).unwrap(), ev);
         }
         // A typical sample: kind 1, tid 2 + pid 1, ~1 ms delta 3, ~1 ms cpu 3, stack id 3 bytes.
-        let typical = Event::Sample(
+        let typical = StoredEvent::Sample(
             key(4000, 4000),
             StoredSample {
                 time_ns: 2_000_000,
@@ -350,12 +353,12 @@ mod tests {
     #[test]
     fn malformed_blocks_are_errors() {
         let mut t = ChunkTimes::new(0);
-        assert_eq!(decode(&[], &mut t), Err(DecodeError::Malformed("kind")));
-        assert_eq!(decode(&[9], &mut t), Err(DecodeError::UnknownKind(9)));
+        assert_eq!(decode(&[], &mut t), Err(BlockError::Malformed("kind")));
+        assert_eq!(decode(&[9], &mut t), Err(BlockError::UnknownKind(9)));
         assert!(decode(&[KIND_SAMPLE, 0x80], &mut t).is_err());
         assert_eq!(
             decode(&[KIND_SAMPLE, 1, 0, 0, 0, 0, 7], &mut t),
-            Err(DecodeError::TrailingBytes(1))
+            Err(BlockError::TrailingBytes(1))
         );
         assert!(decode(&[KIND_MARKER, 1, 0, 0, 0, 0, 0, 0x7f], &mut t).is_err());
     }

@@ -25,7 +25,7 @@ use crate::{
     },
     store::{
         chunks::{ChunkedBuffer, PushError, RecycledChunk},
-        codec::{ChunkTimes, Event, MarkerField, StoredMarker, StoredSample},
+        codec::{ChunkTimes, MarkerField, StoredEvent, StoredMarker, StoredSample},
         intern::PrunableInterner,
         snapshot::StoreSnapshot,
     },
@@ -131,7 +131,7 @@ impl ChunkedStore {
         }
     }
 
-    fn push(&mut self, ev: Event) {
+    fn push(&mut self, ev: StoredEvent) {
         let time = ev.time_ns();
         codec::encode(&ev, &mut self.times, &mut self.scratch);
         match self.buffer.push(&self.scratch, time) {
@@ -168,17 +168,17 @@ impl ChunkedStore {
         }
     }
 
-    fn touch(&mut self, ev: &Event) {
+    fn touch(&mut self, ev: &StoredEvent) {
         let g = self.generation();
         match ev {
-            Event::Sample(_, s) => {
+            StoredEvent::Sample(_, s) => {
                 let mut cur = s.stack;
                 while let Some(id) = cur {
                     self.stacks.touch(id.0, g);
                     cur = self.stacks.get(id.0).and_then(|n| n.0);
                 }
             }
-            Event::Marker(_, m) => {
+            StoredEvent::Marker(_, m) => {
                 self.strings.touch(m.name.0, g);
                 self.strings.touch(m.schema.0, g);
                 for f in &m.fields {
@@ -220,12 +220,12 @@ impl SampleSink for ChunkedStore {
 
     fn push_sample(&mut self, thread: ThreadKey, sample: StoredSample) {
         self.stats.samples += 1;
-        self.push(Event::Sample(thread, sample));
+        self.push(StoredEvent::Sample(thread, sample));
     }
 
     fn push_marker(&mut self, thread: ThreadKey, marker: StoredMarker) {
         self.stats.markers += 1;
-        self.push(Event::Marker(thread, marker));
+        self.push(StoredEvent::Marker(thread, marker));
     }
 
     fn take_released_pids(&mut self) -> Vec<Pid> {
@@ -263,7 +263,7 @@ mod tests {
         v
     }
 
-    fn events_of(s: &ChunkedStore) -> Vec<Event> {
+    fn events_of(s: &ChunkedStore) -> Vec<StoredEvent> {
         let mut v = vec![];
         read_events(&s.snapshot(), |e| v.push(e), |e| panic!("{e}"));
         v
@@ -319,7 +319,7 @@ mod tests {
         assert!(snap.recycled.first_time_ns == Some(0) && snap.recycled.last_time_ns < oldest);
         // Every referenced stack is alive; dead ones are gone.
         for e in &evs {
-            let Event::Sample(_, smp) = e else { panic!() };
+            let StoredEvent::Sample(_, smp) = e else { panic!() };
             let mut cur = smp.stack;
             while let Some(id) = cur {
                 cur = snap.stack(id).expect("live sample references a pruned stack").0;
@@ -348,7 +348,7 @@ mod tests {
         assert!(s.stats.table_pressure_recycles > 0);
         let snap = s.snapshot();
         for e in events_of(&s) {
-            let Event::Sample(_, smp) = e else { panic!() };
+            let StoredEvent::Sample(_, smp) = e else { panic!() };
             assert!(snap.stack(smp.stack.unwrap()).is_some());
         }
     }
@@ -438,7 +438,7 @@ mod tests {
                 snap,
                 |ev| {
                     out.push(match ev {
-                        Event::Sample(t, smp) => {
+                        StoredEvent::Sample(t, smp) => {
                             let mut frames = vec![];
                             let mut cur = smp.stack;
                             while let Some(id) = cur {
@@ -458,7 +458,7 @@ mod tests {
                                 frames,
                             }
                         }
-                        Event::Marker(t, m) => {
+                        StoredEvent::Marker(t, m) => {
                             let [MarkerField::Str(text), MarkerField::Int(n)] = m.fields[..] else {
                                 panic!()
                             };

@@ -11,7 +11,7 @@ use crate::{
     store::{
         StackNode, StoreStats,
         chunks::ChunkView,
-        codec::{self, ChunkTimes, Event},
+        codec::{self, ChunkTimes, StoredEvent},
     },
 };
 
@@ -62,7 +62,7 @@ impl StoreSnapshot {
 /// reported through `on_error` and skipped; the rest is still read.
 pub fn read_events(
     snap: &StoreSnapshot,
-    mut on_event: impl FnMut(Event),
+    mut on_event: impl FnMut(StoredEvent),
     mut on_error: impl FnMut(String),
 ) {
     for (i, bytes) in snap.chunks.iter().enumerate() {

@@ -502,7 +502,7 @@ pub fn schemas(reg: &ProbeRegistry) -> Vec<MarkerSchema> {
 mod tests {
     use super::*;
     use crate::{
-        store::codec::Event,
+        store::codec::StoredEvent,
         store::{ChunkedStore, snapshot::read_events},
         usdt::{ProbeId, SiteInfo, UsdtString},
     };
@@ -561,7 +561,7 @@ mod tests {
         read_events(
             &snap,
             |ev| {
-                let Event::Marker(key, m) = ev else { return };
+                let StoredEvent::Marker(key, m) = ev else { return };
                 let text = |id| snap.string(id).unwrap().to_owned();
                 let fields = m
                     .fields
@@ -686,7 +686,7 @@ mod tests {
         read_events(
             &snap,
             |ev| {
-                if let Event::Marker(_, m) = ev {
+                if let StoredEvent::Marker(_, m) = ev {
                     phases.push(m.phase)
                 }
             },
