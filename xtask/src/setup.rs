@@ -11,15 +11,17 @@ use crate::{is_root, run_cmd, step};
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages: gcc builds the test fixtures, linux-perf is the benchmark's reference
-/// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures.
+/// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures; with them, those
+/// Go's pprof (the tests' pprof reader) is built from, `tests::go_pprof::DEBIAN_PACKAGES`.
 pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
 
 pub fn setup() -> anyhow::Result<()> {
-    step("setup: toolchains, bpf-linker, system packages, profiler-cli");
+    step("setup: toolchains, bpf-linker, system packages, profiler-cli, Go's pprof");
     rust_nightly()?;
     bpf_linker()?;
     debian_packages()?;
     profiler_cli()?;
+    go_pprof()?;
     environment_checks();
     println!("setup: done");
     Ok(())
@@ -130,16 +132,17 @@ fn package_installed(pkg: &str) -> bool {
 }
 
 fn debian_packages() -> anyhow::Result<()> {
+    let all: Vec<&str> =
+        DEBIAN_PACKAGES.iter().chain(tests::go_pprof::DEBIAN_PACKAGES).copied().collect();
     if Command::new("dpkg-query").arg("--version").output().is_err() {
         println!(
             "warning: dpkg-query not found (not Debian?); make sure these are installed: {}",
-            DEBIAN_PACKAGES.join(" ")
+            all.join(" ")
         );
         return Ok(());
     }
-    let missing: Vec<&str> =
-        DEBIAN_PACKAGES.iter().copied().filter(|p| !package_installed(p)).collect();
-    for pkg in DEBIAN_PACKAGES.iter().filter(|p| !missing.contains(p)) {
+    let missing: Vec<&str> = all.iter().copied().filter(|p| !package_installed(p)).collect();
+    for pkg in all.iter().filter(|p| !missing.contains(p)) {
         println!("package {pkg}: already installed");
     }
     if missing.is_empty() {
@@ -218,6 +221,51 @@ fn profiler_cli() -> anyhow::Result<()> {
         }
         other => bail!("npm install finished but {} holds {other:?}", dir.display()),
     }
+}
+
+/// Version of an installed Debian package.
+fn package_version(pkg: &str) -> Option<String> {
+    stdout_of(Command::new("dpkg-query").args(["-W", "-f=${Version}", pkg]))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// Go's pprof, built offline (GOPATH mode, no module downloads) from the Debian package's
+/// sources into `<target dir>/pprof`; rebuilt only when that package's version changed.
+fn go_pprof() -> anyhow::Result<()> {
+    use tests::go_pprof::{GOPATH, IMPORT_PATH, SOURCE_PACKAGE, binary, built_version, stamp};
+    let Some(version) = package_version(SOURCE_PACKAGE) else {
+        bail!("{SOURCE_PACKAGE} is not installed (it is in the packages setup installs)");
+    };
+    let bin = binary();
+    match built_version() {
+        Some(v) if v == version => {
+            println!("pprof ({SOURCE_PACKAGE} {v}): already built at {}", bin.display());
+            return Ok(());
+        }
+        Some(v) => println!("pprof: built from {v}, package is {version}; rebuilding"),
+        None => {
+            println!("pprof: missing, building {} from {SOURCE_PACKAGE} {version}", bin.display())
+        }
+    }
+    let dir = bin.parent().context("target dir")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(".pprof.{}.tmp", std::process::id()));
+    run_cmd(
+        Command::new("go")
+            .args(["build", "-o"])
+            .arg(&tmp)
+            .arg(IMPORT_PATH)
+            .env("GOPATH", GOPATH)
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOCACHE", dir.join("go-cache"))
+            .env("GOPROXY", "off"),
+    )?;
+    std::fs::rename(&tmp, &bin).with_context(|| format!("renaming {}", tmp.display()))?;
+    std::fs::write(stamp(), format!("{version}\n"))?;
+    println!("pprof ({SOURCE_PACKAGE} {version}): built");
+    Ok(())
 }
 
 /// Warnings only: the suite needs them, building does not.

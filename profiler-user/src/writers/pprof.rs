@@ -4,9 +4,10 @@
 //! Samples are aggregated per (thread, stack): each gets two values, `samples`/`count` and
 //! `cpu`/`nanoseconds` (the CPU time the thread used since its previous sample, or the sampling
 //! period when that is unknown), and labels saying whose it is: `pid`, `tid` (numbers),
-//! `process`, `thread` (strings), `container_runtime`/`container_id` or `service` when known,
-//! and `cpu` for the idle tasks, which are kept as process `[idle]`, threads `swapper/N` so they
-//! can be filtered out (`-tagignore process=\[idle\]`). A location is one stored stack node:
+//! `process`, `thread` (strings), `container_runtime`/`container_id` or `service` when known.
+//! The idle tasks are kept as process `[idle]`, threads `swapper/N`, with a `cpu` string label
+//! and no pid/tid (0, which readers take for no label), so they can be filtered out
+//! (`-tagignore 'process=\[idle\]'`). A location is one stored stack node:
 //! its frames are its lines, the innermost inlined function first. Every module, including the
 //! kernel and `rsprof label` (label frames), is a mapping marked as already symbolized.
 //! Markers have no pprof equivalent and are left out.
@@ -171,21 +172,18 @@ impl<'a> Builder<'a> {
     fn labels(&mut self, ctx: &ProfileContext, thread: ThreadKey) -> Vec<proto::Label> {
         let (process, thread_name) = display_names(ctx.processes, thread);
         let mut out = Vec::new();
-        let mut num = |s: &mut Strings, key: &str, v: u32| {
-            out.push(proto::Label { key: s.id(key), num: v.into(), ..Default::default() })
-        };
+        let mut strs = vec![("process", process), ("thread", thread_name)];
         match thread {
-            ThreadKey::Idle { cpu } => {
-                num(&mut self.strings, "pid", 0);
-                num(&mut self.strings, "tid", 0);
-                num(&mut self.strings, "cpu", cpu);
-            }
+            // Readers take a numeric label of 0 without unit for no label (Go's pprof drops
+            // it), so the idle tasks (pid 0, tid 0) get no pid/tid and their CPU as a string.
+            ThreadKey::Idle { cpu } => strs.push(("cpu", cpu.to_string())),
             ThreadKey::Task { pid, tid } => {
-                num(&mut self.strings, "pid", pid.0);
-                num(&mut self.strings, "tid", tid.0);
+                for (key, v) in [("pid", pid.0), ("tid", tid.0)] {
+                    let key = self.strings.id(key);
+                    out.push(proto::Label { key, num: v.into(), ..Default::default() });
+                }
             }
         }
-        let mut strs = vec![("process", process), ("thread", thread_name)];
         let container = thread.pid().and_then(|p| ctx.processes.get(&p)?.container.as_ref());
         if let Some(c) = container {
             if c.is_container() {
@@ -411,7 +409,7 @@ mod tests {
         assert_eq!(empty.len(), 2);
         let idle = empty.iter().find(|s| r.str_label(s, "process") == Some("[idle]")).unwrap();
         assert_eq!(r.str_label(idle, "thread"), Some("swapper/1"));
-        assert_eq!((r.num_label(idle, "pid"), r.num_label(idle, "cpu")), (Some(0), Some(1)));
+        assert_eq!((r.num_label(idle, "pid"), r.str_label(idle, "cpu")), (None, Some("1")));
         let other = empty.iter().find(|s| r.num_label(s, "pid") == Some(7)).unwrap();
         assert_eq!(
             (r.str_label(other, "process"), r.str_label(other, "thread")),
