@@ -14,7 +14,7 @@ use std::{
 };
 
 use profiler_user::{
-    export::write_gecko,
+    export::write_profile,
     model::{
         address::FrameAddr,
         ids::{ModuleId, Pid, ThreadKey, Tid},
@@ -23,6 +23,7 @@ use profiler_user::{
         time::MonoNs,
     },
     store::{ChunkedStore, SampleSink, codec::StoredSample},
+    writers::Format,
 };
 
 /// xorshift64*: deterministic and dependency-free.
@@ -184,10 +185,19 @@ fn main() {
     let gz = flate2::write::GzEncoder::new(io::BufWriter::new(file), flate2::Compression::fast());
     let mut counting = Counting(gz, 0);
     let t1 = Instant::now();
-    let stats =
-        write_gecko(&snap, &procs, &symbols, &info, &[], &[], (threads[0], &note), &mut counting)
-            .expect("write")
-            .0;
+    let stats = write_profile(
+        Format::Gecko,
+        &snap,
+        &procs,
+        &symbols,
+        &info,
+        &[],
+        &[],
+        (threads[0], &note),
+        &mut counting,
+    )
+    .expect("write")
+    .0;
     let json_bytes = counting.1;
     counting.0.finish().expect("gzip").flush().expect("flush");
     let write_s = t1.elapsed().as_secs_f64();

@@ -5,7 +5,7 @@
 //!   -> collect (process table, mappings, stack normalization)
 //!   -> store (bounded chunks of encoded events, tables pruned with their chunks)
 //!   -> export (snapshot -> symbolize -> model)
-//!   -> writers (gecko | summary) -> export::output (atomic file)
+//!   -> writers (gecko | pprof | collapsed, and summary) -> export::output (atomic file)
 //! ```
 //!
 //! `model` is the writer-neutral vocabulary every stage shares (ids, frames, stacks, process

@@ -1,7 +1,7 @@
 //! Developer tasks for rsprof-bpf, run as `cargo xtask <command>`.
 //!
 //! * `setup`  installs what building and testing need (nightly + rust-src, bpf-linker, Debian
-//!   packages, the Firefox Profiler's CLI), idempotently.
+//!   packages, the Firefox Profiler's CLI, Go's pprof built from Debian's sources), idempotently.
 //! * `build`  setup (what building needs), then builds the release profiler
 //!   (`target/release/rsprof-bpf`).
 //! * `run`    setup, build, then runs the profiler with the given arguments (as root).

@@ -11,19 +11,22 @@ use crate::{is_root, run_cmd, step};
 pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages: gcc builds the test fixtures, linux-perf is the benchmark's reference
-/// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures.
+/// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures. `setup` (for the tests)
+/// adds those Go's pprof is built from (`tests::go_pprof::DEBIAN_PACKAGES`).
 pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
 
 /// `cargo xtask setup`: every check on its own line.
 pub fn setup() -> anyhow::Result<()> {
-    step("setup: toolchains, bpf-linker, system packages, profiler-cli");
+    step("setup: toolchains, bpf-linker, system packages, profiler-cli, Go's pprof");
     let mut present = Vec::new();
-    install_missing(&mut present)?;
+    // The tests also need the packages Go's pprof is built from; `build` and `run` (`ensure`)
+    // do not install them.
+    install_missing(&mut present, tests::go_pprof::DEBIAN_PACKAGES)?;
     for what in &present {
         println!("{what}: already installed");
     }
-    // Only the tests need it; `build` and `run` (`ensure`) do not install it.
     profiler_cli()?;
+    go_pprof()?;
     environment_checks();
     println!("setup: done");
     Ok(())
@@ -33,7 +36,7 @@ pub fn setup() -> anyhow::Result<()> {
 /// take a few tens of milliseconds), the full story only when something is installed.
 pub fn ensure() -> anyhow::Result<()> {
     let mut present = Vec::new();
-    install_missing(&mut present)?;
+    install_missing(&mut present, &[])?;
     if !present.is_empty() {
         println!("setup: already installed: {}", present.join(", "));
     }
@@ -44,10 +47,10 @@ pub fn ensure() -> anyhow::Result<()> {
 }
 
 /// Installs what is missing; names what was already there in `present`.
-fn install_missing(present: &mut Vec<String>) -> anyhow::Result<()> {
+fn install_missing(present: &mut Vec<String>, extra_packages: &[&str]) -> anyhow::Result<()> {
     rust_nightly(present)?;
     bpf_linker(present)?;
-    debian_packages(present)
+    debian_packages(present, extra_packages)
 }
 
 /// Output of a command, or None when it could not be started or failed.
@@ -154,17 +157,18 @@ fn package_installed(pkg: &str) -> bool {
         .is_some_and(|s| s.trim() == "install ok installed")
 }
 
-fn debian_packages(present: &mut Vec<String>) -> anyhow::Result<()> {
+/// `DEBIAN_PACKAGES` and `extra`, with one `apt-get update` when any is missing.
+fn debian_packages(present: &mut Vec<String>, extra: &[&str]) -> anyhow::Result<()> {
+    let all: Vec<&str> = DEBIAN_PACKAGES.iter().chain(extra).copied().collect();
     if Command::new("dpkg-query").arg("--version").output().is_err() {
         println!(
             "warning: dpkg-query not found (not Debian?); make sure these are installed: {}",
-            DEBIAN_PACKAGES.join(" ")
+            all.join(" ")
         );
         return Ok(());
     }
-    let missing: Vec<&str> =
-        DEBIAN_PACKAGES.iter().copied().filter(|p| !package_installed(p)).collect();
-    for pkg in DEBIAN_PACKAGES.iter().filter(|p| !missing.contains(p)) {
+    let missing: Vec<&str> = all.iter().copied().filter(|p| !package_installed(p)).collect();
+    for pkg in all.iter().filter(|p| !missing.contains(p)) {
         present.push(format!("package {pkg}"));
     }
     if missing.is_empty() {
@@ -248,6 +252,51 @@ fn profiler_cli() -> anyhow::Result<()> {
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 const NO_BTF: &str = "WARNING: /sys/kernel/btf/vmlinux is missing: the kernel lacks BTF \
                       (CONFIG_DEBUG_INFO_BTF); rsprof-bpf cannot run and the tests will fail";
+
+/// Version of an installed Debian package.
+fn package_version(pkg: &str) -> Option<String> {
+    stdout_of(Command::new("dpkg-query").args(["-W", "-f=${Version}", pkg]))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// Go's pprof, built offline (GOPATH mode, no module downloads) from the Debian package's
+/// sources into `<target dir>/pprof`; rebuilt only when that package's version changed.
+fn go_pprof() -> anyhow::Result<()> {
+    use tests::go_pprof::{GOPATH, IMPORT_PATH, SOURCE_PACKAGE, binary, built_version, stamp};
+    let Some(version) = package_version(SOURCE_PACKAGE) else {
+        bail!("{SOURCE_PACKAGE} is not installed (it is in the packages setup installs)");
+    };
+    let bin = binary();
+    match built_version() {
+        Some(v) if v == version => {
+            println!("pprof ({SOURCE_PACKAGE} {v}): already built at {}", bin.display());
+            return Ok(());
+        }
+        Some(v) => println!("pprof: built from {v}, package is {version}; rebuilding"),
+        None => {
+            println!("pprof: missing, building {} from {SOURCE_PACKAGE} {version}", bin.display())
+        }
+    }
+    let dir = bin.parent().context("target dir")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(".pprof.{}.tmp", std::process::id()));
+    run_cmd(
+        Command::new("go")
+            .args(["build", "-o"])
+            .arg(&tmp)
+            .arg(IMPORT_PATH)
+            .env("GOPATH", GOPATH)
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOCACHE", dir.join("go-cache"))
+            .env("GOPROXY", "off"),
+    )?;
+    std::fs::rename(&tmp, &bin).with_context(|| format!("renaming {}", tmp.display()))?;
+    std::fs::write(stamp(), format!("{version}\n"))?;
+    println!("pprof ({SOURCE_PACKAGE} {version}): built");
+    Ok(())
+}
 
 /// Warnings only: the suite needs them, building does not.
 fn environment_checks() {

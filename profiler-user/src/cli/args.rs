@@ -4,11 +4,14 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::writers::Format;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "rsprof-bpf",
     version,
-    about = "System-wide sampling profiler on eBPF; writes Firefox Profiler (Gecko) profiles",
+    about = "System-wide sampling profiler on eBPF; writes Firefox Profiler (Gecko), pprof or \
+             collapsed-stack profiles",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -71,9 +74,16 @@ pub struct RecordArgs {
     #[arg(short = 'd', long, value_name = "SECS")]
     pub duration: Option<f64>,
 
-    /// Output file; gzip-compressed when it ends in .gz.
+    /// Output file; gzip-compressed when it ends in .gz. Its name picks the format unless
+    /// --format does: .json[.gz] Gecko, .pb[.gz] or .pprof[.gz] pprof, .folded[.gz] or
+    /// .collapsed[.gz] collapsed stacks; any other name Gecko.
     #[arg(short = 'o', long, default_value = "rsprof.json.gz", value_name = "PATH")]
     pub output: PathBuf,
+
+    /// Output format: gecko (Firefox Profiler), pprof, or collapsed (flamegraph.pl / inferno
+    /// input). Default: from the output file's name.
+    #[arg(long, value_parser = parse_format, value_name = "FORMAT")]
+    pub format: Option<Format>,
 
     /// No live status line and no summary.
     #[arg(short = 'q', long)]
@@ -104,6 +114,13 @@ pub struct RecordArgs {
     /// Run this command and profile it and its children.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+fn parse_format(s: &str) -> Result<Format, String> {
+    Format::from_name(s).ok_or_else(|| {
+        let names: Vec<_> = Format::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown format '{s}' (one of: {})", names.join(", "))
+    })
 }
 
 /// Parses `123`, `64K`, `16M`, `1G` (binary units).

@@ -11,6 +11,7 @@ use crate::{
     model::ids::Pid,
     system::{cgroup::filter::Selection, host},
     usdt::{self, ProbeRequest},
+    writers::Format,
 };
 
 /// What to profile.
@@ -30,6 +31,8 @@ pub struct RecordPlan {
     pub frequency: u64,
     pub duration: Option<Duration>,
     pub output: PathBuf,
+    /// From --format, else from the output's name.
+    pub format: Format,
     pub quiet: bool,
     pub buffer_bytes: usize,
     /// A power of two.
@@ -61,6 +64,7 @@ impl RecordPlan {
         if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
             bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
         }
+        let format = output_format(&args.output, args.format)?;
         let (usdt_requests, usdt_intervals) =
             usdt::requests_from_args(&args.usdt, &args.usdt_interval)?;
         let target = if !args.command.is_empty() {
@@ -81,6 +85,7 @@ impl RecordPlan {
             frequency: args.frequency,
             duration,
             output: args.output,
+            format,
             quiet: args.quiet,
             buffer_bytes: args.buffer_size as usize,
             ring_bytes: args.ring_buffer_size.next_power_of_two() as u32,
@@ -104,6 +109,20 @@ impl RecordPlan {
             (Some(c), _) => format!("{what} in {}", c.describe()),
             (None, _) => what,
         }
+    }
+}
+
+/// `--format` if given, else what the output's name implies (Gecko for other names). A
+/// `--format` that the name contradicts is an error: the file would be misread.
+fn output_format(output: &std::path::Path, explicit: Option<Format>) -> Result<Format> {
+    match (explicit, Format::from_path(output)) {
+        (Some(f), Some((implied, ext))) if f != implied => bail!(
+            "--format {f} contradicts the output name {} ({ext} is {implied}); change the name \
+             or drop --format",
+            output.display()
+        ),
+        (Some(f), _) => Ok(f),
+        (None, implied) => Ok(implied.map_or(Format::Gecko, |(f, _)| f)),
     }
 }
 
@@ -131,6 +150,27 @@ mod tests {
         assert_eq!(p.target, Target::Pids(vec![Pid(me)]));
         let p = plan(&["--", "sleep", "1"]).unwrap();
         assert_eq!(p.describe(), "'sleep 1' and its children");
+        assert_eq!(p.format, Format::Gecko, "default output rsprof.json.gz");
+        for (args, want) in [
+            (&["-o", "x.pb.gz"][..], Format::Pprof),
+            (&["-o", "x.pprof"], Format::Pprof),
+            (&["-o", "x.folded"], Format::Collapsed),
+            (&["-o", "x.collapsed.gz"], Format::Collapsed),
+            (&["-o", "out"], Format::Gecko),
+            (&["-o", "out", "--format", "pprof"], Format::Pprof),
+            (&["-o", "x.pb", "--format", "pprof"], Format::Pprof),
+            (&["-o", "x.txt", "--format", "collapsed"], Format::Collapsed),
+        ] {
+            let mut argv = vec!["--all"];
+            argv.extend(args);
+            assert_eq!(plan(&argv).unwrap().format, want, "{args:?}");
+        }
+        let e = plan(&["--all", "--format", "pprof", "-o", "x.json.gz"]).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "--format pprof contradicts the output name x.json.gz (.json.gz is gecko); change the \
+             name or drop --format"
+        );
         for bad in [
             &["--all", "-F", "0"][..],
             &["--all", "-d=-1"],
@@ -138,6 +178,9 @@ mod tests {
             &["--all", "--buffer-size", "1K"],
             &["--all", "--usdt", "nocolon"],
             &["-p", "4294967294"],
+            &["--all", "--format", "pprof", "-o", "x.json.gz"],
+            &["--all", "--format", "gecko", "-o", "x.folded"],
+            &["--all", "--format", "collapsed", "-o", "x.pb.gz"],
         ] {
             assert!(plan(bad).is_err(), "{bad:?}");
         }

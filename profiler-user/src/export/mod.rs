@@ -27,8 +27,7 @@ use crate::{
     },
     symbolize::{ModuleSource, SymbolizeErrors, Symbols, module_sources, name_labels, symbolize},
     writers::{
-        EventSink, ProfileContext, ProfileWriter,
-        gecko::GeckoWriter,
+        EventSink, Format, ProfileContext,
         summary::{ProfileStats, SummaryCounts},
     },
 };
@@ -62,8 +61,9 @@ fn note_schema() -> MarkerSchema {
 /// What writing a profile did.
 pub struct Written {
     pub stats: ProfileStats,
-    /// Nothing was recorded: the profile holds only a note on rsprof-bpf's own thread saying
-    /// so (the Firefox Profiler refuses a profile without threads).
+    /// Nothing was recorded. A Gecko profile then holds only a note on rsprof-bpf's own
+    /// thread saying so (the Firefox Profiler refuses a profile without threads); the other
+    /// formats have no samples.
     pub nothing_recorded: bool,
     pub symbolize_errors: SymbolizeErrors,
 }
@@ -109,9 +109,14 @@ impl ExportJob {
         }
     }
 
-    /// Symbolizes and writes the profile atomically to `output`. `empty_note` says why, should
-    /// nothing have been recorded.
-    pub fn write(mut self, output: PendingOutput, empty_note: &str) -> Result<Written> {
+    /// Symbolizes and writes the profile in `format` atomically to `output`. `empty_note` says
+    /// why, should nothing have been recorded.
+    pub fn write(
+        mut self,
+        output: PendingOutput,
+        format: Format,
+        empty_note: &str,
+    ) -> Result<Written> {
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) = (self.snapshot.unique_frames())
             .into_iter()
             .partition(|a| matches!(a, FrameAddr::Label { .. }));
@@ -131,7 +136,8 @@ impl ExportJob {
             fields: vec![Some(MarkerValue::Str(empty_note.to_owned()))],
         };
         let (stats, nothing_recorded) = output.commit(|w| {
-            write_gecko(
+            write_profile(
+                format,
                 &self.snapshot,
                 &self.processes,
                 &symbols,
@@ -146,10 +152,12 @@ impl ExportJob {
     }
 }
 
-/// Writes a symbolized snapshot as a Gecko profile to `out`; returns what the summary needs,
-/// and whether nothing was recorded: then the profile holds only `empty_note`.
+/// Writes a symbolized snapshot as a `format` profile to `out` in one pass over storage;
+/// returns what the summary needs, and whether nothing was recorded: then the writer gets only
+/// `empty_note`.
 #[allow(clippy::too_many_arguments)]
-pub fn write_gecko(
+pub fn write_profile(
+    format: Format,
     snapshot: &StoreSnapshot,
     processes: &ProcessesMeta,
     symbols: &Symbols,
@@ -169,13 +177,13 @@ pub fn write_gecko(
         buffer_bytes: snapshot.buffer_bytes,
     };
     let mut summary = SummaryCounts::new(&stacks);
-    let mut gecko: Box<dyn ProfileWriter> = Box::new(GeckoWriter::new(&ctx));
-    let corrupt = replay(snapshot, open, &mut [&mut summary, &mut *gecko]);
-    let empty = gecko.is_empty();
+    let mut writer = format.writer(&ctx);
+    let corrupt = replay(snapshot, open, &mut [&mut summary, &mut *writer]);
+    let empty = writer.is_empty();
     if empty {
-        gecko.marker(empty_note.0, empty_note.1);
+        writer.marker(empty_note.0, empty_note.1);
     }
-    gecko.write(&corrupt, out)?;
+    writer.write(&corrupt, out)?;
     Ok((summary.finish(&ctx, &corrupt), empty))
 }
 
@@ -234,13 +242,15 @@ fn resolve_marker(snap: &StoreSnapshot, m: &StoredMarker) -> Marker {
     }
 }
 
-/// `profile.json.gz` → `profile.snapshot-3.json.gz` (also for `.json`; otherwise appended).
+/// `profile.json.gz` → `profile.snapshot-3.json.gz`, `p.pb.gz` → `p.snapshot-3.pb.gz` (the
+/// suffixes of [`Format::from_path`], so a snapshot's name implies the same format);
+/// otherwise appended.
 pub fn snapshot_path(output: &Path, n: u32) -> PathBuf {
     let name = output.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let new = [".json.gz", ".json"]
-        .iter()
-        .find_map(|ext| name.strip_suffix(ext).map(|stem| format!("{stem}.snapshot-{n}{ext}")))
-        .unwrap_or_else(|| format!("{name}.snapshot-{n}"));
+    let new = match Format::from_path(output) {
+        Some((_, ext)) => format!("{}.snapshot-{n}{ext}", &name[..name.len() - ext.len()]),
+        None => format!("{name}.snapshot-{n}"),
+    };
     output.with_file_name(new)
 }
 
@@ -253,5 +263,16 @@ mod tests {
         assert_eq!(snapshot_path(Path::new("a/p.json.gz"), 2), Path::new("a/p.snapshot-2.json.gz"));
         assert_eq!(snapshot_path(Path::new("p.json"), 1), Path::new("p.snapshot-1.json"));
         assert_eq!(snapshot_path(Path::new("out"), 1), Path::new("out.snapshot-1"));
+        assert_eq!(snapshot_path(Path::new("/t/x.pb.gz"), 1), Path::new("/t/x.snapshot-1.pb.gz"));
+        assert_eq!(snapshot_path(Path::new("x.pprof"), 4), Path::new("x.snapshot-4.pprof"));
+        assert_eq!(snapshot_path(Path::new("x.folded"), 1), Path::new("x.snapshot-1.folded"));
+        assert_eq!(snapshot_path(Path::new("x.gz"), 1), Path::new("x.gz.snapshot-1"));
+        for f in ["a.json.gz", "a.pb.gz", "a.pb", "a.pprof.gz", "a.collapsed", "a.folded.gz"] {
+            let snap = snapshot_path(Path::new(f), 2);
+            assert_eq!(
+                Format::from_path(&snap).map(|x| x.0),
+                Format::from_path(Path::new(f)).map(|x| x.0)
+            );
+        }
     }
 }

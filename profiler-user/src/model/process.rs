@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::{
     container::Identity,
-    ids::{LabelId, Pid, Tid},
+    ids::{LabelId, Pid, ThreadKey, Tid},
     time::MonoNs,
 };
 
@@ -56,4 +56,21 @@ pub const IDLE_PROCESS_NAME: &str = "[idle]";
 
 pub fn idle_thread_name(cpu: u32) -> String {
     format!("swapper/{cpu}")
+}
+
+/// (process name, thread name) of a thread as profiles show them: the recorded names, else
+/// the idle task's names, else the numbers.
+pub fn display_names(processes: &ProcessesMeta, thread: ThreadKey) -> (String, String) {
+    match thread {
+        ThreadKey::Idle { cpu } => (IDLE_PROCESS_NAME.to_owned(), idle_thread_name(cpu)),
+        ThreadKey::Task { pid, tid } => {
+            let p = processes.get(&pid);
+            let process = p.map(|p| p.name.clone()).filter(|n| !n.is_empty());
+            let thread = p.and_then(|p| p.threads.get(&tid)).map(|t| t.name.clone());
+            (
+                process.unwrap_or_else(|| pid.to_string()),
+                thread.filter(|n| !n.is_empty()).unwrap_or_else(|| tid.to_string()),
+            )
+        }
+    }
 }

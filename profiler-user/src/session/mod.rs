@@ -29,7 +29,7 @@ use crate::{
     store::ChunkedStore,
     system::{host, launch},
     usdt::{self, UsdtSession},
-    writers::summary,
+    writers::{Format, summary},
 };
 use messages::Messages;
 
@@ -223,11 +223,11 @@ impl<'p> Recorder<'p> {
         let (schemas, open) = (self.usdt.marker_schemas(), self.usdt.open_markers());
         let job = ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
         let output = PendingOutput::create(&path);
-        let msgs = self.msgs;
+        let (msgs, format) = (self.msgs, self.plan.format);
         let handle = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
             // Failures are reported, never fatal to the recording.
             let note = "Nothing recorded yet when this snapshot was taken";
-            match output.and_then(|o| job.write(o, note)) {
+            match output.and_then(|o| job.write(o, format, note)) {
                 Ok(w) => msgs.info(format_args!(
                     "wrote snapshot {} ({} samples)",
                     path.display(),
@@ -264,12 +264,15 @@ impl<'p> Recorder<'p> {
         );
         let job = ExportJob::finish(self.collector, info, marker_schemas);
         let Written { stats, nothing_recorded, symbolize_errors } =
-            job.write(output, &empty_note)?;
+            job.write(output, self.plan.format, &empty_note)?;
         if nothing_recorded {
             // Even with -q: an empty profile must not go unexplained.
+            let holds = match self.plan.format {
+                Format::Gecko => "holds only a note saying so",
+                Format::Pprof | Format::Collapsed => "has no samples",
+            };
             self.msgs.notice(format_args!(
-                "nothing was recorded in {duration_s:.2} s (stopped by {stop_reason}); {} holds \
-                 only a note saying so",
+                "nothing was recorded in {duration_s:.2} s (stopped by {stop_reason}); {} {holds}",
                 self.plan.output.display()
             ));
         }
@@ -285,6 +288,7 @@ impl<'p> Recorder<'p> {
             frequency: self.plan.frequency,
             cpus: self.bpf.cpus.len(),
             output: &self.plan.output.display().to_string(),
+            format: self.plan.format,
             output_bytes: bytes,
             stop_reason,
         }));

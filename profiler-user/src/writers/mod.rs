@@ -1,14 +1,23 @@
 //! Profile writers: each turns a recording (its events plus a [`ProfileContext`]) into one
-//! output. `gecko` is the only code that produces Gecko (Firefox Profiler) JSON; `summary`
-//! tallies the text summary printed at the end of a recording.
+//! output. `gecko` is the only code that produces Gecko (Firefox Profiler) JSON, `pprof` the
+//! only one producing pprof protobuf, `collapsed` folded stack lines; `summary` tallies the
+//! text summary printed at the end of a recording. [`Format`] picks the file writer.
 //!
 //! Export reads storage once and hands every event to each writer through [`EventSink`]
 //! (each thread's events in time order), then asks the file writers to write.
 
+pub mod collapsed;
 pub mod gecko;
+pub mod pprof;
 pub mod summary;
+#[cfg(test)]
+mod testdata;
 
-use std::io::{self, Write};
+use std::{
+    fmt,
+    io::{self, Write},
+    path::Path,
+};
 
 use crate::model::{
     Sample,
@@ -42,4 +51,99 @@ pub trait ProfileWriter: EventSink {
     fn is_empty(&self) -> bool;
     /// Writes the profile; `corrupt` lists storage that could not be read (skipped).
     fn write(self: Box<Self>, corrupt: &[String], out: &mut dyn Write) -> io::Result<()>;
+}
+
+/// An output file format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// Firefox Profiler (Gecko) JSON.
+    Gecko,
+    /// pprof's protobuf `Profile`.
+    Pprof,
+    /// Folded stacks, one `frame;frame;... count` line per stack (flamegraph.pl, inferno).
+    Collapsed,
+}
+
+/// Name endings that imply a format (each also with `.gz`), most specific first.
+const SUFFIXES: &[(&str, Format)] = &[
+    (".json", Format::Gecko),
+    (".pb", Format::Pprof),
+    (".pprof", Format::Pprof),
+    (".folded", Format::Collapsed),
+    (".collapsed", Format::Collapsed),
+];
+
+impl Format {
+    pub const ALL: [Format; 3] = [Format::Gecko, Format::Pprof, Format::Collapsed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Gecko => "gecko",
+            Format::Pprof => "pprof",
+            Format::Collapsed => "collapsed",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == s)
+    }
+
+    /// The format a file name implies, and the name's format suffix (e.g. `.pb.gz`); None for
+    /// a name without a known suffix.
+    pub fn from_path(path: &Path) -> Option<(Self, String)> {
+        let name = path.file_name()?.to_string_lossy();
+        let bare = name.strip_suffix(".gz").unwrap_or(&name);
+        SUFFIXES.iter().find_map(|&(ext, f)| {
+            let stem = bare.strip_suffix(ext).filter(|s| !s.is_empty())?;
+            Some((f, name[stem.len()..].to_owned()))
+        })
+    }
+
+    /// A writer of this format.
+    pub fn writer<'a>(self, ctx: &'a ProfileContext<'a>) -> Box<dyn ProfileWriter + 'a> {
+        match self {
+            Format::Gecko => Box::new(gecko::GeckoWriter::new(ctx)),
+            Format::Pprof => Box::new(pprof::PprofWriter::new(ctx)),
+            Format::Collapsed => Box::new(collapsed::CollapsedWriter::new(ctx)),
+        }
+    }
+
+    /// How to look at a file of this format, for the summary.
+    pub fn viewer_hint(self) -> &'static str {
+        match self {
+            Format::Gecko => {
+                "open it at https://profiler.firefox.com (\"Load a profile from file\")"
+            }
+            Format::Pprof => "view it with `pprof -http=: FILE` or `go tool pprof FILE`",
+            Format::Collapsed => "draw it with `flamegraph.pl FILE` or `inferno-flamegraph FILE`",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_from_names() {
+        let f = |p: &str| Format::from_path(Path::new(p));
+        assert_eq!(f("a/p.json.gz"), Some((Format::Gecko, ".json.gz".into())));
+        assert_eq!(f("p.pb.gz"), Some((Format::Pprof, ".pb.gz".into())));
+        assert_eq!(f("p.pb"), Some((Format::Pprof, ".pb".into())));
+        assert_eq!(f("cpu.pprof"), Some((Format::Pprof, ".pprof".into())));
+        assert_eq!(f("p.folded"), Some((Format::Collapsed, ".folded".into())));
+        assert_eq!(f("p.collapsed.gz"), Some((Format::Collapsed, ".collapsed.gz".into())));
+        for none in ["out", "p.gz", ".pb", "p.txt", "p.pb.zst"] {
+            assert_eq!(f(none), None, "{none}");
+        }
+        for format in Format::ALL {
+            assert_eq!(Format::from_name(format.name()), Some(format));
+        }
+    }
 }

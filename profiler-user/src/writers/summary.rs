@@ -19,7 +19,7 @@ use crate::{
     },
     store::StoreStats,
     symbolize::SymbolizeErrors,
-    writers::{EventSink, ProfileContext},
+    writers::{EventSink, Format, ProfileContext},
 };
 
 /// What the written profile holds, for the summary.
@@ -108,6 +108,7 @@ pub struct SummaryInput<'a> {
     pub frequency: u64,
     pub cpus: usize,
     pub output: &'a str,
+    pub format: Format,
     pub output_bytes: u64,
     pub stop_reason: &'a str,
 }
@@ -245,9 +246,11 @@ pub fn render(i: &SummaryInput) -> String {
     }
     let _ = writeln!(
         s,
-        "wrote {} ({:.1} MB): open it at https://profiler.firefox.com (\"Load a profile from file\")",
+        "wrote {} ({}, {:.1} MB): {}",
         i.output,
-        i.output_bytes as f64 / 1e6
+        i.format,
+        i.output_bytes as f64 / 1e6,
+        i.format.viewer_hint()
     );
     s
 }
