@@ -289,7 +289,7 @@ fn nothing_recorded_writes_a_profile_that_says_so() {
     let _ = (sleeper.kill(), sleeper.wait());
     assert!(done.status.success(), "{}", done.stderr);
     assert!(done.stderr.contains("nothing was recorded"), "{}", done.stderr);
-    let profile = done.profile().unwrap();
+    let profile = tests::gecko_schema::load(&out).unwrap();
     valid(&profile);
     let ts = threads(&profile);
     assert_eq!(ts.len(), 1, "{:?}", names(&ts));

@@ -102,8 +102,10 @@ impl<'p> Recorder<'p> {
         }
         // The command's own binary is attached before it runs; its libraries and later execs
         // are found when the collector sees their mappings.
+        // (A command that does not exist fails to launch below, with its own error.)
         if let Target::Command(cmd) = &plan.target
             && let Some(exe) = cmd.first().and_then(|c| usdt::attach::which(c))
+            && exe.is_file()
             && let Err(e) = usdt.scan_file(&exe, &exe.display().to_string(), false)
         {
             msgs.warn(format_args!("USDT probes of {}: {e:#}", exe.display()));
