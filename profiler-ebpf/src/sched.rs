@@ -29,9 +29,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use profiler_common::{
-    Config, EVENT_OFF_CPU, EventHeader, MAX_STACK_DEPTH, OFF_CPU_NONE,
-    OFF_CPU_RECORD_FIXED, OFF_CPU_WALL, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR,
-    SAMPLE_USER_STACK_ERROR, counter,
+    Config, EVENT_OFF_CPU, EventHeader, MAX_STACK_DEPTH, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
+    OFF_CPU_WALL, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR, counter,
 };
 
 use crate::{cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};

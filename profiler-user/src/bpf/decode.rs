@@ -4,8 +4,9 @@
 
 use profiler_common::{
     EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_OFF_CPU, EVENT_SAMPLE, EVENT_USDT, EventHeader,
-    LABEL_MAX_DEPTH, MAX_STACK_DEPTH, OFF_CPU_RECORD_FIXED, OffCpuHeader, SAMPLE_RECORD_FIXED, SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS,
-    USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
+    LABEL_MAX_DEPTH, MAX_STACK_DEPTH, OFF_CPU_RECORD_FIXED, OffCpuHeader, SAMPLE_RECORD_FIXED,
+    SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS, USDT_RECORD_FIXED,
+    USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
 use crate::model::{
@@ -366,7 +367,10 @@ mod tests {
         r.frames[..3].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401]);
         let b = bytes_of(&r, OFF_CPU_RECORD_FIXED + 3 * 8);
         let Event::Sample(s) = decode(&b).unwrap() else { panic!() };
-        assert_eq!((s.pid, s.tid, s.time, s.comm.as_str()), (Pid(10), Tid(12), MonoNs(50), "reader"));
+        assert_eq!(
+            (s.pid, s.tid, s.time, s.comm.as_str()),
+            (Pid(10), Tid(12), MonoNs(50), "reader")
+        );
         assert_eq!(s.kernel_stack, vec![0xffff_0001, 0xffff_0002]);
         assert_eq!(s.user_stack, vec![0x401]);
         assert_eq!(

@@ -8,11 +8,11 @@
 
 use std::collections::HashMap;
 
+pub use crate::model::markers::MarkerPhase;
 use crate::model::{
     OffCpu,
     ids::{Pid, StackId, StringId, ThreadKey, Tid},
 };
-pub use crate::model::markers::MarkerPhase;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredSample {

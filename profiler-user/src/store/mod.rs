@@ -341,7 +341,10 @@ mod tests {
             ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(64 << 10, 4 << 10), budget);
         for t in 0..20_000u64 {
             let stack = s.intern_stack(&[FrameAddr::Kernel(t), FrameAddr::Kernel(t + 1)]);
-            s.push_sample(key(1, 1), StoredSample { time_ns: t, cpu_delta_ns: 0, stack, off_cpu: None });
+            s.push_sample(
+                key(1, 1),
+                StoredSample { time_ns: t, cpu_delta_ns: 0, stack, off_cpu: None },
+            );
             // The budget holds up to what the chunk being written refers to.
             assert!(s.table_bytes() <= budget + 1000 * STACK_NODE_BYTES, "{}", s.stack_nodes());
         }

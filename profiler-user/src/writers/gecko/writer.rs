@@ -12,10 +12,10 @@ use serde_json::json;
 use crate::{
     model::{
         OffCpu, Sample,
-        time::MonoNs,
         ids::{Pid, ThreadKey, Tid},
         markers::{Marker, MarkerPhase, MarkerSource},
         process::{IDLE_PROCESS_NAME, idle_thread_name},
+        time::MonoNs,
     },
     writers::{
         EventSink, ProfileContext, ProfileWriter,
