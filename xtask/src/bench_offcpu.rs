@@ -14,8 +14,7 @@
 //!
 //! Slowdown = 1 − rate / rate alone. Profiler CPU is the user+sys time of the profiler process
 //! (`wait4`) over the fixture's run; BPF time is charged to the switching tasks, so it shows
-//! in the slowdown and in rsprof-bpf's BPF run statistics (`kernel.bpf_stats_enabled=1` for
-//! the duration, then restored).
+//! in the slowdown.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -34,7 +33,6 @@ use crate::{
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-offcpu (generated; edits are overwritten) -->";
 const SECTION_END: &str = "<!-- END cargo xtask bench-offcpu -->";
-const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 #[derive(clap::Args)]
 pub struct BenchOffCpuArgs {
@@ -58,25 +56,6 @@ struct Run {
     rate: f64,
     profiler_cpu_s: f64,
     fixture_s: f64,
-    /// rsprof-bpf's sched_switch hook: ns per run.
-    hook_ns: Option<f64>,
-}
-
-/// Restores `kernel.bpf_stats_enabled` on drop.
-struct StatsGuard(String);
-
-impl StatsGuard {
-    fn enable() -> anyhow::Result<Self> {
-        let old = fs::read_to_string(STATS_SYSCTL).context("read kernel.bpf_stats_enabled")?;
-        fs::write(STATS_SYSCTL, "1").context("enable kernel.bpf_stats_enabled")?;
-        Ok(Self(old.trim().to_owned()))
-    }
-}
-
-impl Drop for StatsGuard {
-    fn drop(&mut self) {
-        let _ = fs::write(STATS_SYSCTL, &self.0);
-    }
 }
 
 /// (blocking reads per second, seconds) printed by the fixture.
@@ -120,7 +99,9 @@ fn stop(mut child: Child, mut stderr: impl std::io::Read) -> anyhow::Result<(Str
         bail!("wait4: {}", std::io::Error::last_os_error());
     }
     let _ = child.try_wait();
-    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+    // perf re-raises the SIGINT it stopped on.
+    let interrupted = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
+    if !interrupted && !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
         bail!("profiler failed ({status:#x}):\n{text}");
     }
     Ok((text, cpu_seconds(&ru)))
@@ -157,14 +138,10 @@ fn under_rsprof(
     }
     let (rate, fixture_s) = pingpong(fixture, secs)?;
     let (text, cpu) = stop(child, lines)?;
-    let hook_ns = text.lines().find(|l| l.starts_with("BPF sched_switch hook")).and_then(|l| {
-        let i = l.find(" ns per run")?;
-        l[..i].rsplit(' ').next()?.parse().ok()
-    });
-    if let Some(l) = text.lines().find(|l| l.starts_with("off-CPU:")) {
+    if let Some(l) = text.lines().find(|l| l.contains("off-CPU: ")) {
         println!("  {l}");
     }
-    Ok(Run { rate, profiler_cpu_s: cpu, fixture_s, hook_ns })
+    Ok(Run { rate, profiler_cpu_s: cpu, fixture_s })
 }
 
 /// Whether this perf honours `--off-cpu` (built with BPF skeletons).
@@ -197,7 +174,7 @@ fn under_perf(args: &[&str], fixture: &Path, secs: f64, out: &Path) -> anyhow::R
     std::thread::sleep(Duration::from_secs(1));
     let (rate, fixture_s) = pingpong(fixture, secs)?;
     let (_, cpu) = stop(child, stderr)?;
-    Ok(Run { rate, profiler_cpu_s: cpu, fixture_s, hook_ns: None })
+    Ok(Run { rate, profiler_cpu_s: cpu, fixture_s })
 }
 
 pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
@@ -217,7 +194,6 @@ pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
     if perf_off_cpu {
         perf_args = vec!["-a", "-g", "--off-cpu"];
     }
-    let _stats = StatsGuard::enable()?;
     let out = tmp.join("bench.json");
     let data = tmp.join("perf.data");
     let secs = args.seconds;
@@ -297,11 +273,8 @@ fn render(
         t,
         "- Slowdown = 1 − rate / rate alone ({base:.0} blocking reads/s alone). Profiler CPU = user+sys of the profiler process / run length; BPF time is charged to the switching tasks (it is in the slowdown).\n"
     );
-    let _ = writeln!(
-        t,
-        "| Configuration | Blocking reads/s | Slowdown | Profiler CPU | sched_switch hook ns/run |"
-    );
-    let _ = writeln!(t, "|---|---:|---:|---:|---:|");
+    let _ = writeln!(t, "| Configuration | Blocking reads/s | Slowdown | Profiler CPU |");
+    let _ = writeln!(t, "|---|---:|---:|---:|");
     let names = [
         "no profiler".to_owned(),
         "`rsprof-bpf -a -F 999`".to_owned(),
@@ -311,15 +284,12 @@ fn render(
     for (i, name) in names.iter().enumerate() {
         let rate = med(i, |r| r.rate);
         let cpu = med(i, |r| r.profiler_cpu_s / r.fixture_s.max(1e-9));
-        let hook: Vec<f64> = results[i].iter().filter_map(|r| r.hook_ns).collect();
-        let hook =
-            if hook.is_empty() { "–".to_owned() } else { format!("{:.0}", median_f64(hook)) };
         let (slow, cpu) = if i == 0 {
             ("–".to_owned(), "–".to_owned())
         } else {
             (format!("{:.1}%", 100.0 * (1.0 - rate / base)), format!("{:.1}%", 100.0 * cpu))
         };
-        let _ = writeln!(t, "| {name} | {rate:.0} | {slow} | {cpu} | {hook} |");
+        let _ = writeln!(t, "| {name} | {rate:.0} | {slow} | {cpu} |");
     }
     t
 }
