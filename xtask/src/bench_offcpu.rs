@@ -101,7 +101,7 @@ fn stop(mut child: Child, mut stderr: impl std::io::Read) -> anyhow::Result<(Str
     let _ = child.try_wait();
     // perf re-raises the SIGINT it stopped on.
     let interrupted = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
-    if !interrupted && !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+    if !(interrupted || libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
         bail!("profiler failed ({status:#x}):\n{text}");
     }
     Ok((text, cpu_seconds(&ru)))
@@ -181,7 +181,7 @@ pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
     if !crate::is_root() {
         bail!("the benchmark must run as root (rsprof-bpf loads BPF programs)");
     }
-    if args.runs == 0 || !(args.seconds > 0.0) {
+    if args.runs == 0 || args.seconds.is_nan() || args.seconds <= 0.0 {
         bail!("--runs and --seconds must be positive");
     }
     let profiler = profiler_binary(args.profiler.as_deref())?;

@@ -690,6 +690,24 @@ mod tests {
     }
 
     #[test]
+    fn off_cpu_time_becomes_interval_samples_with_carry() {
+        let t = tree();
+        let mut tables = ThreadTables::default();
+        // 2.5 ms at a 1 ms interval: 2 samples spread over the block, 0.5 ms carried over.
+        assert_eq!(
+            tables.add_off_cpu(&t, 10.0, Some(StackId(1)), 2_500_000, 2_500_000, 1_000_000),
+            2
+        );
+        assert_eq!(tables.add_off_cpu(&t, 20.0, Some(StackId(1)), 400_000, 400_000, 1_000_000), 0);
+        assert_eq!(tables.add_off_cpu(&t, 30.0, Some(StackId(1)), 100_000, 100_000, 1_000_000), 1);
+        let times: Vec<f64> = tables.samples.iter().map(|r| r.time_ms).collect();
+        assert_eq!(times, [10.625, 11.875, 30.05]);
+        assert!(tables.samples.iter().all(|r| r.cpu_delta_ns == 0));
+        assert_eq!(tables.busy_samples, 0);
+        assert!(tables.frames.iter().all(|&(_, _, c)| c == CATEGORY_OFF_CPU));
+    }
+
+    #[test]
     fn meta_and_layout() {
         let j = sample_json();
         assert_eq!(j["meta"]["version"], 36);
@@ -699,7 +717,7 @@ mod tests {
         assert_eq!(j["meta"]["rsprof"]["buffer"], 1);
         let cats: Vec<_> =
             j["meta"]["categories"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
-        assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label", "USDT"]);
+        assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label", "USDT", "Off-CPU"]);
         assert_eq!(j["threads"].as_array().unwrap().len(), 0);
         // One sub-process per process, busiest first, main thread first.
         let procs = j["processes"].as_array().unwrap();
