@@ -75,7 +75,7 @@ fn interval_ms(profile: &Value) -> f64 {
 }
 
 #[test]
-fn wall_mode_splits_duty_cycle_between_spin_and_sleep() {
+fn offcpu_wall_mode_splits_duty_cycle_between_spin_and_sleep() {
     let secs = 3.0;
     let (_, profile, out) =
         record("offcpu_duty", &["--all", "--mode", "wall"], &["duty", "5", "5", "3"]);
@@ -109,7 +109,7 @@ fn wall_mode_splits_duty_cycle_between_spin_and_sleep() {
 }
 
 #[test]
-fn blocked_pipe_read_is_one_long_block_and_preemption_is_not_off_cpu() {
+fn offcpu_blocked_pipe_read_is_one_long_block_and_preemption_is_not_off_cpu() {
     let exe = fixtures::build("offcpu").expect("build fixture");
     let exe = exe.to_str().expect("UTF-8 path");
     // Three spinners on a small machine are preempted all the time but never block.
@@ -173,7 +173,7 @@ fn blocked_pipe_read_is_one_long_block_and_preemption_is_not_off_cpu() {
 }
 
 #[test]
-fn context_switch_storm_is_summed_and_attributed() {
+fn offcpu_context_switch_storm_is_summed_and_attributed() {
     let (done, profile, out) = record("offcpu_storm", &["--all", "--off-cpu"], &["pingpong", "3"]);
     let switches = value(&out, "switches");
     let secs = value(&out, "seconds");

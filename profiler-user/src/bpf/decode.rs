@@ -345,7 +345,7 @@ mod tests {
     }
 
     #[test]
-    fn decodes_off_cpu_record() {
+    fn decodes_offcpu_record() {
         let mut r = profiler_common::OffCpuRecord {
             off: OffCpuHeader {
                 header: EventHeader { kind: EVENT_OFF_CPU, cpu: 1, time_ns: 50, pid: 10, tid: 12 },

@@ -690,7 +690,7 @@ mod tests {
     }
 
     #[test]
-    fn off_cpu_time_becomes_interval_samples_with_carry() {
+    fn offcpu_time_becomes_interval_samples_with_carry() {
         let t = tree();
         let mut tables = ThreadTables::default();
         // 2.5 ms at a 1 ms interval: 2 samples spread over the block, 0.5 ms carried over.
