@@ -20,6 +20,8 @@ pub const EVENT_EXEC: u32 = 3;
 pub const EVENT_EXIT: u32 = 4;
 /// A USDT probe hit ([`UsdtRecord`]).
 pub const EVENT_USDT: u32 = 5;
+/// Off-CPU time of a thread ([`OffCpuRecord`]).
+pub const EVENT_OFF_CPU: u32 = 6;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -89,6 +91,56 @@ pub struct TaskRecord {
 pub const TASK_RECORD_FIXED: usize = core::mem::size_of::<TaskRecord>() - CMDLINE_MAX;
 pub const SAMPLE_RECORD_FIXED: usize = core::mem::size_of::<SampleHeader>();
 
+/// Off-CPU time of one thread, sent when it runs again. Either one block (a switch-out in a
+/// blocking state, `blocks == 1`, at least `Config::off_cpu_min_ns` long) or the sum of the
+/// thread's shorter blocks since its last such sum (`blocks > 1` or shorter), sent by the
+/// block that brought the sum to `off_cpu_min_ns`: its stack stands for all of them, so each
+/// stack is picked in proportion to its share of the short blocks' time on average, while the
+/// thread's off-CPU total stays exact. `header.time_ns` is when the (last) block began.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuHeader {
+    pub header: EventHeader,
+    pub cgroup_id: u64,
+    /// Off-CPU time this record stands for.
+    pub weight_ns: u64,
+    /// Length of the block whose stack is sent (the last one).
+    pub block_ns: u64,
+    /// Blocks summed in `weight_ns`.
+    pub blocks: u32,
+    /// The task state at the switch (`TASK_INTERRUPTIBLE` = 1, `TASK_UNINTERRUPTIBLE` = 2,
+    /// ...); 0: preempted while runnable (only with `OFF_CPU_WALL`).
+    pub state: u32,
+    pub comm: [u8; TASK_COMM_LEN],
+    pub kernel_frames: u16,
+    pub user_frames: u16,
+    /// `SAMPLE_*_STACK_ERROR`.
+    pub flags: u32,
+    /// Kernel-side bookkeeping, sent as is and ignored: the thread's blocks not yet sent.
+    pub pending_ns: u64,
+    pub pending_blocks: u32,
+    /// Kernel-side: 1 from the switch-out until the switch-in.
+    pub off_cpu: u32,
+}
+
+/// [`OffCpuHeader`] plus `kernel_frames` kernel then `user_frames` user addresses, leaf first,
+/// taken at the switch-out; only that prefix is sent.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct OffCpuRecord {
+    pub off: OffCpuHeader,
+    pub frames: [u64; 2 * MAX_STACK_DEPTH],
+}
+
+pub const OFF_CPU_RECORD_FIXED: usize = core::mem::size_of::<OffCpuHeader>();
+
+/// [`Config::off_cpu`]: not recorded.
+pub const OFF_CPU_NONE: u32 = 0;
+/// Time blocked (switch-outs in a sleeping state; a preempted runnable thread is not off-CPU).
+pub const OFF_CPU_BLOCKED: u32 = 1;
+/// Every switch-out, preemptions included, so on-CPU plus off-CPU time is the wall time.
+pub const OFF_CPU_WALL: u32 = 2;
+
 /// Filter modes for [`Config::filter_mode`].
 pub const FILTER_ALL: u32 = 0;
 /// Only tasks whose thread-group id is in the `TARGETS` map.
@@ -108,6 +160,11 @@ pub struct Config {
     pub task_mm: u32,
     pub mm_arg_start: u32,
     pub mm_arg_end: u32,
+    /// `OFF_CPU_*`.
+    pub off_cpu: u32,
+    pub _pad: u32,
+    /// Blocks shorter than this are summed per thread (see [`OffCpuHeader`]).
+    pub off_cpu_min_ns: u64,
 }
 
 /// Deepest cgroup level the cgroup filter can select (levels are bits of a u64).
@@ -175,7 +232,25 @@ pub mod counter {
     /// Sample sent with its task's CPU time as of the last scheduler tick (no context switch
     /// seen on its CPU since attaching), not current at the sample.
     pub const CPU_TIME_STALE: u32 = 22;
-    pub const COUNT: u32 = 23;
+    // Off-CPU: every switch-out the off-CPU tracker takes (a selected task blocking, or with
+    // `OFF_CPU_WALL` any switch-out) ends, once the task runs again, in exactly one of the
+    // next four; a task that never runs again before the end ends in none.
+    /// A block at least `off_cpu_min_ns` long, sent as its own record.
+    pub const OFF_CPU_SENT: u32 = 23;
+    /// A shorter block, added to its thread's pending sum (sent by a later record).
+    pub const OFF_CPU_SUMMED: u32 = 24;
+    /// A long block lost: ring buffer full.
+    pub const OFF_CPU_LOST_RINGBUF_FULL: u32 = 25;
+    /// Switch-out not tracked: the off-CPU thread map is full.
+    pub const OFF_CPU_LOST_MAP_FULL: u32 = 26;
+    /// Records carrying a thread's summed short blocks (sent when the sum reaches
+    /// `off_cpu_min_ns`, or when the thread exits).
+    pub const OFF_CPU_SUMS_SENT: u32 = 27;
+    /// A sum's record did not fit in the ring buffer; the sum stays pending (not lost).
+    pub const OFF_CPU_SUMS_DEFERRED: u32 = 28;
+    /// Off-CPU stacks (kernel or user) that could not be read.
+    pub const OFF_CPU_STACK_ERRORS: u32 = 29;
+    pub const COUNT: u32 = 30;
 }
 
 /// Size of the `USDT_SPECS` array: probe sites attached at once.

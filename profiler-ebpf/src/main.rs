@@ -39,6 +39,9 @@ static CONFIG: Config = Config {
     task_mm: 0,
     mm_arg_start: 0,
     mm_arg_end: 0,
+    off_cpu: 0,
+    _pad: 0,
+    off_cpu_min_ns: 0,
 };
 
 /// Size is set by the loader (`--ring-buffer-size`).
@@ -67,7 +70,7 @@ fn config() -> Config {
 }
 
 #[inline(always)]
-fn count(index: u32) {
+pub(crate) fn count(index: u32) {
     if let Some(c) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, and BPF programs on one CPU do not preempt each other here.
         unsafe { *c += 1 };
@@ -75,7 +78,7 @@ fn count(index: u32) {
 }
 
 #[inline(always)]
-fn selected(cfg: &Config, tgid: u32) -> bool {
+pub(crate) fn selected(cfg: &Config, tgid: u32) -> bool {
     cfg.filter_mode == FILTER_ALL || unsafe { TARGETS.get(&tgid) }.is_some()
 }
 
@@ -85,7 +88,7 @@ unsafe fn read_kernel_u64(addr: u64) -> Option<u64> {
 }
 
 #[inline(always)]
-unsafe fn read_kernel_u32(addr: u64) -> Option<u32> {
+pub(crate) unsafe fn read_kernel_u32(addr: u64) -> Option<u32> {
     unsafe { bpf_probe_read_kernel(addr as *const u32) }.ok()
 }
 
@@ -332,6 +335,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
 pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     usdt::forget_thread(bpf_get_current_pid_tgid() as u32);
+    sched::thread_exit(bpf_get_current_pid_tgid() as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
         task_header(EVENT_EXIT, rec, tgid, tid);

@@ -1,5 +1,7 @@
 //! The `sched_switch` hook: remembers, per CPU, which task was switched in, when, and its CPU
-//! time then, so the sampler can report CPU time that is current at the sample.
+//! time then, so the sampler can report CPU time that is current at the sample; and, with
+//! off-CPU recording on, takes a blocking thread's stacks at its switch-out and sends its
+//! off-CPU time when it is switched in again (see `profiler_common::OffCpuHeader`).
 //!
 //! Why: the kernel adds to `se.sum_exec_runtime` only in `update_curr` (scheduler ticks,
 //! context switches), so a busy thread reads 0, 0, 0, then a tick's worth (4 ms at HZ=250)
@@ -13,13 +15,30 @@
 //! with IRQ_TIME_ACCOUNTING) until the next switch resets the base.
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, generated::bpf_get_current_task},
+    EbpfContext,
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id,
+            bpf_get_stack,
+        },
+    },
     macros::{map, raw_tracepoint},
-    maps::PerCpuArray,
+    maps::{HashMap, PerCpuArray},
     programs::RawTracePointContext,
 };
+use profiler_common::{
+    Config, EVENT_OFF_CPU, EventHeader, MAX_STACK_DEPTH, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
+    OFF_CPU_WALL, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR, counter,
+};
 
-use crate::{config, read_kernel_u64};
+use crate::{cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
+
+/// Threads tracked off-CPU at once (every selected thread that has blocked and not exited).
+const OFF_CPU_MAX_THREADS: u32 = 65536;
+/// `TASK_DEAD`: the final switch-out of an exiting task, which never runs again.
+const TASK_DEAD: u32 = 0x80;
 
 /// The task last switched in on a CPU.
 #[repr(C)]
@@ -37,12 +56,32 @@ struct SwitchIn {
 #[map]
 static SWITCH_IN: PerCpuArray<SwitchIn> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per tracked thread (by tid): its last switch-out, built in place as the record to send.
+/// Not preallocated: a ~2 KiB value per thread is allocated only for threads that block.
+#[map]
+static OFF_CPU: HashMap<u32, OffCpuRecord> =
+    HashMap::with_max_entries(OFF_CPU_MAX_THREADS, BPF_F_NO_PREALLOC);
+
+/// Never written: the zeroed value a new thread's entry starts from (too big for the stack).
+#[map]
+static OFF_CPU_ZERO: PerCpuArray<OffCpuRecord> = PerCpuArray::with_max_entries(1, 0);
+
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
-/// unsigned int prev_state)`; runs on the CPU that switches, with interrupts off, so a sample
-/// on this CPU never sees the entry half-written.
+/// unsigned int prev_state)`; runs on the CPU that switches, in `prev`'s context, with
+/// interrupts off, so a sample on this CPU never sees the entry half-written.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn on_sched_switch(ctx: RawTracePointContext) -> i32 {
     let next: u64 = ctx.arg(2);
+    let cfg = config();
+    if cfg.off_cpu != OFF_CPU_NONE {
+        let preempt: u64 = ctx.arg(0);
+        let prev_state: u64 = ctx.arg(3);
+        // SAFETY: runs in the tracepoint with its context.
+        unsafe {
+            switch_out(&ctx, &cfg, preempt & 0xff != 0, prev_state as u32);
+            switch_in(&cfg, next);
+        }
+    }
     let Some(e) = SWITCH_IN.get_ptr_mut(0) else { return 0 };
     let off = config().task_sum_exec_runtime as u64;
     // SAFETY: `e` is this CPU's slot; `next` is the tracepoint's task pointer, read
@@ -59,6 +98,174 @@ pub fn on_sched_switch(ctx: RawTracePointContext) -> i32 {
         }
     }
     0
+}
+
+/// Takes the stacks of the task leaving the CPU (the current one) when it blocks: not when
+/// it was preempted or its state is still `TASK_RUNNING` (a yield, or a sleep cut short by a
+/// signal), both runnable, unless `OFF_CPU_WALL` asks for waits for a CPU too.
+#[inline(always)]
+unsafe fn switch_out(ctx: &RawTracePointContext, cfg: &Config, preempt: bool, state: u32) {
+    if state & TASK_DEAD != 0 {
+        return;
+    }
+    let blocking = !preempt && state != 0;
+    if !blocking && cfg.off_cpu != OFF_CPU_WALL {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if tid == 0 || !selected(cfg, tgid) || !cgroup::selected() {
+        return;
+    }
+    let e = match OFF_CPU.get_ptr_mut(tid) {
+        Some(e) => e,
+        None => {
+            let Some(zero) = OFF_CPU_ZERO.get_ptr(0) else { return };
+            // SAFETY: a per-CPU value nobody writes.
+            if OFF_CPU.insert(tid, unsafe { &*zero }, 0).is_err() {
+                count(counter::OFF_CPU_LOST_MAP_FULL);
+                return;
+            }
+            let Some(e) = OFF_CPU.get_ptr_mut(tid) else {
+                count(counter::OFF_CPU_LOST_MAP_FULL);
+                return;
+            };
+            e
+        }
+    };
+    // SAFETY: `e` is this thread's entry; only this thread's switches (serialized: it runs on
+    // one CPU at a time) and its exit touch it.
+    unsafe {
+        let r = &mut (*e).off;
+        r.header = EventHeader {
+            kind: EVENT_OFF_CPU,
+            cpu: bpf_get_smp_processor_id(),
+            time_ns: bpf_ktime_get_ns(),
+            pid: tgid,
+            tid,
+        };
+        r.state = if blocking { state } else { 0 };
+        r.cgroup_id = bpf_get_current_cgroup_id();
+        r.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        r.flags = 0;
+        let frames = (*e).frames.as_mut_ptr();
+        const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
+        // Skips this program's frame and the tracepoint's `bpf_trace_run4`: the stack starts
+        // at `__schedule`, like the thread's own view of where it blocked.
+        let kret = bpf_get_stack(ctx.as_ptr(), frames.cast(), STACK_BYTES, 2);
+        let mut kframes: u64 = 0;
+        if kret < 0 {
+            r.flags |= SAMPLE_KERNEL_STACK_ERROR;
+            count(counter::OFF_CPU_STACK_ERRORS);
+        } else {
+            kframes = (kret as u64) / 8;
+        }
+        if kframes > MAX_STACK_DEPTH as u64 {
+            kframes = MAX_STACK_DEPTH as u64;
+        }
+        // The user registers saved at kernel entry (task_pt_regs), as for CPU samples.
+        let uret = bpf_get_stack(
+            ctx.as_ptr(),
+            frames.add(kframes as usize).cast(),
+            STACK_BYTES,
+            BPF_F_USER_STACK as u64,
+        );
+        let mut uframes: u64 = 0;
+        if uret < 0 {
+            r.flags |= SAMPLE_USER_STACK_ERROR;
+            count(counter::OFF_CPU_STACK_ERRORS);
+        } else {
+            uframes = (uret as u64) / 8;
+        }
+        if uframes > MAX_STACK_DEPTH as u64 {
+            uframes = MAX_STACK_DEPTH as u64;
+        }
+        r.kernel_frames = kframes as u16;
+        r.user_frames = uframes as u16;
+        r.off_cpu = 1;
+    }
+}
+
+/// The task coming on the CPU: if it is tracked off-CPU, its block ends now.
+#[inline(always)]
+unsafe fn switch_in(cfg: &Config, next: u64) {
+    // SAFETY: the tracepoint's task pointer, read fault-checked.
+    let Some(tid) = (unsafe { read_kernel_u32(next + cfg.task_pid as u64) }) else { return };
+    if tid == 0 {
+        return;
+    }
+    let Some(e) = OFF_CPU.get_ptr_mut(tid) else { return };
+    // SAFETY: this thread's entry (see `switch_out`).
+    unsafe {
+        let r = &mut (*e).off;
+        if r.off_cpu == 0 {
+            return;
+        }
+        r.off_cpu = 0;
+        let d = bpf_ktime_get_ns().saturating_sub(r.header.time_ns);
+        r.block_ns = d;
+        if d >= cfg.off_cpu_min_ns {
+            r.weight_ns = d;
+            r.blocks = 1;
+            if send(e) {
+                count(counter::OFF_CPU_SENT);
+            } else {
+                count(counter::OFF_CPU_LOST_RINGBUF_FULL);
+            }
+            return;
+        }
+        count(counter::OFF_CPU_SUMMED);
+        r.pending_ns += d;
+        r.pending_blocks += 1;
+        if r.pending_ns >= cfg.off_cpu_min_ns {
+            send_pending(e);
+        }
+    }
+}
+
+/// Sends the thread's pending sum with its last block's stack; kept pending if it does not
+/// fit in the ring buffer.
+#[inline(always)]
+unsafe fn send_pending(e: *mut OffCpuRecord) {
+    unsafe {
+        let r = &mut (*e).off;
+        r.weight_ns = r.pending_ns;
+        r.blocks = r.pending_blocks;
+        if send(e) {
+            r.pending_ns = 0;
+            r.pending_blocks = 0;
+            count(counter::OFF_CPU_SUMS_SENT);
+        } else {
+            count(counter::OFF_CPU_SUMS_DEFERRED);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn send(e: *mut OffCpuRecord) -> bool {
+    unsafe {
+        let n = (*e).off.kernel_frames as u64 + (*e).off.user_frames as u64;
+        let n = if n > 2 * MAX_STACK_DEPTH as u64 { 2 * MAX_STACK_DEPTH as u64 } else { n };
+        output(e, OFF_CPU_RECORD_FIXED as u64 + n * 8, false)
+    }
+}
+
+/// A thread exits: sends what it has pending and forgets it.
+#[inline(always)]
+pub fn thread_exit(tid: u32) {
+    let cfg = config();
+    if cfg.off_cpu == OFF_CPU_NONE {
+        return;
+    }
+    let Some(e) = OFF_CPU.get_ptr_mut(tid) else { return };
+    // SAFETY: the exiting thread's own entry.
+    unsafe {
+        if (*e).off.pending_ns > 0 {
+            (*e).off.block_ns = 0;
+            send_pending(e);
+        }
+    }
+    let _ = OFF_CPU.remove(tid);
 }
 
 /// CPU time of the current task at `now` (a `bpf_ktime_get_ns` value): exact when this CPU's

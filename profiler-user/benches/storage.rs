@@ -114,7 +114,10 @@ fn main() {
         let stack = store.intern_stack(&pool[path]);
         let thread = threads[t];
         let cpu = 900_000 + rng.below(100_000);
-        store.push_sample(thread, StoredSample { time_ns: time, cpu_delta_ns: cpu, stack });
+        store.push_sample(
+            thread,
+            StoredSample { time_ns: time, cpu_delta_ns: cpu, stack, off_cpu: None },
+        );
         n += 1;
     }
     let encode_s = t0.elapsed().as_secs_f64();

@@ -219,6 +219,20 @@ pub fn frame_categories(profile: &Value, thread: &Value, function: &str) -> Vec<
         .collect()
 }
 
+/// Each sample's leaf frame category name (`meta.categories`), None for a null stack.
+pub fn sample_leaf_categories(profile: &Value, thread: &Value) -> Vec<Option<String>> {
+    let cats = column(thread, "frameTable", "category");
+    let frames = column(thread, "stackTable", "frame");
+    column(thread, "samples", "stack")
+        .into_iter()
+        .map(|s| {
+            let frame = frames.get(s.as_u64()? as usize)?.as_u64()? as usize;
+            let cat = cats.get(frame)?.as_u64()? as usize;
+            profile["meta"]["categories"][cat]["name"].as_str().map(str::to_owned)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

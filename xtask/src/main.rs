@@ -8,9 +8,12 @@
 //! * `test`   setup, build, then the whole test suite, tests running one at a time.
 //! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
 //! * `bench-cgroup` measures the kernel cgroup filter's cost, see `bench_cgroup.rs`.
+//! * `bench-offcpu` measures off-CPU recording under a context-switch storm, see
+//!   `bench_offcpu.rs`.
 
 mod bench;
 mod bench_cgroup;
+mod bench_offcpu;
 mod bench_storage;
 mod bench_usdt;
 mod setup;
@@ -70,6 +73,9 @@ enum Cmd {
     /// Measure the cgroup filter (kernel cost per filtered-out sample, profiler CPU with 1 of
     /// N busy cgroups selected vs --all) and update BENCHMARKS.md.
     BenchCgroup(bench_cgroup::BenchCgroupArgs),
+    /// Measure off-CPU recording under a context-switch storm (slowdown and profiler CPU next
+    /// to perf) and update BENCHMARKS.md.
+    BenchOffcpu(bench_offcpu::BenchOffCpuArgs),
     /// Measure chunked storage (encode and Gecko throughput, bytes per sample) and a long
     /// recording with a small buffer (RSS over time); update BENCHMARKS.md.
     BenchStorage(bench_storage::BenchStorageArgs),
@@ -102,6 +108,7 @@ fn main() {
         Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
         Cmd::BenchStorage(args) => bench_storage::bench_storage(args),
         Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
+        Cmd::BenchOffcpu(args) => bench_offcpu::bench_offcpu(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -87,6 +87,41 @@ pub const COUNTERS: &[CounterDef] = &[
         "cpu_time_stale",
         "Samples whose CPU time is as of the last tick (no context switch seen on the CPU yet)",
     ),
+    def(
+        counter::OFF_CPU_SENT,
+        "off_cpu_blocks_sent",
+        "Off-CPU blocks at least --off-cpu-min long, sent one by one",
+    ),
+    def(
+        counter::OFF_CPU_SUMMED,
+        "off_cpu_blocks_summed",
+        "Off-CPU blocks shorter than --off-cpu-min, summed per thread",
+    ),
+    def(
+        counter::OFF_CPU_LOST_RINGBUF_FULL,
+        "off_cpu_blocks_lost_ringbuf_full",
+        "Off-CPU blocks lost: ring buffer full",
+    ),
+    def(
+        counter::OFF_CPU_LOST_MAP_FULL,
+        "off_cpu_blocks_lost_map_full",
+        "Off-CPU blocks not tracked: off-CPU thread map full",
+    ),
+    def(
+        counter::OFF_CPU_SUMS_SENT,
+        "off_cpu_sums_sent",
+        "Records carrying a thread's summed short off-CPU blocks",
+    ),
+    def(
+        counter::OFF_CPU_SUMS_DEFERRED,
+        "off_cpu_sums_deferred",
+        "Summed off-CPU records that did not fit in the ring buffer (kept pending)",
+    ),
+    def(
+        counter::OFF_CPU_STACK_ERRORS,
+        "off_cpu_stack_errors",
+        "Off-CPU stacks (kernel or user) that could not be read",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.
@@ -117,6 +152,11 @@ impl Counters {
     /// Samples the kernel took but could not send.
     pub fn lost_samples(&self) -> u64 {
         self.get(counter::LOST_RINGBUF_FULL) + self.get(counter::LOST_NO_SCRATCH)
+    }
+
+    /// Off-CPU blocks the kernel tracked but could not send.
+    pub fn lost_off_cpu(&self) -> u64 {
+        self.get(counter::OFF_CPU_LOST_RINGBUF_FULL) + self.get(counter::OFF_CPU_LOST_MAP_FULL)
     }
 
     /// (definition, value) of every counter.

@@ -3,12 +3,14 @@
 //! error, never an out-of-bounds read.
 
 use profiler_common::{
-    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EVENT_USDT, EventHeader, LABEL_MAX_DEPTH,
-    SAMPLE_RECORD_FIXED, SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS,
-    USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
+    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_OFF_CPU, EVENT_SAMPLE, EVENT_USDT, EventHeader,
+    LABEL_MAX_DEPTH, MAX_STACK_DEPTH, OFF_CPU_RECORD_FIXED, OffCpuHeader, SAMPLE_RECORD_FIXED,
+    SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS, USDT_RECORD_FIXED,
+    USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
 use crate::model::{
+    OffCpu,
     ids::{Pid, ThreadKey, Tid},
     time::MonoNs,
 };
@@ -29,6 +31,9 @@ pub struct Sample {
     pub user_stack: Vec<u64>,
     /// The thread's `rsprof:label_push` stack, outermost first.
     pub labels: Vec<LabelRef>,
+    /// Set for off-CPU time (an `EVENT_OFF_CPU` record; `cpu_time_ns` is then 0, `time` is
+    /// when the block began and the stacks are where the thread blocked).
+    pub off_cpu: Option<OffCpu>,
 }
 
 impl Sample {
@@ -183,6 +188,41 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                         LabelRef { addr, depth }
                     })
                     .collect(),
+                off_cpu: None,
+            }))
+        }
+        EVENT_OFF_CPU => {
+            if b.len() < OFF_CPU_RECORD_FIXED {
+                return Err(short);
+            }
+            let kn = u16_at(b, std::mem::offset_of!(OffCpuHeader, kernel_frames)) as usize;
+            let un = u16_at(b, std::mem::offset_of!(OffCpuHeader, user_frames)) as usize;
+            if kn > MAX_STACK_DEPTH
+                || un > MAX_STACK_DEPTH
+                || b.len() < OFF_CPU_RECORD_FIXED + (kn + un) * 8
+            {
+                return Err(short);
+            }
+            let frame = |i: usize| u64_at(b, OFF_CPU_RECORD_FIXED + i * 8);
+            let o_comm = std::mem::offset_of!(OffCpuHeader, comm);
+            Ok(KernelEvent::Sample(Sample {
+                time: MonoNs(time_ns),
+                cpu,
+                pid: Pid(pid),
+                tid: Tid(tid),
+                cgroup_id: u64_at(b, std::mem::offset_of!(OffCpuHeader, cgroup_id)),
+                cpu_time_ns: 0,
+                comm: comm_string(&b[o_comm..o_comm + 16]),
+                flags: u32_at(b, std::mem::offset_of!(OffCpuHeader, flags)),
+                kernel_stack: (0..kn).map(frame).collect(),
+                user_stack: (kn..kn + un).map(frame).collect(),
+                labels: Vec::new(),
+                off_cpu: Some(OffCpu {
+                    weight_ns: u64_at(b, std::mem::offset_of!(OffCpuHeader, weight_ns)),
+                    block_ns: u64_at(b, std::mem::offset_of!(OffCpuHeader, block_ns)),
+                    blocks: u32_at(b, std::mem::offset_of!(OffCpuHeader, blocks)),
+                    state: u32_at(b, std::mem::offset_of!(OffCpuHeader, state)),
+                }),
             }))
         }
         EVENT_FORK | EVENT_EXEC | EVENT_EXIT => {
@@ -302,6 +342,42 @@ mod tests {
         assert_eq!(s.labels, vec![l(0x7000, 2), l(0x8000, 3)]);
         // A record cut before its frames is rejected.
         assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
+    }
+
+    #[test]
+    fn decodes_offcpu_record() {
+        let mut r = profiler_common::OffCpuRecord {
+            off: OffCpuHeader {
+                header: EventHeader { kind: EVENT_OFF_CPU, cpu: 1, time_ns: 50, pid: 10, tid: 12 },
+                cgroup_id: 7,
+                weight_ns: 3_000_000,
+                block_ns: 400_000,
+                blocks: 9,
+                state: 1,
+                comm: comm("reader"),
+                kernel_frames: 2,
+                user_frames: 1,
+                flags: 0,
+                pending_ns: 123,
+                pending_blocks: 4,
+                off_cpu: 0,
+            },
+            frames: [0; 2 * MAX_STACK_DEPTH],
+        };
+        r.frames[..3].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401]);
+        let b = bytes_of(&r, OFF_CPU_RECORD_FIXED + 3 * 8);
+        let KernelEvent::Sample(s) = decode(&b).unwrap() else { panic!() };
+        assert_eq!(
+            (s.pid, s.tid, s.time, s.comm.as_str()),
+            (Pid(10), Tid(12), MonoNs(50), "reader")
+        );
+        assert_eq!(s.kernel_stack, vec![0xffff_0001, 0xffff_0002]);
+        assert_eq!(s.user_stack, vec![0x401]);
+        assert_eq!(
+            s.off_cpu,
+            Some(OffCpu { weight_ns: 3_000_000, block_ns: 400_000, blocks: 9, state: 1 })
+        );
+        assert!(decode(&b[..b.len() - 1]).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::writers::Format;
 
@@ -70,6 +70,23 @@ pub struct RecordArgs {
     #[arg(short = 'F', long, default_value_t = 999, value_name = "HZ")]
     pub frequency: u64,
 
+    /// What a thread's samples cover: `cpu`, its time on a CPU (plus time blocked with
+    /// --off-cpu); `wall`, all of its time: CPU samples plus every stretch off the CPU
+    /// (blocked, or runnable but waiting for a CPU), so its timeline adds up to wall time.
+    #[arg(long, value_enum, default_value_t = Mode::Cpu)]
+    pub mode: Mode,
+
+    /// Also record where threads block and for how long (off-CPU time), with the stack at
+    /// each switch-out to a sleeping state.
+    #[arg(long)]
+    pub off_cpu: bool,
+
+    /// Off-CPU blocks shorter than this (ms) are summed per thread and sent with the stack of
+    /// the block that brings the sum to this length, which keeps context-switch storms cheap;
+    /// longer ones are sent one by one.
+    #[arg(long, default_value_t = 1.0, value_name = "MS")]
+    pub off_cpu_min: f64,
+
     /// Stop after this many seconds (default: on Ctrl-C, or when CMD exits).
     #[arg(short = 'd', long, value_name = "SECS")]
     pub duration: Option<f64>,
@@ -123,6 +140,12 @@ fn parse_format(s: &str) -> Result<Format, String> {
     })
 }
 
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Cpu,
+    Wall,
+}
+
 /// Parses `123`, `64K`, `16M`, `1G` (binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
@@ -158,6 +181,11 @@ mod tests {
         let c = Cli::try_parse_from(["rsprof-bpf", "--", "sleep", "1"]).unwrap();
         assert_eq!(c.record.command, vec!["sleep", "1"]);
         assert!(Cli::try_parse_from(["rsprof-bpf", "-F", "99"]).is_err(), "a target is required");
+        let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--mode", "wall"]).unwrap();
+        assert!(c.record.mode == Mode::Wall && !c.record.off_cpu && c.record.off_cpu_min == 1.0);
+        let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--off-cpu", "--off-cpu-min", "5"]);
+        let c = c.unwrap();
+        assert!(c.record.mode == Mode::Cpu && c.record.off_cpu && c.record.off_cpu_min == 5.0);
     }
 
     #[test]

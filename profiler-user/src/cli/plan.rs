@@ -7,7 +7,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{Result, bail};
 
 use crate::{
-    cli::args::RecordArgs,
+    cli::args::{Mode, RecordArgs},
     model::ids::Pid,
     system::{cgroup::filter::Selection, host},
     usdt::{self, ProbeRequest},
@@ -41,6 +41,9 @@ pub struct RecordPlan {
     /// `--usdt-interval` specs, by interval id.
     pub usdt_intervals: Vec<String>,
     pub usdt_dump: Option<PathBuf>,
+    /// `profiler_common::OFF_CPU_*`.
+    pub off_cpu: u32,
+    pub off_cpu_min_ns: u64,
 }
 
 impl RecordPlan {
@@ -65,6 +68,14 @@ impl RecordPlan {
             bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
         }
         let format = output_format(&args.output, args.format)?;
+        if !(args.off_cpu_min.is_finite() && (0.0..=60_000.0).contains(&args.off_cpu_min)) {
+            bail!("invalid --off-cpu-min {}: must be between 0 and 60000 ms", args.off_cpu_min);
+        }
+        let off_cpu = match (args.mode, args.off_cpu) {
+            (Mode::Wall, _) => profiler_common::OFF_CPU_WALL,
+            (Mode::Cpu, true) => profiler_common::OFF_CPU_BLOCKED,
+            (Mode::Cpu, false) => profiler_common::OFF_CPU_NONE,
+        };
         let (usdt_requests, usdt_intervals) =
             usdt::requests_from_args(&args.usdt, &args.usdt_interval)?;
         let target = if !args.command.is_empty() {
@@ -92,6 +103,8 @@ impl RecordPlan {
             usdt_requests,
             usdt_intervals,
             usdt_dump: args.usdt_dump,
+            off_cpu,
+            off_cpu_min_ns: (args.off_cpu_min * 1e6) as u64,
         })
     }
 

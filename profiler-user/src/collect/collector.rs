@@ -26,6 +26,10 @@ const MAX_LABEL_COUNTS: usize = 65536;
 pub struct CollectorStats {
     pub samples: u64,
     pub idle_samples: u64,
+    /// Off-CPU records (not in `samples`) and the off-CPU time and blocks they carry.
+    pub off_cpu_samples: u64,
+    pub off_cpu_ns: u64,
+    pub off_cpu_blocks: u64,
     pub task_events: u64,
     pub decode_errors: u64,
     /// User frames in no mapping of their process (e.g. it exited before we read its maps).
@@ -93,10 +97,16 @@ impl<S: SampleSink> Collector<S> {
     }
 
     fn on_sample(&mut self, s: Sample) {
-        self.stats.samples += 1;
-        self.stats.first_sample.get_or_insert(s.time);
-        self.stats.last_sample = Some(s.time);
-        self.count_label(&s);
+        if let Some(o) = s.off_cpu {
+            self.stats.off_cpu_samples += 1;
+            self.stats.off_cpu_ns += o.weight_ns;
+            self.stats.off_cpu_blocks += u64::from(o.blocks);
+        } else {
+            self.stats.samples += 1;
+            self.stats.first_sample.get_or_insert(s.time);
+            self.stats.last_sample = Some(s.time);
+            self.count_label(&s);
+        }
         let (key, cpu_delta_ns) = match s.thread() {
             key @ ThreadKey::Idle { .. } => {
                 // The idle tasks are no process; their runtime is idle time, not work.
@@ -108,7 +118,7 @@ impl<S: SampleSink> Collector<S> {
             key => (key, self.observe_task(&s)),
         };
         let stack = self.store.intern_stack(&self.frames);
-        let sample = StoredSample { time_ns: s.time.0, cpu_delta_ns, stack };
+        let sample = StoredSample { time_ns: s.time.0, cpu_delta_ns, stack, off_cpu: s.off_cpu };
         self.store.push_sample(key, sample);
         let released = self.store.take_released_pids();
         if !released.is_empty() {
@@ -117,7 +127,8 @@ impl<S: SampleSink> Collector<S> {
     }
 
     /// Updates what is known of a sampled task's process and thread, normalizes its stack
-    /// into `frames`, and returns its CPU time since its previous sample.
+    /// into `frames`, and returns its CPU time since its previous sample (0 for off-CPU time,
+    /// which carries no CPU time reading).
     fn observe_task(&mut self, s: &Sample) -> u64 {
         let p = self.processes.processes.entry(s.pid).or_default();
         if p.meta.name.is_empty() && p.space_read_at.is_none() {
@@ -131,7 +142,7 @@ impl<S: SampleSink> Collector<S> {
         if main_thread && !s.comm.is_empty() {
             p.meta.name.clone_from(&s.comm);
         }
-        let cpu_delta = p.cpu_delta(s.tid, s.cpu_time_ns);
+        let cpu_delta = if s.off_cpu.is_some() { 0 } else { p.cpu_delta(s.tid, s.cpu_time_ns) };
         let r = stack::normalize(s, p, &mut self.modules, &mut self.outbox, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
         self.stats.maps_errors += r.maps_errors;

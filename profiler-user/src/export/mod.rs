@@ -203,6 +203,7 @@ fn replay(
                     time: MonoNs(s.time_ns),
                     cpu_delta_ns: s.cpu_delta_ns,
                     stack: s.stack,
+                    off_cpu: s.off_cpu,
                 };
                 sinks.iter_mut().for_each(|w| w.sample(key, &s));
             }

@@ -73,6 +73,8 @@ impl<'p> Recorder<'p> {
             config.filter_mode = FILTER_TARGETS;
             config.follow_children = u32::from(matches!(plan.target, Target::Command(_)));
         }
+        config.off_cpu = plan.off_cpu;
+        config.off_cpu_min_ns = plan.off_cpu_min_ns;
         let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes)?;
         if let Some(c) = &plan.cgroups {

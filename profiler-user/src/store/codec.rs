@@ -8,14 +8,20 @@
 
 use std::collections::HashMap;
 
-use crate::model::ids::{Pid, StackId, StringId, ThreadKey, Tid};
 pub use crate::model::markers::MarkerPhase;
+use crate::model::{
+    OffCpu,
+    ids::{Pid, StackId, StringId, ThreadKey, Tid},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredSample {
     pub time_ns: u64,
     pub cpu_delta_ns: u64,
     pub stack: Option<StackId>,
+    /// Off-CPU time (then `cpu_delta_ns` is 0). Its own block kind: CPU samples keep their
+    /// compact encoding.
+    pub off_cpu: Option<OffCpu>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +76,7 @@ impl StoredEvent {
 
 const KIND_SAMPLE: u8 = 1;
 const KIND_MARKER: u8 = 2;
+const KIND_OFF_CPU: u8 = 3;
 const FIELD_STR: u8 = 0;
 const FIELD_INT: u8 = 1;
 const FIELD_UINT: u8 = 2;
@@ -160,13 +167,26 @@ fn phase_code(p: MarkerPhase) -> u8 {
 pub fn encode(ev: &StoredEvent, times: &mut ChunkTimes, out: &mut Vec<u8>) {
     out.clear();
     match ev {
-        StoredEvent::Sample(t, s) => {
-            out.push(KIND_SAMPLE);
-            put_thread(out, *t);
-            put(out, times.delta(*t, s.time_ns));
-            put(out, s.cpu_delta_ns);
-            put(out, s.stack.map_or(0, |id| id.0 as u64 + 1));
-        }
+        StoredEvent::Sample(t, s) => match s.off_cpu {
+            None => {
+                out.push(KIND_SAMPLE);
+                put_thread(out, *t);
+                put(out, times.delta(*t, s.time_ns));
+                put(out, s.cpu_delta_ns);
+                put(out, s.stack.map_or(0, |id| id.0 as u64 + 1));
+            }
+            Some(o) => {
+                out.push(KIND_OFF_CPU);
+                put_thread(out, *t);
+                put(out, times.delta(*t, s.time_ns));
+                put(out, s.stack.map_or(0, |id| id.0 as u64 + 1));
+                put(out, o.weight_ns);
+                // Usually a single block: weight == block, one byte.
+                put(out, zigzag(o.weight_ns.wrapping_sub(o.block_ns) as i64));
+                put(out, o.blocks as u64);
+                put(out, o.state as u64);
+            }
+        },
         StoredEvent::Marker(t, m) => {
             out.push(KIND_MARKER);
             put_thread(out, *t);
@@ -242,7 +262,18 @@ pub fn decode(block: &[u8], times: &mut ChunkTimes) -> Result<StoredEvent, Block
             let time_ns = times.undelta(t, r.u64("time")?);
             let cpu_delta_ns = r.u64("cpu delta")?;
             let stack = r.u32("stack")?.checked_sub(1).map(StackId);
-            StoredEvent::Sample(t, StoredSample { time_ns, cpu_delta_ns, stack })
+            StoredEvent::Sample(t, StoredSample { time_ns, cpu_delta_ns, stack, off_cpu: None })
+        }
+        KIND_OFF_CPU => {
+            let t = r.thread()?;
+            let time_ns = times.undelta(t, r.u64("time")?);
+            let stack = r.u32("stack")?.checked_sub(1).map(StackId);
+            let weight_ns = r.u64("off-CPU weight")?;
+            let block_ns = weight_ns.wrapping_sub(unzigzag(r.u64("off-CPU block")?) as u64);
+            let blocks = r.u32("off-CPU blocks")?;
+            let state = r.u32("off-CPU state")?;
+            let off_cpu = Some(OffCpu { weight_ns, block_ns, blocks, state });
+            StoredEvent::Sample(t, StoredSample { time_ns, cpu_delta_ns: 0, stack, off_cpu })
         }
         KIND_MARKER => {
             let t = r.thread()?;
@@ -300,11 +331,21 @@ mod tests {
         let evs = vec![
             StoredEvent::Sample(
                 key(10, 10),
-                StoredSample { time_ns: 1_000, cpu_delta_ns: 0, stack: None },
+                StoredSample { time_ns: 1_000, cpu_delta_ns: 0, stack: None, off_cpu: None },
             ),
             StoredEvent::Sample(
                 key(10, 11),
-                StoredSample { time_ns: 900, cpu_delta_ns: 5, stack: Some(StackId(0)) },
+                StoredSample {
+                    time_ns: 900,
+                    cpu_delta_ns: 0,
+                    stack: Some(StackId(0)),
+                    off_cpu: Some(OffCpu {
+                        weight_ns: 2_000_000,
+                        block_ns: 30_000,
+                        blocks: 40,
+                        state: 1,
+                    }),
+                },
             ),
             StoredEvent::Marker(
                 key(10, 10),
@@ -328,6 +369,7 @@ mod tests {
                     time_ns: 2_000_000,
                     cpu_delta_ns: 999_000,
                     stack: Some(StackId(u32::MAX - 1)),
+                    off_cpu: None,
                 },
             ),
         ];
@@ -344,6 +386,7 @@ mod tests {
                 time_ns: 2_000_000,
                 cpu_delta_ns: 999_000,
                 stack: Some(StackId(40_000)),
+                off_cpu: None,
             },
         );
         encode(&typical, &mut ChunkTimes::new(1_000_000), &mut buf);

@@ -289,7 +289,7 @@ mod tests {
         for t in 0..1000u64 {
             s.push_sample(
                 key(1, 1 + (t % 3) as u32),
-                StoredSample { time_ns: t * 1000, cpu_delta_ns: t, stack: st },
+                StoredSample { time_ns: t * 1000, cpu_delta_ns: t, stack: st, off_cpu: None },
             );
         }
         let evs = events_of(&s);
@@ -307,7 +307,7 @@ mod tests {
             let stack = s.intern_stack(&[FrameAddr::Kernel(1), FrameAddr::Kernel(1000 + t / 100)]);
             s.push_sample(
                 key(t as u32 / 5000 + 1, 1),
-                StoredSample { time_ns: t * 1_000_000, cpu_delta_ns: 1, stack },
+                StoredSample { time_ns: t * 1_000_000, cpu_delta_ns: 1, stack, off_cpu: None },
             );
             assert!(s.buffer().allocated_bytes() <= 32 << 10);
         }
@@ -341,7 +341,10 @@ mod tests {
             ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(64 << 10, 4 << 10), budget);
         for t in 0..20_000u64 {
             let stack = s.intern_stack(&[FrameAddr::Kernel(t), FrameAddr::Kernel(t + 1)]);
-            s.push_sample(key(1, 1), StoredSample { time_ns: t, cpu_delta_ns: 0, stack });
+            s.push_sample(
+                key(1, 1),
+                StoredSample { time_ns: t, cpu_delta_ns: 0, stack, off_cpu: None },
+            );
             // The budget holds up to what the chunk being written refers to.
             assert!(s.table_bytes() <= budget + 1000 * STACK_NODE_BYTES, "{}", s.stack_nodes());
         }
@@ -403,7 +406,7 @@ mod tests {
                     let stack = s.intern_stack(&frames);
                     s.push_sample(
                         key(*thread),
-                        StoredSample { time_ns: *time, cpu_delta_ns: *cpu, stack },
+                        StoredSample { time_ns: *time, cpu_delta_ns: *cpu, stack, off_cpu: None },
                     );
                 }
                 Input::Marker { thread, phase, start, len, name, text, n } => {

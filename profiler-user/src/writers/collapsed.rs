@@ -11,6 +11,9 @@
 //!   `module+0xoffset`.
 //! - `;` inside a name becomes `:` (as `stackcollapse-perf.pl` does), line breaks become spaces:
 //!   the format has no escaping.
+//! - Off-CPU time (`--off-cpu`, `--mode wall`) is under an `[off-cpu]` frame right below the
+//!   thread, counted in sampling periods (rounded per line), so a flame graph shows it beside
+//!   CPU samples in one unit.
 //! - Lines are sorted, so a recording always gives the same file. Markers are left out.
 
 use std::{
@@ -31,18 +34,24 @@ use crate::{
 
 pub struct CollapsedWriter<'a> {
     ctx: &'a ProfileContext<'a>,
+    /// CPU samples by thread and stack.
     counts: HashMap<(ThreadKey, Option<StackId>), u64>,
+    /// Off-CPU ns by thread and stack.
+    off_cpu: HashMap<(ThreadKey, Option<StackId>), u64>,
 }
 
 impl<'a> CollapsedWriter<'a> {
     pub fn new(ctx: &'a ProfileContext<'a>) -> Self {
-        Self { ctx, counts: HashMap::new() }
+        Self { ctx, counts: HashMap::new(), off_cpu: HashMap::new() }
     }
 }
 
 impl EventSink for CollapsedWriter<'_> {
     fn sample(&mut self, thread: ThreadKey, s: &Sample) {
-        *self.counts.entry((thread, s.stack)).or_default() += 1;
+        match s.off_cpu {
+            Some(o) => *self.off_cpu.entry((thread, s.stack)).or_default() += o.weight_ns,
+            None => *self.counts.entry((thread, s.stack)).or_default() += 1,
+        }
     }
 
     fn marker(&mut self, _: ThreadKey, _: &Marker) {}
@@ -50,7 +59,7 @@ impl EventSink for CollapsedWriter<'_> {
 
 impl ProfileWriter for CollapsedWriter<'_> {
     fn is_empty(&self) -> bool {
-        self.counts.is_empty()
+        self.counts.is_empty() && self.off_cpu.is_empty()
     }
 
     fn write(self: Box<Self>, _corrupt: &[String], out: &mut dyn Write) -> io::Result<()> {
@@ -58,9 +67,21 @@ impl ProfileWriter for CollapsedWriter<'_> {
         let mut roots: HashMap<ThreadKey, String> = HashMap::new();
         // Different stack nodes can print the same (e.g. two call sites of one line).
         let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-        for ((thread, stack), n) in self.counts {
+        let period_ns = (1e9 / ctx.info.frequency.max(1) as f64).max(1.0);
+        let off_cpu = self
+            .off_cpu
+            .into_iter()
+            .map(|(key, ns)| (key, (ns as f64 / period_ns).round() as u64, true));
+        let cpu = self.counts.into_iter().map(|(key, n)| (key, n, false));
+        for ((thread, stack), n, off) in cpu.chain(off_cpu) {
+            if n == 0 {
+                continue;
+            }
             let root = roots.entry(thread).or_insert_with(|| thread_root(ctx, thread));
             let mut line = root.clone();
+            if off {
+                line.push_str(";[off-cpu]");
+            }
             for f in stack.map(|s| frames_root_first(ctx, s)).unwrap_or_default() {
                 line.push(';');
                 line.push_str(&frame_text(f));
@@ -131,6 +152,20 @@ mod tests {
         let out = String::from_utf8(write(Format::Collapsed, events)).unwrap();
         assert!(out.is_empty() || out.ends_with('\n'));
         out.lines().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn off_cpu_time_is_counted_in_periods_under_its_own_frame() {
+        use crate::writers::testdata::*;
+        let mut blocked = sample(4, 0, Some(S_MAIN));
+        let o =
+            crate::model::OffCpu { weight_ns: 2_600_000, block_ns: 2_600_000, blocks: 1, state: 1 };
+        blocked.off_cpu = Some(o);
+        let l = lines(&[(MAIN, sample(1, 0, Some(S_MAIN))), (MAIN, blocked)]);
+        assert_eq!(l.len(), 2, "{l:?}");
+        assert!(l.iter().any(|l| l.ends_with(";main 1") && !l.contains("[off-cpu]")), "{l:?}");
+        // 2.6 ms at 1000 Hz: 3 periods.
+        assert!(l.iter().any(|l| l.contains(";[off-cpu];main 3")), "{l:?}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //!
 //! Samples are aggregated per (thread, stack): each gets two values, `samples`/`count` and
 //! `cpu`/`nanoseconds` (the CPU time the thread used since its previous sample, or the sampling
-//! period when that is unknown), and labels saying whose it is: `pid`, `tid` (numbers),
+//! period when that is unknown) — plus `off_cpu`/`nanoseconds`, the time spent blocked, when
+//! the recording has off-CPU samples (`--off-cpu`, `--mode wall`; those count as no CPU
+//! sample) — and labels saying whose it is: `pid`, `tid` (numbers),
 //! `process`, `thread` (strings), `container_runtime`/`container_id` or `service` when known.
 //! The idle tasks are kept as process `[idle]`, threads `swapper/N`, with a `cpu` string label
 //! and no pid/tid (0, which readers take for no label), so they can be filtered out
@@ -36,27 +38,33 @@ pub use proto::Profile;
 
 pub struct PprofWriter<'a> {
     ctx: &'a ProfileContext<'a>,
-    /// (samples, cpu ns) by thread and stack.
-    counts: HashMap<(ThreadKey, Option<StackId>), (i64, i64)>,
+    /// (samples, cpu ns, off-CPU ns) by thread and stack.
+    counts: HashMap<(ThreadKey, Option<StackId>), [i64; 3]>,
+    any_off_cpu: bool,
     period_ns: i64,
 }
 
 impl<'a> PprofWriter<'a> {
     pub fn new(ctx: &'a ProfileContext<'a>) -> Self {
         let period_ns = (1e9 / ctx.info.frequency.max(1) as f64).round() as i64;
-        Self { ctx, counts: HashMap::new(), period_ns }
+        Self { ctx, counts: HashMap::new(), any_off_cpu: false, period_ns }
     }
 }
 
 impl EventSink for PprofWriter<'_> {
     fn sample(&mut self, thread: ThreadKey, s: &Sample) {
+        let c = self.counts.entry((thread, s.stack)).or_default();
+        if let Some(o) = s.off_cpu {
+            self.any_off_cpu = true;
+            c[2] = c[2].saturating_add(i64::try_from(o.weight_ns).unwrap_or(i64::MAX));
+            return;
+        }
         let cpu = match s.cpu_delta_ns {
             0 => self.period_ns,
             d => i64::try_from(d).unwrap_or(i64::MAX),
         };
-        let c = self.counts.entry((thread, s.stack)).or_default();
-        c.0 += 1;
-        c.1 = c.1.saturating_add(cpu);
+        c[0] += 1;
+        c[1] = c[1].saturating_add(cpu);
     }
 
     fn marker(&mut self, _: ThreadKey, _: &Marker) {}
@@ -78,8 +86,14 @@ impl PprofWriter<'_> {
         let ctx = self.ctx;
         let info = ctx.info;
         let mut b = Builder::new(ctx.stacks);
+        let mut sample_type =
+            vec![b.value_type("samples", "count"), b.value_type("cpu", "nanoseconds")];
+        if self.any_off_cpu {
+            sample_type.push(b.value_type("off_cpu", "nanoseconds"));
+        }
+        let values = sample_type.len();
         let mut p = Profile {
-            sample_type: vec![b.value_type("samples", "count"), b.value_type("cpu", "nanoseconds")],
+            sample_type,
             period_type: Some(b.value_type("cpu", "nanoseconds")),
             period: self.period_ns,
             time_nanos: (info.start_wall_ms * 1e6) as i64,
@@ -105,10 +119,11 @@ impl PprofWriter<'_> {
         let mut counts: Vec<_> = self.counts.into_iter().collect();
         counts.sort_unstable_by_key(|&(key, _)| key);
         let mut labels: HashMap<ThreadKey, Vec<proto::Label>> = HashMap::new();
-        for ((thread, stack), (n, cpu)) in counts {
+        for ((thread, stack), value) in counts {
             let label = labels.entry(thread).or_insert_with(|| b.labels(ctx, thread)).clone();
             let location_id = stack.map(|s| b.stack(s)).unwrap_or_default();
-            p.sample.push(proto::Sample { location_id, value: vec![n, cpu], label });
+            let value = value[..values].to_vec();
+            p.sample.push(proto::Sample { location_id, value, label });
         }
         p.mapping = b.mappings;
         p.location = b.locations;
@@ -321,6 +336,24 @@ mod tests {
         fn sample_with(&self, names: &[&str]) -> Vec<&'p proto::Sample> {
             self.0.sample.iter().filter(|s| self.names(s) == names).collect()
         }
+    }
+
+    #[test]
+    fn off_cpu_time_is_a_third_value_not_a_cpu_sample() {
+        let mut blocked = sample(4, 0, Some(S_SYSCALL));
+        let off_cpu =
+            crate::model::OffCpu { weight_ns: 2_500_000, block_ns: 2_500_000, blocks: 1, state: 1 };
+        blocked.off_cpu = Some(off_cpu);
+        let p = decode(&[(MAIN, sample(1, 700_000, Some(S_HOT))), (MAIN, blocked)]);
+        let r = Read(&p);
+        let types: Vec<_> = p.sample_type.iter().map(|t| (r.s(t.r#type), r.s(t.unit))).collect();
+        assert_eq!(
+            types,
+            [("samples", "count"), ("cpu", "nanoseconds"), ("off_cpu", "nanoseconds")]
+        );
+        let mut values: Vec<_> = p.sample.iter().map(|s| s.value.clone()).collect();
+        values.sort();
+        assert_eq!(values, [vec![0, 0, 2_500_000], vec![1, 700_000, 0]]);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct ProfileStats {
     pub samples: u64,
     pub idle_samples: u64,
     pub markers: u64,
+    /// Off-CPU records written (as samples spread over their time; not in `samples`).
+    pub off_cpu_records: u64,
     /// Self samples per leaf function ("name (in module)"), most first; idle excluded.
     pub top_functions: Vec<(String, u64)>,
     /// Time range (ms since start) recycled away to stay within the buffer size.
@@ -83,6 +85,10 @@ impl<'a> SummaryCounts<'a> {
 impl EventSink for SummaryCounts<'_> {
     fn sample(&mut self, thread: ThreadKey, s: &Sample) {
         self.thread(thread);
+        if s.off_cpu.is_some() {
+            self.stats.off_cpu_records += 1;
+            return;
+        }
         self.stats.samples += 1;
         if thread.is_idle() {
             self.stats.idle_samples += 1;
@@ -158,6 +164,41 @@ pub fn render(i: &SummaryInput) -> String {
         c.get(counter::CPU_TIME_STALE),
         i.stats.unmapped_frames
     );
+    let tracked = c.get(counter::OFF_CPU_SENT)
+        + c.get(counter::OFF_CPU_SUMMED)
+        + c.get(counter::OFF_CPU_LOST_RINGBUF_FULL)
+        + c.get(counter::OFF_CPU_LOST_MAP_FULL);
+    if tracked > 0 || i.stats.off_cpu_samples > 0 {
+        let _ = writeln!(
+            s,
+            "off-CPU: {tracked} blocks ended: {} sent one by one, {} shorter than --off-cpu-min \
+             summed per thread, {} lost (ring buffer full {}, thread map full {})",
+            c.get(counter::OFF_CPU_SENT),
+            c.get(counter::OFF_CPU_SUMMED),
+            c.lost_off_cpu(),
+            c.get(counter::OFF_CPU_LOST_RINGBUF_FULL),
+            c.get(counter::OFF_CPU_LOST_MAP_FULL),
+        );
+        let _ = writeln!(
+            s,
+            "  {} records arrived ({} of summed blocks; {} sums deferred, ring buffer full) \
+             carrying {:.1} ms off-CPU in {} blocks; stack errors {}",
+            i.stats.off_cpu_samples,
+            c.get(counter::OFF_CPU_SUMS_SENT),
+            c.get(counter::OFF_CPU_SUMS_DEFERRED),
+            i.stats.off_cpu_ns as f64 / 1e6,
+            i.stats.off_cpu_blocks,
+            c.get(counter::OFF_CPU_STACK_ERRORS),
+        );
+        let sent = c.get(counter::OFF_CPU_SENT) + c.get(counter::OFF_CPU_SUMS_SENT);
+        if sent != i.stats.off_cpu_samples {
+            let _ = writeln!(
+                s,
+                "  warning: kernel sent {sent} off-CPU records but {} arrived",
+                i.stats.off_cpu_samples
+            );
+        }
+    }
     if i.stats.maps_errors > 0 {
         let _ = writeln!(
             s,

@@ -114,7 +114,7 @@ pub fn processes() -> ProcessesMeta {
 }
 
 pub fn sample(ms: u64, cpu_delta_ns: u64, stack: Option<StackId>) -> Sample {
-    Sample { time: MonoNs(5_000_000_000 + ms * 1_000_000), cpu_delta_ns, stack }
+    Sample { time: MonoNs(5_000_000_000 + ms * 1_000_000), cpu_delta_ns, stack, off_cpu: None }
 }
 
 /// Runs `events` through a `format` writer; returns the file's bytes.

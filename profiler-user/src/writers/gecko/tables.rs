@@ -42,14 +42,17 @@ pub const CATEGORY_KERNEL: u32 = 3;
 pub const CATEGORY_LABEL: u32 = 4;
 /// Markers from USDT probes: their own colour in the Marker Chart, apart from everything else.
 pub const CATEGORY_USDT: u32 = 5;
+/// Off-CPU time: every frame of an off-CPU sample, and the long-block markers.
+pub const CATEGORY_OFF_CPU: u32 = 6;
 
-const CATEGORIES: [(&str, &str); 6] = [
+const CATEGORIES: [(&str, &str); 7] = [
     ("Other", "grey"),
     ("Idle", "transparent"),
     ("User", "yellow"),
     ("Kernel", "orange"),
     ("Label", "lightblue"),
     ("USDT", "magenta"),
+    ("Off-CPU", "purple"),
 ];
 
 fn categories() -> Value {
@@ -161,7 +164,7 @@ pub struct ThreadTables {
     frame_ids: HashMap<(FrameIndex, u32), u32>,
     stacks: Vec<StackRow>,
     stack_ids: HashMap<StackRow, u32>,
-    node_ids: HashMap<(StackId, bool), Option<u32>>,
+    node_ids: HashMap<(StackId, Option<u32>), Option<u32>>,
     samples: Vec<SampleRow>,
     sample_count: u64,
     busy_samples: u64,
@@ -169,7 +172,9 @@ pub struct ThreadTables {
     last_sample_ms: f64,
     markers: Vec<u8>,
     marker_count: u64,
-    path: Vec<(StackId, bool)>,
+    path: Vec<(StackId, Option<u32>)>,
+    /// Off-CPU time not yet written as a sample (less than one sampling interval).
+    off_cpu_carry_ns: u64,
 }
 
 impl ThreadTables {
@@ -202,7 +207,45 @@ impl ThreadTables {
         }
         let time_ms =
             time_ms.max(if self.sample_count > 0 { self.last_sample_ms } else { f64::MIN });
-        let row = stack.and_then(|s| self.stack(stacks, s, idle));
+        let over = idle.then_some(CATEGORY_IDLE);
+        let row = stack.and_then(|s| self.stack(stacks, s, over));
+        self.push_row(time_ms, cpu_delta_ns, row, !idle);
+    }
+
+    /// Appends off-CPU time as the samples a wall-clock sampler with period `interval_ns`
+    /// would have taken: the Gecko format has no sample weights (the importer resets them), so
+    /// `weight_ns` becomes whole samples (the remainder carries over to the thread's next
+    /// off-CPU time), spread over the block `[time, time + block_ns]`. They have no CPU time and
+    /// every frame in the Off-CPU category.
+    pub fn add_off_cpu(
+        &mut self,
+        stacks: &SymbolizedStacks,
+        time_ms: f64,
+        stack: Option<StackId>,
+        weight_ns: u64,
+        block_ns: u64,
+        interval_ns: u64,
+    ) -> u64 {
+        if !time_ms.is_finite() || interval_ns == 0 {
+            return 0;
+        }
+        self.off_cpu_carry_ns += weight_ns;
+        let n = self.off_cpu_carry_ns / interval_ns;
+        self.off_cpu_carry_ns -= n * interval_ns;
+        if n == 0 {
+            return 0;
+        }
+        let row = stack.and_then(|s| self.stack(stacks, s, Some(CATEGORY_OFF_CPU)));
+        let step_ms = block_ns as f64 / 1e6 / n as f64;
+        for i in 0..n {
+            let t = time_ms + (i as f64 + 0.5) * step_ms;
+            let t = t.max(if self.sample_count > 0 { self.last_sample_ms } else { f64::MIN });
+            self.push_row(t, Some(0), row, false);
+        }
+        n
+    }
+
+    fn push_row(&mut self, time_ms: f64, cpu_delta_ns: Option<u64>, row: Option<u32>, busy: bool) {
         self.samples.push(SampleRow {
             time_ms,
             cpu_delta_ns: cpu_delta_ns.unwrap_or(u64::MAX),
@@ -212,7 +255,7 @@ impl ThreadTables {
             self.first_sample_ms = time_ms;
         }
         self.sample_count += 1;
-        self.busy_samples += u64::from(!idle);
+        self.busy_samples += u64::from(busy);
         self.last_sample_ms = time_ms;
     }
 
@@ -248,24 +291,25 @@ impl ThreadTables {
     /// The stack row of tree node `id`, creating rows for it and any missing ancestors.
     /// Idle samples get the Idle category on every frame, so whichever frame is the leaf the
     /// front-end sees an idle sample, and call-tree nodes of idle time are coloured as idle.
-    fn stack(&mut self, tree: &SymbolizedStacks, id: StackId, idle: bool) -> Option<u32> {
+    /// `over`: the category every frame gets instead of its own (idle, off-CPU).
+    fn stack(&mut self, tree: &SymbolizedStacks, id: StackId, over: Option<u32>) -> Option<u32> {
         // Walk up to the nearest node that already has a row, then create rows downwards.
         self.path.clear();
         let mut cur = Some(id);
         let mut prefix = None;
         while let Some(node) = cur {
-            if let Some(&row) = self.node_ids.get(&(node, idle)) {
+            if let Some(&row) = self.node_ids.get(&(node, over)) {
                 prefix = row;
                 break;
             }
-            self.path.push((node, idle));
+            self.path.push((node, over));
             // A pruned or unknown node ends the stack there rather than dropping the sample.
             cur = tree.node(node).and_then(|(parent, _)| parent);
         }
         while let Some((node, _)) = self.path.pop() {
             if let Some((_, frames)) = tree.node(node) {
                 for &f in frames {
-                    let Some(frame) = self.frame(tree, f, idle) else { continue };
+                    let Some(frame) = self.frame(tree, f, over) else { continue };
                     let next = self.stacks.len() as u32;
                     // A new row is appended after its prefix, so a prefix precedes its users.
                     prefix = Some(*self.stack_ids.entry((prefix, frame)).or_insert_with(|| {
@@ -274,19 +318,18 @@ impl ThreadTables {
                     }));
                 }
             }
-            self.node_ids.insert((node, idle), prefix);
+            self.node_ids.insert((node, over), prefix);
         }
         prefix
     }
 
-    fn frame(&mut self, tree: &SymbolizedStacks, f: FrameIndex, idle: bool) -> Option<u32> {
+    fn frame(&mut self, tree: &SymbolizedStacks, f: FrameIndex, over: Option<u32>) -> Option<u32> {
         let frame = tree.frame(f)?;
-        let category = match (idle, frame.kind) {
-            (true, _) => CATEGORY_IDLE,
-            (false, FrameKind::User) => CATEGORY_USER,
-            (false, FrameKind::Kernel) => CATEGORY_KERNEL,
-            (false, FrameKind::Label) => CATEGORY_LABEL,
-        };
+        let category = over.unwrap_or(match frame.kind {
+            FrameKind::User => CATEGORY_USER,
+            FrameKind::Kernel => CATEGORY_KERNEL,
+            FrameKind::Label => CATEGORY_LABEL,
+        });
         if let Some(&id) = self.frame_ids.get(&(f, category)) {
             return Some(id);
         }
@@ -647,6 +690,24 @@ mod tests {
     }
 
     #[test]
+    fn offcpu_time_becomes_interval_samples_with_carry() {
+        let t = tree();
+        let mut tables = ThreadTables::default();
+        // 2.5 ms at a 1 ms interval: 2 samples spread over the block, 0.5 ms carried over.
+        assert_eq!(
+            tables.add_off_cpu(&t, 10.0, Some(StackId(1)), 2_500_000, 2_500_000, 1_000_000),
+            2
+        );
+        assert_eq!(tables.add_off_cpu(&t, 20.0, Some(StackId(1)), 400_000, 400_000, 1_000_000), 0);
+        assert_eq!(tables.add_off_cpu(&t, 30.0, Some(StackId(1)), 100_000, 100_000, 1_000_000), 1);
+        let times: Vec<f64> = tables.samples.iter().map(|r| r.time_ms).collect();
+        assert_eq!(times, [10.625, 11.875, 30.05]);
+        assert!(tables.samples.iter().all(|r| r.cpu_delta_ns == 0));
+        assert_eq!(tables.busy_samples, 0);
+        assert!(tables.frames.iter().all(|&(_, _, c)| c == CATEGORY_OFF_CPU));
+    }
+
+    #[test]
     fn meta_and_layout() {
         let j = sample_json();
         assert_eq!(j["meta"]["version"], 36);
@@ -656,7 +717,7 @@ mod tests {
         assert_eq!(j["meta"]["rsprof"]["buffer"], 1);
         let cats: Vec<_> =
             j["meta"]["categories"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
-        assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label", "USDT"]);
+        assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label", "USDT", "Off-CPU"]);
         assert_eq!(j["threads"].as_array().unwrap().len(), 0);
         // One sub-process per process, busiest first, main thread first.
         let procs = j["processes"].as_array().unwrap();

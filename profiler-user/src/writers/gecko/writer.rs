@@ -11,10 +11,11 @@ use serde_json::json;
 
 use crate::{
     model::{
-        Sample,
+        OffCpu, Sample,
         ids::{Pid, ThreadKey, Tid},
         markers::{Marker, MarkerPhase, MarkerSource},
         process::{IDLE_PROCESS_NAME, idle_thread_name},
+        time::MonoNs,
     },
     writers::{
         EventSink, ProfileContext, ProfileWriter,
@@ -52,6 +53,26 @@ impl<'a> GeckoWriter<'a> {
     }
 }
 
+/// Blocks at least this long also get an interval marker.
+pub const OFF_CPU_MARKER_MIN_NS: u64 = 10_000_000;
+const OFF_CPU_MARKER: &str = "Off-CPU";
+
+fn off_cpu_marker_schema() -> serde_json::Value {
+    json!({
+        "name": OFF_CPU_MARKER,
+        "display": ["marker-chart", "marker-table", "timeline-overview"],
+        "chartLabel": "{marker.data.state}",
+        "tableLabel": "{marker.data.state}",
+        "tooltipLabel": "Off-CPU: {marker.data.state}",
+        "description": "The thread was off the CPU (blocked, or with --mode wall waiting for a CPU) for this long; its stack at the switch-out is in the Off-CPU samples",
+        "data": [{"key": "state", "label": "Task state", "format": "string"}],
+    })
+}
+
+fn off_cpu_marker_data(o: &OffCpu) -> serde_json::Value {
+    json!({"type": OFF_CPU_MARKER, "state": o.state_name()})
+}
+
 /// Gecko's marker phase numbers.
 fn phase_number(p: MarkerPhase) -> u8 {
     match p {
@@ -65,6 +86,31 @@ fn phase_number(p: MarkerPhase) -> u8 {
 impl EventSink for GeckoWriter<'_> {
     fn sample(&mut self, thread: ThreadKey, s: &Sample) {
         let time = self.ctx.info.ms(s.time);
+        if let Some(o) = s.off_cpu {
+            let interval_ns = 1_000_000_000 / self.ctx.info.frequency.max(1);
+            let tables = self.threads.entry(thread).or_default();
+            tables.add_off_cpu(
+                self.ctx.stacks,
+                time,
+                s.stack,
+                o.weight_ns,
+                o.block_ns,
+                interval_ns,
+            );
+            if o.blocks == 1 && o.block_ns >= OFF_CPU_MARKER_MIN_NS {
+                let end = self.ctx.info.ms(MonoNs(s.time.0 + o.block_ns));
+                let data = off_cpu_marker_data(&o);
+                tables.add_marker(
+                    OFF_CPU_MARKER,
+                    Some(time),
+                    Some(end),
+                    1,
+                    tables::CATEGORY_OFF_CPU,
+                    &data,
+                );
+            }
+            return;
+        }
         self.threads.entry(thread).or_default().add_sample(
             self.ctx.stacks,
             time,
@@ -100,6 +146,7 @@ impl ProfileWriter for GeckoWriter<'_> {
         let info = ctx.info;
         let mut marker_schema: Vec<_> = ctx.marker_schemas.iter().map(schema_json).collect();
         marker_schema.push(container::marker_schema());
+        marker_schema.push(off_cpu_marker_schema());
         let r = ctx.recycled;
         let dropped_ms = r.range.map(|(a, b)| (info.ms(a), info.ms(b)));
         let extra = json!({
