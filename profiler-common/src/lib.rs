@@ -20,6 +20,11 @@ pub const EVENT_EXEC: u32 = 3;
 pub const EVENT_EXIT: u32 = 4;
 /// A USDT probe hit ([`UsdtRecord`]).
 pub const EVENT_USDT: u32 = 5;
+/// An executable mapping was made ([`MapRecord`]).
+pub const EVENT_MMAP: u32 = 6;
+/// An executable mapping was removed, or a range was remapped non-executable
+/// ([`MapRecord`] with only the range set).
+pub const EVENT_MUNMAP: u32 = 7;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -77,6 +82,11 @@ pub struct TaskRecord {
     pub header: EventHeader,
     pub parent_pid: u32,
     pub parent_tid: u32,
+    /// The task's `mm_struct` (fork: the child's; exec: the new image's): which address
+    /// space later [`MapRecord`]s of the process belong to. 0 if unreadable.
+    pub mm: u64,
+    /// Exec only: start of the vDSO in the new image (`mm->context.vdso`), 0 if unknown.
+    pub vdso: u64,
     pub comm: [u8; TASK_COMM_LEN],
     /// Bytes of `cmdline` that follow (exec only); NUL-separated argv.
     pub cmdline_len: u32,
@@ -87,6 +97,47 @@ pub struct TaskRecord {
 
 /// Size of a `TaskRecord` without its trailing `cmdline`.
 pub const TASK_RECORD_FIXED: usize = core::mem::size_of::<TaskRecord>() - CMDLINE_MAX;
+
+/// Bytes of a mapped file's path components kept (see [`MapRecord::path`]).
+pub const MAP_PATH_MAX: usize = 256;
+/// Longest single path component read; longer names are cut (and the path flagged).
+pub const MAP_NAME_MAX: usize = 64;
+/// Deepest path walked (components plus mount crossings).
+pub const MAP_PATH_DEPTH: u32 = 24;
+
+/// [`MapRecord::flags`].
+pub const MAP_ANON: u32 = 1 << 0;
+/// The path walk reached the root of the mount tree: `path` is absolute.
+pub const MAP_PATH_COMPLETE: u32 = 1 << 1;
+/// The mapping came from MAP_FIXED over whatever was there (ld.so maps segments this way).
+pub const MAP_FIXED_REPLACE: u32 = 1 << 2;
+
+/// An executable mapping made by `do_mmap` (mmap(2) and the ELF loader at exec), or a removal.
+/// `path` holds the file's path components leaf first, each NUL-terminated (`libc.so.6\0
+/// x86_64-linux-gnu\0lib\0usr\0`), walked from the dentry across mounts; only `path_len`
+/// bytes are sent.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MapRecord {
+    pub header: EventHeader,
+    pub start: u64,
+    pub len: u64,
+    /// File offset of `start`, in bytes.
+    pub offset: u64,
+    /// The address space (`mm_struct`) the mapping is in.
+    pub mm: u64,
+    pub inode: u64,
+    /// Kernel `dev_t` of the file's superblock (major << 20 | minor).
+    pub dev: u32,
+    pub flags: u32,
+    pub path_len: u32,
+    pub _pad: u32,
+    /// Room for one more component read past `MAP_PATH_MAX`, which the verifier needs.
+    pub path: [u8; MAP_PATH_MAX + MAP_NAME_MAX],
+}
+
+pub const MAP_RECORD_FIXED: usize =
+    core::mem::size_of::<MapRecord>() - (MAP_PATH_MAX + MAP_NAME_MAX);
 pub const SAMPLE_RECORD_FIXED: usize = core::mem::size_of::<SampleHeader>();
 
 /// Filter modes for [`Config::filter_mode`].
@@ -95,6 +146,7 @@ pub const FILTER_ALL: u32 = 0;
 pub const FILTER_TARGETS: u32 = 1;
 
 /// Set by the loader before the programs are loaded (a `.rodata` global).
+/// [`Config::ZERO`] is the placeholder the loader overwrites.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Config {
@@ -108,6 +160,69 @@ pub struct Config {
     pub task_mm: u32,
     pub mm_arg_start: u32,
     pub mm_arg_end: u32,
+    /// For mapping tracking (see profiler-ebpf's maptrack.rs); 0 where absent.
+    pub mm_vdso: u32,
+    pub file_inode: u32,
+    pub file_path_mnt: u32,
+    pub file_path_dentry: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
+    pub dentry_parent: u32,
+    pub dentry_name: u32,
+    pub vfsmount_root: u32,
+    /// Offset of the `struct vfsmount` embedded in `struct mount`.
+    pub mount_mnt: u32,
+    pub mount_parent: u32,
+    pub mount_mountpoint: u32,
+    pub vma_mm: u32,
+    pub vma_start: u32,
+    pub vma_end: u32,
+    pub vma_flags: u32,
+    /// Argument positions of `do_mmap`'s parameters (the list changed across kernels: 6.5
+    /// added `vm_flags`); the return value sits after the last one.
+    pub mmap_arg_file: u32,
+    pub mmap_arg_len: u32,
+    pub mmap_arg_prot: u32,
+    pub mmap_arg_flags: u32,
+    pub mmap_arg_pgoff: u32,
+    pub mmap_arg_count: u32,
+}
+
+impl Config {
+    pub const ZERO: Config = Config {
+        filter_mode: FILTER_ALL,
+        follow_children: 0,
+        task_sum_exec_runtime: 0,
+        task_pid: 0,
+        task_tgid: 0,
+        task_mm: 0,
+        mm_arg_start: 0,
+        mm_arg_end: 0,
+        mm_vdso: 0,
+        file_inode: 0,
+        file_path_mnt: 0,
+        file_path_dentry: 0,
+        inode_ino: 0,
+        inode_sb: 0,
+        sb_dev: 0,
+        dentry_parent: 0,
+        dentry_name: 0,
+        vfsmount_root: 0,
+        mount_mnt: 0,
+        mount_parent: 0,
+        mount_mountpoint: 0,
+        vma_mm: 0,
+        vma_start: 0,
+        vma_end: 0,
+        vma_flags: 0,
+        mmap_arg_file: 0,
+        mmap_arg_len: 0,
+        mmap_arg_prot: 0,
+        mmap_arg_flags: 0,
+        mmap_arg_pgoff: 0,
+        mmap_arg_count: 0,
+    };
 }
 
 /// Deepest cgroup level the cgroup filter can select (levels are bits of a u64).
@@ -175,7 +290,13 @@ pub mod counter {
     /// Sample sent with its task's CPU time as of the last scheduler tick (no context switch
     /// seen on its CPU since attaching), not current at the sample.
     pub const CPU_TIME_STALE: u32 = 22;
-    pub const COUNT: u32 = 23;
+    /// Executable mappings and removals written to the ring buffer.
+    pub const MAP_EVENTS_SENT: u32 = 23;
+    /// Mapping records lost: ring buffer full (frames in those mappings show as unmapped).
+    pub const MAP_EVENTS_LOST: u32 = 24;
+    /// Mapped files whose path could not be walked to the root (cut, too deep, unreadable).
+    pub const MAP_PATH_INCOMPLETE: u32 = 25;
+    pub const COUNT: u32 = 26;
 }
 
 /// Size of the `USDT_SPECS` array: probe sites attached at once.

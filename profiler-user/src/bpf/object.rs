@@ -4,10 +4,12 @@
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, RawTracePoint, UProbe,
+        FEntry, FExit, PerfEvent, RawTracePoint, UProbe,
+        fentry::FEntryLinkId,
+        fexit::FExitLinkId,
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
@@ -27,6 +29,10 @@ pub struct BpfObject {
     pub cpus: Vec<u32>,
     perf_links: Vec<PerfEventLinkId>,
     tp_links: Vec<(&'static str, RawTracePointLinkId)>,
+    mmap_link: Option<FExitLinkId>,
+    unmap_link: Option<FEntryLinkId>,
+    /// Why removals of executable mappings are not traced, if they are not.
+    pub unmap_tracking_error: Option<String>,
 }
 
 impl BpfObject {
@@ -41,7 +47,15 @@ impl BpfObject {
             .load(BPF_OBJECT)
             .context("load BPF programs")?;
         let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-        Ok(Self { ebpf, cpus, perf_links: Vec::new(), tp_links: Vec::new() })
+        Ok(Self {
+            ebpf,
+            cpus,
+            perf_links: Vec::new(),
+            tp_links: Vec::new(),
+            mmap_link: None,
+            unmap_link: None,
+            unmap_tracking_error: None,
+        })
     }
 
     /// Selects processes for the `-p` / `-- CMD` filter; call before `attach`.
@@ -69,6 +83,7 @@ impl BpfObject {
     /// and sched_switch so most CPUs have seen a switch (making CPU time current) by the
     /// first sample, then the sampler on every online CPU.
     pub fn attach(&mut self, frequency: u64) -> Result<()> {
+        self.attach_maptrack()?;
         for (prog, tp) in [
             ("on_fork", "sched_process_fork"),
             ("on_exec", "sched_process_exec"),
@@ -93,6 +108,25 @@ impl BpfObject {
                 )
                 .with_context(|| format!("attach CPU-clock sampler to CPU {cpu}"))?;
             self.perf_links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Mapping records (profiler-ebpf maptrack.rs), attached before the lifecycle tracepoints:
+    /// a process exec'd after the attach has all its mappings recorded. `do_mmap` is needed;
+    /// without the `remove_vma` hook (a kernel where it is inlined) unmapped ranges stay known
+    /// until something is mapped over them, which only costs memory.
+    fn attach_maptrack(&mut self) -> Result<()> {
+        let btf = Btf::from_sys_fs().context("read kernel BTF")?;
+        let p: &mut FExit =
+            self.ebpf.program_mut("on_do_mmap").context("on_do_mmap")?.try_into()?;
+        p.load("do_mmap", &btf).context("load the mapping tracker (fexit do_mmap)")?;
+        self.mmap_link = Some(p.attach().context("attach fexit do_mmap")?);
+        let p: &mut FEntry =
+            self.ebpf.program_mut("on_remove_vma").context("on_remove_vma")?.try_into()?;
+        match p.load("remove_vma", &btf).and_then(|()| p.attach()) {
+            Ok(link) => self.unmap_link = Some(link),
+            Err(e) => self.unmap_tracking_error = Some(format!("fentry remove_vma: {e}")),
         }
         Ok(())
     }
@@ -139,6 +173,16 @@ impl BpfObject {
             for link in self.perf_links.drain(..) {
                 let _ = p.detach(link);
             }
+        }
+        if let Some(link) = self.mmap_link.take()
+            && let Some(Ok(p)) = self.ebpf.program_mut("on_do_mmap").map(<&mut FExit>::try_from)
+        {
+            let _ = p.detach(link);
+        }
+        if let Some(link) = self.unmap_link.take()
+            && let Some(Ok(p)) = self.ebpf.program_mut("on_remove_vma").map(<&mut FEntry>::try_from)
+        {
+            let _ = p.detach(link);
         }
         for (prog, link) in self.tp_links.drain(..) {
             if let Some(p) = self.ebpf.program_mut(prog) {

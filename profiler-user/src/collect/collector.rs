@@ -1,14 +1,17 @@
 //! Turns decoded ring-buffer events into stored samples and process metadata. User addresses
-//! are normalized here (`stack`), while the process is still alive to be asked for its
-//! mappings; what other parts must act on goes to the `outbox`.
+//! are normalized here (`stack`) through each process's address space, which the kernel's
+//! mapping records keep current (one ring, ordered by reservation across CPUs, so a mapping is
+//! applied before any sample that runs code in it); /proc/PID/maps is read once, only for
+//! processes that existed before the recording. What other parts must act on goes to the
+//! `outbox`.
 
 use crate::{
-    bpf::decode::{self, DecodeError, Event, Sample, TaskEvent, TaskKind},
+    bpf::decode::{self, DecodeError, Event, MapEvent, MapKind, Sample, TaskEvent, TaskKind},
     collect::{
-        modules::ModuleTable,
+        modules::{Mapping, ModuleTable},
         outbox::Outbox,
-        processes::{ProcessInfo, ProcessTable},
-        stack::{self, kernel_frames, refresh_space},
+        processes::{ProcessInfo, ProcessTable, SpaceSource},
+        stack::{self, kernel_frames, read_space_once},
     },
     model::{
         address::FrameAddr,
@@ -28,10 +31,14 @@ pub struct CollectorStats {
     pub idle_samples: u64,
     pub task_events: u64,
     pub decode_errors: u64,
-    /// User frames in no mapping of their process (e.g. it exited before we read its maps).
+    /// User frames in no known mapping of their process (e.g. a mapping record was lost).
     pub unmapped_frames: u64,
     /// Reads of /proc/PID/maps that failed while the process still existed.
     pub maps_errors: u64,
+    /// Reads of /proc/PID/maps (once per process that existed before the recording).
+    pub maps_reads: u64,
+    /// Executable mappings and removals received from the kernel.
+    pub map_events: u64,
     pub first_sample: Option<MonoNs>,
     pub last_sample: Option<MonoNs>,
     /// Exited processes dropped from the process table once their last stored event was
@@ -82,14 +89,53 @@ impl<S: SampleSink> Collector<S> {
             Event::Sample(s) => self.on_sample(s),
             Event::Task(t) => self.on_task(t),
             Event::Usdt(u) => self.outbox.usdt_hit(u),
+            Event::Map(m) => self.on_map(m),
         }
     }
 
     /// Adds an already running process (e.g. `-p PID`) before any sample arrives.
     pub fn register_existing(&mut self, pid: Pid) {
         let p = self.processes.entry(pid);
-        self.stats.maps_errors += u64::from(first_sight(pid, p, &mut self.modules).is_err());
+        first_sight(pid, p, &mut self.modules, &mut self.stats);
         self.outbox.maps_changed(pid);
+    }
+
+    /// The process, its address space read from /proc first if it is one that existed before
+    /// the recording and was not seen yet.
+    fn known(&mut self, pid: Pid) -> &mut ProcessInfo {
+        known(&mut self.processes, pid, &mut self.modules, &mut self.stats, &mut self.outbox)
+    }
+
+    fn on_map(&mut self, m: MapEvent) {
+        self.stats.map_events += 1;
+        let p = self.known(m.pid);
+        if p.mm != m.mm {
+            // A space read from /proc does not know its mm: the first record names it. Any
+            // other change of mm is a new image whose exec record is still to come: the
+            // loader's mappings precede it.
+            if p.mm != 0 || p.space_source == SpaceSource::Kernel {
+                p.space = Default::default();
+                p.space_source = SpaceSource::Kernel;
+            }
+            p.mm = m.mm;
+        }
+        let module = match &m.kind {
+            MapKind::Unmap => {
+                p.space.remove(m.start, m.end);
+                return;
+            }
+            MapKind::Anon => self.modules.anon(),
+            MapKind::File { dev, inode, path, .. } => {
+                self.modules.kernel_module(m.pid, (m.start, m.end), (*dev, *inode), path)
+            }
+        };
+        let file_offset = match m.kind {
+            MapKind::File { offset, .. } => offset,
+            _ => 0,
+        };
+        let p = self.processes.entry(m.pid);
+        p.space.insert(Mapping { start: m.start, end: m.end, file_offset, module });
+        self.outbox.maps_changed(m.pid);
     }
 
     fn on_sample(&mut self, s: Sample) {
@@ -119,22 +165,18 @@ impl<S: SampleSink> Collector<S> {
     /// Updates what is known of a sampled task's process and thread, normalizes its stack
     /// into `frames`, and returns its CPU time since its previous sample.
     fn observe_task(&mut self, s: &Sample) -> u64 {
-        let p = self.processes.processes.entry(s.pid).or_default();
-        if p.meta.name.is_empty() && p.space_read_at.is_none() {
-            self.stats.maps_errors += u64::from(first_sight(s.pid, p, &mut self.modules).is_err());
-            self.outbox.maps_changed(s.pid);
-        }
+        known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats, &mut self.outbox);
         let main_thread = s.tid.0 == s.pid.0;
         let cgroup_paths = &mut self.processes.cgroup_paths;
+        let p = self.processes.processes.get_mut(&s.pid).expect("just added");
         p.cgroup.observe(s.pid, main_thread, CgroupId(s.cgroup_id), cgroup_paths);
         p.meta.threads.entry(s.tid).or_default().observe_name(&s.comm);
         if main_thread && !s.comm.is_empty() {
             p.meta.name.clone_from(&s.comm);
         }
         let cpu_delta = p.cpu_delta(s.tid, s.cpu_time_ns);
-        let r = stack::normalize(s, p, &mut self.modules, &mut self.outbox, &mut self.frames);
+        let r = stack::normalize(s, p, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
-        self.stats.maps_errors += r.maps_errors;
         cpu_delta
     }
 
@@ -152,6 +194,18 @@ impl<S: SampleSink> Collector<S> {
 
     fn on_task(&mut self, t: TaskEvent) {
         self.stats.task_events += 1;
+        if let TaskKind::Fork { parent_pid, mm, .. } = t.kind
+            && t.pid.0 == t.tid.0
+            && parent_pid != t.pid
+        {
+            // A new process starts as a copy of its parent's address space (a pre-existing
+            // parent's is read now, once); the kernel's records follow it from here.
+            let space = self.known(parent_pid).space.clone();
+            let p = self.processes.entry(t.pid);
+            p.space = space;
+            p.mm = mm;
+            p.space_source = SpaceSource::Kernel;
+        }
         let p = self.processes.processes.entry(t.pid).or_default();
         match t.kind {
             TaskKind::Fork { .. } => {
@@ -160,26 +214,36 @@ impl<S: SampleSink> Collector<S> {
                     if p.meta.name.is_empty() {
                         p.meta.name.clone_from(&t.comm);
                     }
-                    // The child shares the parent's image until it execs; its own maps are
-                    // read lazily on its first sample.
                 }
                 let th = p.meta.threads.entry(t.tid).or_default();
                 th.start = Some(t.time);
                 th.observe_name(&t.comm);
             }
-            TaskKind::Exec { argv, .. } => {
+            TaskKind::Exec { argv, mm, vdso, .. } => {
                 p.meta.name.clone_from(&t.comm);
                 if !argv.is_empty() {
                     p.meta.argv = argv;
                 }
-                // New image: mappings of the old one no longer apply. Shared libraries are
-                // not mapped yet, so the first unknown address re-reads the maps at once
-                // (no rate limit); reading now keeps the binary if the process dies early.
-                p.space = Default::default();
-                self.stats.maps_errors +=
-                    u64::from(refresh_space(t.pid, p, &mut self.modules).is_err());
+                // The binary and its interpreter were mapped (and recorded with this mm)
+                // before this record; libraries follow. No records for this mm means they were
+                // made before the attach: read /proc once, as for any process that predates
+                // the recording.
+                if p.mm != mm {
+                    p.space = Default::default();
+                    p.mm = mm;
+                    if mm != 0 {
+                        first_sight_space(t.pid, p, &mut self.modules, &mut self.stats);
+                    }
+                }
+                p.space_source = SpaceSource::Kernel;
+                if vdso != 0
+                    && let Some(len) = vdso_len()
+                {
+                    let module = self.modules.vdso();
+                    let m = Mapping { start: vdso, end: vdso + len, file_offset: 0, module };
+                    p.space.insert(m);
+                }
                 self.outbox.maps_changed(t.pid);
-                p.space_read_at = None;
                 p.meta.threads.entry(t.tid).or_default().observe_name(&t.comm);
             }
             TaskKind::Exit => {
@@ -198,14 +262,54 @@ impl<S: SampleSink> Collector<S> {
     }
 }
 
+/// The process, its address space read from /proc first if it is one that existed before the
+/// recording and was not seen yet.
+fn known<'a>(
+    processes: &'a mut ProcessTable,
+    pid: Pid,
+    modules: &mut ModuleTable,
+    stats: &mut CollectorStats,
+    outbox: &mut Outbox,
+) -> &'a mut ProcessInfo {
+    let p = processes.processes.entry(pid).or_default();
+    if p.space_source == SpaceSource::Unknown {
+        first_sight(pid, p, modules, stats);
+        outbox.maps_changed(pid);
+    }
+    p
+}
+
 /// A process known from nothing but its pid: ask /proc for its name, argv and mappings.
 fn first_sight(
     pid: Pid,
     p: &mut ProcessInfo,
     modules: &mut ModuleTable,
-) -> Result<(), procfs::ProcError> {
-    let (comm, argv) = procfs::read_identity(pid);
-    p.meta.name = comm;
-    p.meta.argv = argv;
-    refresh_space(pid, p, modules)
+    stats: &mut CollectorStats,
+) {
+    if p.meta.name.is_empty() {
+        let (comm, argv) = procfs::read_identity(pid);
+        p.meta.name = comm;
+        p.meta.argv = argv;
+    }
+    first_sight_space(pid, p, modules, stats);
+}
+
+fn first_sight_space(
+    pid: Pid,
+    p: &mut ProcessInfo,
+    modules: &mut ModuleTable,
+    stats: &mut CollectorStats,
+) {
+    stats.maps_reads += 1;
+    stats.maps_errors += u64::from(read_space_once(pid, p, modules).is_err());
+}
+
+/// Size of the vDSO image (the same in every process): ours, from /proc/self/maps, once.
+fn vdso_len() -> Option<u64> {
+    static LEN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *LEN.get_or_init(|| {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let line = procfs::parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")?;
+        Some(line.end - line.start)
+    })
 }

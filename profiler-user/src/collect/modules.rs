@@ -14,6 +14,7 @@ use std::{
 
 pub use crate::model::ids::ModuleId;
 use crate::{
+    bpf::decode::MappedPath,
     model::ids::Pid,
     system::procfs::{self, MapsLine, ProcError},
 };
@@ -35,6 +36,8 @@ pub struct Module {
 pub struct ModuleTable {
     modules: Vec<Module>,
     by_key: HashMap<(u64, u64, String), ModuleId>,
+    /// Files by (dev, inode) alone, for kernel records whose path walk was cut short.
+    by_file: HashMap<(u64, u64), ModuleId>,
 }
 
 impl ModuleTable {
@@ -64,6 +67,67 @@ impl ModuleTable {
     fn module_for(&mut self, pid: Pid, m: &MapsLine) -> ModuleId {
         let key = (m.dev, m.inode, m.path.clone());
         self.intern(key, || open_module(pid, m))
+    }
+
+    /// The vDSO (the same image in every process).
+    pub fn vdso(&mut self) -> ModuleId {
+        self.intern((0, 0, "[vdso]".into()), || Module {
+            path: "[vdso]".into(),
+            name: "[vdso]".into(),
+            open_path: vdso_image(),
+            _file: None,
+        })
+    }
+
+    /// Anonymous executable memory (JIT code): no file.
+    pub fn anon(&mut self) -> ModuleId {
+        self.intern((0, 0, "[anon]".into()), || Module {
+            path: "[anon]".into(),
+            name: "[anon]".into(),
+            open_path: None,
+            _file: None,
+        })
+    }
+
+    /// The module for a file mapping the kernel reported at `start..end` of `pid`. A file
+    /// already known by (dev, inode) under a complete path is that module; otherwise it is
+    /// opened by the kernel's path if that is still the same file, else through the process's
+    /// map_files entry while it lives; failing both it keeps its offsets, named by file name.
+    pub fn kernel_module(
+        &mut self,
+        pid: Pid,
+        (start, end): (u64, u64),
+        (dev, inode): (u64, u64),
+        path: &MappedPath,
+    ) -> ModuleId {
+        let key = (dev, inode, path.path.clone());
+        if let Some(&id) = self.by_key.get(&key) {
+            return id;
+        }
+        if !path.complete
+            && let Some(&id) = self.by_file.get(&(dev, inode))
+        {
+            return id;
+        }
+        let id = self.intern(key, || {
+            let line = MapsLine {
+                start,
+                end,
+                readable: true,
+                writable: false,
+                exec: true,
+                offset: 0,
+                dev,
+                inode,
+                path: path.path.clone(),
+            };
+            // A relative path (walk cut short) can only be opened through map_files.
+            if path.complete { open_module(pid, &line) } else { open_map_file(pid, &line) }
+        });
+        if path.complete {
+            self.by_file.entry((dev, inode)).or_insert(id);
+        }
+        id
     }
 }
 
@@ -123,14 +187,24 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
     {
         return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: None };
     }
+    open_map_file(pid, m)
+}
+
+/// Holds the process's own handle on the mapped file (also a deleted one, or one in another
+/// mount namespace) while the process and the mapping exist, checked against (dev, inode).
+fn open_map_file(pid: Pid, m: &MapsLine) -> Module {
+    let (path, name) = (m.path.clone(), file_name(&m.path));
     let map_file = format!("/proc/{}/map_files/{:x}-{:x}", pid.0, m.start, m.end);
     match File::open(&map_file) {
-        Ok(f) => {
+        Ok(f)
+            if f.metadata()
+                .is_ok_and(|meta| meta.ino() == m.inode && dev_matches(meta.dev(), m.dev)) =>
+        {
             use std::os::fd::AsRawFd as _;
             let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
             Module { path, name, open_path: Some(fd_path), _file: Some(f) }
         }
-        Err(_) => Module { path, name, open_path: None, _file: None },
+        _ => Module { path, name, open_path: None, _file: None },
     }
 }
 
@@ -168,6 +242,38 @@ impl AddressSpace {
 
     pub fn is_empty(&self) -> bool {
         self.mappings.is_empty()
+    }
+
+    /// Maps `m` over whatever was at its range, as mmap does.
+    pub fn insert(&mut self, m: Mapping) {
+        self.remove(m.start, m.end);
+        let i = self.mappings.partition_point(|x| x.start < m.start);
+        self.mappings.insert(i, m);
+    }
+
+    /// Unmaps `start..end`: mappings inside go, mappings across an edge are cut.
+    pub fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.mappings.len() + 1);
+        for m in self.mappings.drain(..) {
+            if m.end <= start || m.start >= end {
+                kept.push(m);
+                continue;
+            }
+            if m.start < start {
+                kept.push(Mapping { end: start, ..m });
+            }
+            if m.end > end {
+                kept.push(Mapping {
+                    start: end,
+                    file_offset: m.file_offset + (end - m.start),
+                    ..m
+                });
+            }
+        }
+        self.mappings = kept;
     }
 }
 
@@ -238,6 +344,47 @@ mod tests {
         let b = parse_maps(Pid(2), MAPS, &mut mods);
         assert_eq!(a.lookup(0x7f0000000010).unwrap().0, b.lookup(0x7f0000000010).unwrap().0);
         assert_eq!(mods.len(), 4);
+    }
+
+    #[test]
+    fn mapping_over_a_range_replaces_it_and_unmapping_cuts() {
+        let mut mods = ModuleTable::default();
+        let mut space = parse_maps(Pid(1), MAPS, &mut mods);
+        let anon = mods.anon();
+        let libc = space.lookup(0x7f0000000010).unwrap().0;
+        // Unmap the middle of libc's text: both ends stay, the right one at its file offset.
+        space.remove(0x7f0000010000, 0x7f0000020000);
+        assert!(space.lookup(0x7f0000010000).is_none());
+        assert_eq!(space.lookup(0x7f0000020010), Some((libc, 0x28000 + 0x20010)));
+        assert_eq!(space.lookup(0x7f000000fff0), Some((libc, 0x28000 + 0xfff0)));
+        // Map JIT code over part of what is left.
+        let jit =
+            Mapping { start: 0x7f0000030000, end: 0x7f0000040000, file_offset: 0, module: anon };
+        space.insert(jit);
+        assert_eq!(space.lookup(0x7f0000030010), Some((anon, 0x10)));
+        assert_eq!(space.lookup(0x7f0000040010), Some((libc, 0x28000 + 0x40010)));
+        assert_eq!(space.lookup(0x7f000002fff0), Some((libc, 0x28000 + 0x2fff0)));
+        assert_eq!(space.len(), 7, "libc cut in three around the hole and the JIT code");
+    }
+
+    #[test]
+    fn kernel_reported_files_are_keyed_by_device_and_inode() {
+        let mut mods = ModuleTable::default();
+        let exe = std::fs::canonicalize("/proc/self/exe").unwrap();
+        let meta = std::fs::metadata(&exe).unwrap();
+        let dev = (libc::major(meta.dev()) as u64) << 32 | libc::minor(meta.dev()) as u64;
+        let full = MappedPath { path: exe.display().to_string(), complete: true };
+        let a = mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &full);
+        assert_eq!(mods.get(a).open_path.as_deref(), Some(exe.as_path()));
+        // A cut walk finds the same file by (dev, inode).
+        let name = exe.file_name().unwrap().to_string_lossy().into_owned();
+        let cut = MappedPath { path: name, complete: false };
+        assert_eq!(mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &cut), a);
+        // A path that now names another file (replaced, other namespace) is not trusted.
+        let other = MappedPath { path: "/bin/sh".into(), complete: true };
+        let b = mods.kernel_module(Pid(u32::MAX), (0, 0x1000), (dev, meta.ino()), &other);
+        assert_ne!(a, b);
+        assert!(mods.get(b).open_path.is_none());
     }
 
     #[test]

@@ -125,6 +125,11 @@ impl<'p> Recorder<'p> {
                 .spawn(move || tx.send(launch::wait_exit(pid)))?;
             child_exit = Some(rx);
         }
+        if let Some(e) = &bpf.unmap_tracking_error {
+            msgs.warn(format_args!(
+                "unmapped code is not tracked ({e}); ranges stay known until remapped"
+            ));
+        }
         msgs.info(format_args!(
             "sampling {} on {} CPUs at {} Hz; Ctrl-C to stop",
             plan.describe(),
@@ -291,8 +296,12 @@ impl<'p> Recorder<'p> {
         if !usdt_report.is_empty() {
             self.msgs.block(&usdt_report.render());
         }
-        for (prog, what) in [("on_cpu_clock", "sampler"), ("on_sched_switch", "sched_switch hook")]
-        {
+        for (prog, what) in [
+            ("on_cpu_clock", "sampler"),
+            ("on_sched_switch", "sched_switch hook"),
+            ("on_do_mmap", "mapping tracker (do_mmap)"),
+            ("on_remove_vma", "unmapping tracker (remove_vma)"),
+        ] {
             if let Some((runs, time)) = self.bpf.run_stats(prog) {
                 self.msgs.info(format_args!(
                     "BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s \

@@ -157,6 +157,15 @@ pub fn render(i: &SummaryInput) -> String {
         c.get(counter::CPU_TIME_STALE),
         i.stats.unmapped_frames
     );
+    let _ = writeln!(
+        s,
+        "  mappings: {} executable mapping records from the kernel ({} lost, {} paths cut); \
+         /proc/PID/maps read {} times",
+        i.stats.map_events,
+        c.get(counter::MAP_EVENTS_LOST),
+        c.get(counter::MAP_PATH_INCOMPLETE),
+        i.stats.maps_reads
+    );
     if i.stats.maps_errors > 0 {
         let _ = writeln!(
             s,
