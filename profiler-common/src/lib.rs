@@ -109,10 +109,16 @@ pub const MAP_PATH_DEPTH: u32 = 24;
 pub const MAP_ANON: u32 = 1 << 0;
 /// The path walk reached the root of the mount tree: `path` is absolute.
 pub const MAP_PATH_COMPLETE: u32 = 1 << 1;
-/// The mapping came from MAP_FIXED over whatever was there (ld.so maps segments this way).
-pub const MAP_FIXED_REPLACE: u32 = 1 << 2;
+/// Sent at exec for the new image's executable: `start..start+len` is its code
+/// (`mm->start_code..end_code`, the lowest executable segment's `p_vaddr` plus the load bias);
+/// `offset` is unknown (userspace takes it from the file's program headers).
+pub const MAP_EXE_TEXT: u32 = 1 << 2;
+/// Sent at exec for the ELF interpreter (ld.so): `start` is its load base (`AT_BASE`), no
+/// file identity (userspace takes the interpreter from the executable's `PT_INTERP`).
+pub const MAP_INTERP: u32 = 1 << 3;
 
-/// An executable mapping made by `do_mmap` (mmap(2) and the ELF loader at exec), or a removal.
+/// An executable mapping made (mmap(2) with PROT_EXEC; at exec, the executable and the
+/// interpreter) or a range unmapped (munmap(2)).
 /// `path` holds the file's path components leaf first, each NUL-terminated (`libc.so.6\0
 /// x86_64-linux-gnu\0lib\0usr\0`), walked from the dentry across mounts; only `path_len`
 /// bytes are sent.
@@ -134,6 +140,16 @@ pub struct MapRecord {
     pub _pad: u32,
     /// Room for one more component read past `MAP_PATH_MAX`, which the verifier needs.
     pub path: [u8; MAP_PATH_MAX + MAP_NAME_MAX],
+}
+
+/// mmap(2) arguments kept from syscall entry to exit (map `MMAP_PENDING`, keyed by tid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingMmap {
+    pub len: u64,
+    pub flags: u64,
+    pub fd: u64,
+    pub off: u64,
 }
 
 pub const MAP_RECORD_FIXED: usize =
@@ -175,18 +191,14 @@ pub struct Config {
     pub mount_mnt: u32,
     pub mount_parent: u32,
     pub mount_mountpoint: u32,
-    pub vma_mm: u32,
-    pub vma_start: u32,
-    pub vma_end: u32,
-    pub vma_flags: u32,
-    /// Argument positions of `do_mmap`'s parameters (the list changed across kernels: 6.5
-    /// added `vm_flags`); the return value sits after the last one.
-    pub mmap_arg_file: u32,
-    pub mmap_arg_len: u32,
-    pub mmap_arg_prot: u32,
-    pub mmap_arg_flags: u32,
-    pub mmap_arg_pgoff: u32,
-    pub mmap_arg_count: u32,
+    pub mm_start_code: u32,
+    pub mm_end_code: u32,
+    pub mm_exe_file: u32,
+    pub mm_saved_auxv: u32,
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_max_fds: u32,
 }
 
 impl Config {
@@ -212,16 +224,14 @@ impl Config {
         mount_mnt: 0,
         mount_parent: 0,
         mount_mountpoint: 0,
-        vma_mm: 0,
-        vma_start: 0,
-        vma_end: 0,
-        vma_flags: 0,
-        mmap_arg_file: 0,
-        mmap_arg_len: 0,
-        mmap_arg_prot: 0,
-        mmap_arg_flags: 0,
-        mmap_arg_pgoff: 0,
-        mmap_arg_count: 0,
+        mm_start_code: 0,
+        mm_end_code: 0,
+        mm_exe_file: 0,
+        mm_saved_auxv: 0,
+        task_files: 0,
+        files_fdt: 0,
+        fdtable_fd: 0,
+        fdtable_max_fds: 0,
     };
 }
 
@@ -292,7 +302,8 @@ pub mod counter {
     pub const CPU_TIME_STALE: u32 = 22;
     /// Executable mappings and removals written to the ring buffer.
     pub const MAP_EVENTS_SENT: u32 = 23;
-    /// Mapping records lost: ring buffer full (frames in those mappings show as unmapped).
+    /// Mapping records lost: ring buffer full, or too many mmap calls in flight (frames in
+    /// those mappings show as unmapped).
     pub const MAP_EVENTS_LOST: u32 = 24;
     /// Mapped files whose path could not be walked to the root (cut, too deep, unreadable).
     pub const MAP_PATH_INCOMPLETE: u32 = 25;

@@ -326,6 +326,10 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
         }
         (*rec).cmdline_len = len as u32;
         send_task(rec, TASK_RECORD_FIXED as u64 + len);
+        let mm = (*rec).mm;
+        if mm != 0 {
+            maptrack::send_exec_mappings(&cfg, tgid, tid, mm);
+        }
     }
     0
 }

@@ -30,7 +30,7 @@ pub fn fill_offsets(path: &Path, config: &mut Config) -> Result<()> {
     fill_maptrack_offsets(&btf, config)
 }
 
-/// Offsets and `do_mmap` argument positions for mapping tracking (profiler-ebpf maptrack.rs).
+/// Offsets for mapping tracking (profiler-ebpf maptrack.rs).
 fn fill_maptrack_offsets(btf: &Btf, c: &mut Config) -> Result<()> {
     // x86-64 keeps the vDSO address in the arch mm context; elsewhere the vDSO stays unknown.
     c.mm_vdso = offset_of(btf, "mm_struct", &["context", "vdso"]).unwrap_or(0);
@@ -46,45 +46,15 @@ fn fill_maptrack_offsets(btf: &Btf, c: &mut Config) -> Result<()> {
     c.mount_mnt = offset_of(btf, "mount", &["mnt"])?;
     c.mount_parent = offset_of(btf, "mount", &["mnt_parent"])?;
     c.mount_mountpoint = offset_of(btf, "mount", &["mnt_mountpoint"])?;
-    c.vma_mm = offset_of(btf, "vm_area_struct", &["vm_mm"])?;
-    c.vma_start = offset_of(btf, "vm_area_struct", &["vm_start"])?;
-    c.vma_end = offset_of(btf, "vm_area_struct", &["vm_end"])?;
-    c.vma_flags = offset_of(btf, "vm_area_struct", &["vm_flags"])?;
-    let params = func_params(btf, "do_mmap")?;
-    let at = |name: &str| {
-        params
-            .iter()
-            .position(|p| p == name)
-            .map(|i| i as u32)
-            .ok_or_else(|| anyhow!("kernel BTF: do_mmap has no parameter {name} ({params:?})"))
-    };
-    c.mmap_arg_file = at("file")?;
-    c.mmap_arg_len = at("len")?;
-    c.mmap_arg_prot = at("prot")?;
-    c.mmap_arg_flags = at("flags")?;
-    c.mmap_arg_pgoff = at("pgoff")?;
-    c.mmap_arg_count = params.len() as u32;
-    if c.mmap_arg_count > 11 {
-        bail!("kernel BTF: do_mmap has {} parameters, more than tracked", params.len());
-    }
+    c.mm_start_code = offset_of(btf, "mm_struct", &["start_code"])?;
+    c.mm_end_code = offset_of(btf, "mm_struct", &["end_code"])?;
+    c.mm_exe_file = offset_of(btf, "mm_struct", &["exe_file"])?;
+    c.mm_saved_auxv = offset_of(btf, "mm_struct", &["saved_auxv"])?;
+    c.task_files = offset_of(btf, "task_struct", &["files"])?;
+    c.files_fdt = offset_of(btf, "files_struct", &["fdt"])?;
+    c.fdtable_fd = offset_of(btf, "fdtable", &["fd"])?;
+    c.fdtable_max_fds = offset_of(btf, "fdtable", &["max_fds"])?;
     Ok(())
-}
-
-/// Parameter names of kernel function `name`.
-fn func_params(btf: &Btf, name: &str) -> Result<Vec<String>> {
-    let func = btf
-        .resolve_types_by_name(name)
-        .with_context(|| format!("function {name} not in kernel BTF"))?
-        .into_iter()
-        .find_map(|t| match t {
-            Type::Func(f) => Some(f),
-            _ => None,
-        })
-        .ok_or_else(|| anyhow!("function {name} not in kernel BTF"))?;
-    let Type::FuncProto(proto) = btf.resolve_chained_type(&func)? else {
-        bail!("kernel BTF: {name} has no prototype");
-    };
-    Ok(proto.parameters.iter().map(|p| btf.resolve_name(p).unwrap_or_default()).collect())
 }
 
 /// Byte offset of `path` (nested by-value members) inside `struct name`.
@@ -153,8 +123,7 @@ mod tests {
         assert!(c.task_sum_exec_runtime > 0 && c.task_sum_exec_runtime % 8 == 0);
         assert!(c.task_pid > 0 && c.task_tgid == c.task_pid + 4, "pid and tgid are adjacent");
         assert!(c.mm_arg_end == c.mm_arg_start + 8);
-        assert!(c.mmap_arg_file == 0 && c.mmap_arg_len == 2 && c.mmap_arg_count >= 8);
-        assert!(c.vma_end == c.vma_start + 8 && c.file_inode > 0 && c.mount_parent > 0);
+        assert!(c.mm_end_code == c.mm_start_code + 8 && c.file_inode > 0 && c.mount_parent > 0);
     }
 
     #[test]

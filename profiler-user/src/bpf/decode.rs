@@ -4,9 +4,9 @@
 
 use profiler_common::{
     EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_MMAP, EVENT_MUNMAP, EVENT_SAMPLE, EVENT_USDT,
-    EventHeader, LABEL_MAX_DEPTH, MAP_ANON, MAP_PATH_COMPLETE, MAP_RECORD_FIXED, MapRecord,
-    SAMPLE_RECORD_FIXED, SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS,
-    USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
+    EventHeader, LABEL_MAX_DEPTH, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP, MAP_PATH_COMPLETE,
+    MAP_RECORD_FIXED, MapRecord, SAMPLE_RECORD_FIXED, SampleHeader, TASK_RECORD_FIXED, TaskRecord,
+    USDT_MAX_ARGS, USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
 use crate::model::{
@@ -109,6 +109,11 @@ pub struct MapEvent {
 pub enum MapKind {
     /// A file mapping; `dev` is encoded like /proc/PID/maps's (major << 32 | minor).
     File { offset: u64, dev: u64, inode: u64, path: MappedPath },
+    /// At exec: the executable's code, `start` being its lowest executable segment's address
+    /// (file offsets come from the file's program headers).
+    ExeText { dev: u64, inode: u64, path: MappedPath },
+    /// At exec: the ELF interpreter was loaded at base `start`.
+    Interp,
     /// Anonymous executable memory (JIT code).
     Anon,
     /// The range is no longer executable code.
@@ -305,15 +310,20 @@ pub fn decode(b: &[u8]) -> Result<Event, DecodeError> {
                 MapKind::Unmap
             } else if flags & MAP_ANON != 0 {
                 MapKind::Anon
+            } else if flags & MAP_INTERP != 0 {
+                MapKind::Interp
             } else {
                 let n = u32_at(b, std::mem::offset_of!(MapRecord, path_len)) as usize;
                 let raw = b.get(MAP_RECORD_FIXED..MAP_RECORD_FIXED + n).ok_or(short)?;
                 let dev = u32_at(b, std::mem::offset_of!(MapRecord, dev));
-                MapKind::File {
-                    offset: field(std::mem::offset_of!(MapRecord, offset)),
-                    dev: u64::from(dev >> 20) << 32 | u64::from(dev & 0xf_ffff),
-                    inode: field(std::mem::offset_of!(MapRecord, inode)),
-                    path: mapped_path(raw, flags & MAP_PATH_COMPLETE != 0),
+                let dev = u64::from(dev >> 20) << 32 | u64::from(dev & 0xf_ffff);
+                let inode = field(std::mem::offset_of!(MapRecord, inode));
+                let path = mapped_path(raw, flags & MAP_PATH_COMPLETE != 0);
+                if flags & MAP_EXE_TEXT != 0 {
+                    MapKind::ExeText { dev, inode, path }
+                } else {
+                    let offset = field(std::mem::offset_of!(MapRecord, offset));
+                    MapKind::File { offset, dev, inode, path }
                 }
             };
             Ok(Event::Map(MapEvent {

@@ -4,16 +4,15 @@
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
-    Btf, Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        FEntry, FExit, PerfEvent, RawTracePoint, UProbe,
-        fentry::FEntryLinkId,
-        fexit::FExitLinkId,
+        PerfEvent, RawTracePoint, TracePoint, UProbe,
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
         raw_trace_point::RawTracePointLinkId,
+        trace_point::TracePointLinkId,
     },
     util::online_cpus,
 };
@@ -29,10 +28,7 @@ pub struct BpfObject {
     pub cpus: Vec<u32>,
     perf_links: Vec<PerfEventLinkId>,
     tp_links: Vec<(&'static str, RawTracePointLinkId)>,
-    mmap_link: Option<FExitLinkId>,
-    unmap_link: Option<FEntryLinkId>,
-    /// Why removals of executable mappings are not traced, if they are not.
-    pub unmap_tracking_error: Option<String>,
+    map_links: Vec<(&'static str, TracePointLinkId)>,
 }
 
 impl BpfObject {
@@ -47,15 +43,7 @@ impl BpfObject {
             .load(BPF_OBJECT)
             .context("load BPF programs")?;
         let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-        Ok(Self {
-            ebpf,
-            cpus,
-            perf_links: Vec::new(),
-            tp_links: Vec::new(),
-            mmap_link: None,
-            unmap_link: None,
-            unmap_tracking_error: None,
-        })
+        Ok(Self { ebpf, cpus, perf_links: Vec::new(), tp_links: Vec::new(), map_links: Vec::new() })
     }
 
     /// Selects processes for the `-p` / `-- CMD` filter; call before `attach`.
@@ -113,20 +101,18 @@ impl BpfObject {
     }
 
     /// Mapping records (profiler-ebpf maptrack.rs), attached before the lifecycle tracepoints:
-    /// a process exec'd after the attach has all its mappings recorded. `do_mmap` is needed;
-    /// without the `remove_vma` hook (a kernel where it is inlined) unmapped ranges stay known
-    /// until something is mapped over them, which only costs memory.
+    /// a process exec'd after the attach has all its mappings recorded.
     fn attach_maptrack(&mut self) -> Result<()> {
-        let btf = Btf::from_sys_fs().context("read kernel BTF")?;
-        let p: &mut FExit =
-            self.ebpf.program_mut("on_do_mmap").context("on_do_mmap")?.try_into()?;
-        p.load("do_mmap", &btf).context("load the mapping tracker (fexit do_mmap)")?;
-        self.mmap_link = Some(p.attach().context("attach fexit do_mmap")?);
-        let p: &mut FEntry =
-            self.ebpf.program_mut("on_remove_vma").context("on_remove_vma")?.try_into()?;
-        match p.load("remove_vma", &btf).and_then(|()| p.attach()) {
-            Ok(link) => self.unmap_link = Some(link),
-            Err(e) => self.unmap_tracking_error = Some(format!("fentry remove_vma: {e}")),
+        for (prog, tp) in [
+            ("on_enter_mmap", "sys_enter_mmap"),
+            ("on_exit_mmap", "sys_exit_mmap"),
+            ("on_enter_munmap", "sys_enter_munmap"),
+        ] {
+            let p: &mut TracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
+            p.load().with_context(|| format!("load {prog}"))?;
+            let link =
+                p.attach("syscalls", tp).with_context(|| format!("attach {prog} to {tp}"))?;
+            self.map_links.push((prog, link));
         }
         Ok(())
     }
@@ -174,15 +160,10 @@ impl BpfObject {
                 let _ = p.detach(link);
             }
         }
-        if let Some(link) = self.mmap_link.take()
-            && let Some(Ok(p)) = self.ebpf.program_mut("on_do_mmap").map(<&mut FExit>::try_from)
-        {
-            let _ = p.detach(link);
-        }
-        if let Some(link) = self.unmap_link.take()
-            && let Some(Ok(p)) = self.ebpf.program_mut("on_remove_vma").map(<&mut FEntry>::try_from)
-        {
-            let _ = p.detach(link);
+        for (prog, link) in self.map_links.drain(..) {
+            if let Some(Ok(p)) = self.ebpf.program_mut(prog).map(<&mut TracePoint>::try_from) {
+                let _ = p.detach(link);
+            }
         }
         for (prog, link) in self.tp_links.drain(..) {
             if let Some(p) = self.ebpf.program_mut(prog) {

@@ -8,7 +8,7 @@
 use crate::{
     bpf::decode::{self, DecodeError, Event, MapEvent, MapKind, Sample, TaskEvent, TaskKind},
     collect::{
-        modules::{Mapping, ModuleTable},
+        modules::{LoadedAt, Mapping, ModuleTable},
         outbox::Outbox,
         processes::{ProcessInfo, ProcessTable, SpaceSource},
         stack::{self, kernel_frames, read_space_once},
@@ -39,6 +39,8 @@ pub struct CollectorStats {
     pub maps_reads: u64,
     /// Executable mappings and removals received from the kernel.
     pub map_events: u64,
+    /// Executables or interpreters whose code could not be placed (file unreadable).
+    pub maps_unresolved: u64,
     pub first_sample: Option<MonoNs>,
     pub last_sample: Option<MonoNs>,
     /// Exited processes dropped from the process table once their last stored event was
@@ -111,30 +113,47 @@ impl<S: SampleSink> Collector<S> {
         let p = self.known(m.pid);
         if p.mm != m.mm {
             // A space read from /proc does not know its mm: the first record names it. Any
-            // other change of mm is a new image whose exec record is still to come: the
-            // loader's mappings precede it.
-            if p.mm != 0 || p.space_source == SpaceSource::Kernel {
+            // other change means the exec record of a new image was lost: start afresh.
+            if p.mm != 0 {
                 p.space = Default::default();
-                p.space_source = SpaceSource::Kernel;
             }
             p.mm = m.mm;
         }
-        let module = match &m.kind {
+        let mappings = match &m.kind {
             MapKind::Unmap => {
                 p.space.remove(m.start, m.end);
                 return;
             }
-            MapKind::Anon => self.modules.anon(),
-            MapKind::File { dev, inode, path, .. } => {
-                self.modules.kernel_module(m.pid, (m.start, m.end), (*dev, *inode), path)
+            MapKind::Anon => {
+                let module = self.modules.anon();
+                vec![Mapping { start: m.start, end: m.end, file_offset: 0, module }]
+            }
+            MapKind::File { offset, dev, inode, path } => {
+                let module =
+                    self.modules.kernel_module(m.pid, (m.start, m.end), (*dev, *inode), path);
+                vec![Mapping { start: m.start, end: m.end, file_offset: *offset, module }]
+            }
+            MapKind::ExeText { dev, inode, path } => {
+                let module =
+                    self.modules.kernel_module(m.pid, (m.start, m.end), (*dev, *inode), path);
+                self.processes.entry(m.pid).exe_module = Some(module);
+                self.modules.loaded_code(module, LoadedAt::LowestCode(m.start))
+            }
+            MapKind::Interp => {
+                let exe = p.exe_module;
+                match exe.and_then(|exe| self.modules.interpreter(m.pid, exe)) {
+                    Some(module) => self.modules.loaded_code(module, LoadedAt::Base(m.start)),
+                    None => Vec::new(),
+                }
             }
         };
-        let file_offset = match m.kind {
-            MapKind::File { offset, .. } => offset,
-            _ => 0,
-        };
+        if mappings.is_empty() {
+            self.stats.maps_unresolved += 1;
+        }
         let p = self.processes.entry(m.pid);
-        p.space.insert(Mapping { start: m.start, end: m.end, file_offset, module });
+        for mapping in mappings {
+            p.space.insert(mapping);
+        }
         self.outbox.maps_changed(m.pid);
     }
 
@@ -224,17 +243,11 @@ impl<S: SampleSink> Collector<S> {
                 if !argv.is_empty() {
                     p.meta.argv = argv;
                 }
-                // The binary and its interpreter were mapped (and recorded with this mm)
-                // before this record; libraries follow. No records for this mm means they were
-                // made before the attach: read /proc once, as for any process that predates
-                // the recording.
-                if p.mm != mm {
-                    p.space = Default::default();
-                    p.mm = mm;
-                    if mm != 0 {
-                        first_sight_space(t.pid, p, &mut self.modules, &mut self.stats);
-                    }
-                }
+                // A new image: the executable and interpreter the ELF loader mapped follow in
+                // their own records, libraries in mmap records.
+                p.space = Default::default();
+                p.mm = mm;
+                p.exe_module = None;
                 p.space_source = SpaceSource::Kernel;
                 if vdso != 0
                     && let Some(len) = vdso_len()

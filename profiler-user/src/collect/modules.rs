@@ -38,6 +38,64 @@ pub struct ModuleTable {
     by_key: HashMap<(u64, u64, String), ModuleId>,
     /// Files by (dev, inode) alone, for kernel records whose path walk was cut short.
     by_file: HashMap<(u64, u64), ModuleId>,
+    /// Program headers of executables and interpreters, read once per module.
+    layouts: HashMap<ModuleId, Option<ElfLayout>>,
+}
+
+/// Where the ELF loader put a file's code (see [`ModuleTable::loaded_code`]).
+#[derive(Clone, Copy, Debug)]
+pub enum LoadedAt {
+    /// Its lowest executable segment starts here (`mm->start_code` of an executable).
+    LowestCode(u64),
+    /// Its load base (`AT_BASE` of an interpreter).
+    Base(u64),
+}
+
+/// What placing an ELF file's code needs from its program headers.
+#[derive(Clone, Debug, Default)]
+pub struct ElfLayout {
+    /// Executable PT_LOAD segments: (p_vaddr, p_memsz, p_offset), by address.
+    pub code: Vec<(u64, u64, u64)>,
+    /// Lowest PT_LOAD p_vaddr, page-aligned down (the loader maps it at the base).
+    pub first_vaddr: u64,
+    /// PT_INTERP.
+    pub interp: Option<String>,
+}
+
+impl ElfLayout {
+    /// Reads the program headers from the start of the file (where linkers put them).
+    pub fn read(path: &Path) -> Option<ElfLayout> {
+        use std::io::Read as _;
+
+        use object::{
+            Endianness, elf,
+            read::elf::{FileHeader as _, ProgramHeader as _},
+        };
+        let mut data = Vec::new();
+        File::open(path).ok()?.take(256 << 10).read_to_end(&mut data).ok()?;
+        let hdr = elf::FileHeader64::<Endianness>::parse(&*data).ok()?;
+        let endian = hdr.endian().ok()?;
+        let mut layout = ElfLayout { first_vaddr: u64::MAX, ..Default::default() };
+        for ph in hdr.program_headers(endian, &*data).ok()? {
+            match ph.p_type(endian) {
+                elf::PT_LOAD => {
+                    let vaddr = ph.p_vaddr(endian);
+                    layout.first_vaddr = layout.first_vaddr.min(vaddr & !0xfff);
+                    if ph.p_flags(endian) & elf::PF_X != 0 {
+                        layout.code.push((vaddr, ph.p_memsz(endian), ph.p_offset(endian)));
+                    }
+                }
+                elf::PT_INTERP => {
+                    let raw = ph.data(endian, &*data).ok()?;
+                    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+                    layout.interp = Some(String::from_utf8_lossy(&raw[..end]).into_owned());
+                }
+                _ => {}
+            }
+        }
+        layout.code.sort_unstable();
+        (!layout.code.is_empty()).then_some(layout)
+    }
 }
 
 impl ModuleTable {
@@ -67,6 +125,62 @@ impl ModuleTable {
     fn module_for(&mut self, pid: Pid, m: &MapsLine) -> ModuleId {
         let key = (m.dev, m.inode, m.path.clone());
         self.intern(key, || open_module(pid, m))
+    }
+
+    fn layout(&mut self, module: ModuleId) -> Option<&ElfLayout> {
+        let open = self.modules[module.0 as usize].open_path.clone();
+        self.layouts.entry(module).or_insert_with(|| ElfLayout::read(open.as_deref()?)).as_ref()
+    }
+
+    /// The executable mappings of `module`'s code as the ELF loader placed it; none when the
+    /// file cannot be read.
+    pub fn loaded_code(&mut self, module: ModuleId, at: LoadedAt) -> Vec<Mapping> {
+        let Some(layout) = self.layout(module) else { return Vec::new() };
+        let bias = match at {
+            LoadedAt::LowestCode(start) => start.wrapping_sub(layout.code[0].0),
+            LoadedAt::Base(base) => base.wrapping_sub(layout.first_vaddr),
+        };
+        layout
+            .code
+            .iter()
+            .map(|&(vaddr, memsz, offset)| {
+                let start = vaddr.wrapping_add(bias);
+                Mapping { start, end: start + memsz, file_offset: offset, module }
+            })
+            .collect()
+    }
+
+    /// The ELF interpreter named by executable `exe` (`PT_INTERP`), as process `pid` sees it:
+    /// through its root while it lives, else on this host.
+    pub fn interpreter(&mut self, pid: Pid, exe: ModuleId) -> Option<ModuleId> {
+        let interp = self.layout(exe)?.interp.clone()?;
+        let in_root = PathBuf::from(format!("/proc/{}/root{interp}", pid.0));
+        let (open, meta) = [in_root, PathBuf::from(&interp)]
+            .into_iter()
+            .find_map(|p| Some((std::fs::metadata(&p).ok()?, p)))
+            .map(|(m, p)| (p, m))?;
+        let dev = (libc::major(meta.dev()) as u64) << 32 | libc::minor(meta.dev()) as u64;
+        let key = (dev, meta.ino(), interp.clone());
+        if let Some(&id) = self.by_key.get(&key) {
+            return Some(id);
+        }
+        if let Some(&id) = self.by_file.get(&(dev, meta.ino())) {
+            return Some(id);
+        }
+        // Held open: the process's root (and so this path) goes away with it.
+        let file = File::open(&open).ok()?;
+        let id = self.intern(key, || {
+            use std::os::fd::AsRawFd as _;
+            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+            Module {
+                name: file_name(&interp),
+                path: interp,
+                open_path: Some(fd_path),
+                _file: Some(file),
+            }
+        });
+        self.by_file.entry((dev, meta.ino())).or_insert(id);
+        Some(id)
     }
 
     /// The vDSO (the same image in every process).
@@ -251,7 +365,7 @@ impl AddressSpace {
         self.mappings.insert(i, m);
     }
 
-    /// Unmaps `start..end`: mappings inside go, mappings across an edge are cut.
+    /// Unmaps `start..end`: mappings inside go, those across an edge are cut.
     pub fn remove(&mut self, start: u64, end: u64) {
         if start >= end {
             return;
@@ -266,11 +380,8 @@ impl AddressSpace {
                 kept.push(Mapping { end: start, ..m });
             }
             if m.end > end {
-                kept.push(Mapping {
-                    start: end,
-                    file_offset: m.file_offset + (end - m.start),
-                    ..m
-                });
+                let file_offset = m.file_offset + (end - m.start);
+                kept.push(Mapping { start: end, file_offset, ..m });
             }
         }
         self.mappings = kept;
@@ -365,6 +476,8 @@ mod tests {
         assert_eq!(space.lookup(0x7f0000040010), Some((libc, 0x28000 + 0x40010)));
         assert_eq!(space.lookup(0x7f000002fff0), Some((libc, 0x28000 + 0x2fff0)));
         assert_eq!(space.len(), 7, "libc cut in three around the hole and the JIT code");
+        space.remove(0x7f0000030000, 0x7f0000040000);
+        assert!(space.lookup(0x7f0000030010).is_none());
     }
 
     #[test]

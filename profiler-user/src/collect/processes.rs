@@ -42,6 +42,8 @@ pub struct ProcessInfo {
     pub mm: u64,
     /// Where `space` came from.
     pub space_source: SpaceSource,
+    /// The current image's executable, once its exec mapping record came.
+    pub exe_module: Option<crate::collect::modules::ModuleId>,
     /// Exit seen: /proc no longer describes this process.
     pub exited: bool,
     /// Its cgroup and container.

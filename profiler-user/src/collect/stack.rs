@@ -40,6 +40,11 @@ pub fn normalize(s: &Sample, p: &ProcessInfo, frames: &mut Vec<FrameAddr>) -> No
             frames.push(label(&s.labels[next_label]));
             next_label += 1;
         }
+        // A return address of 0 ends the frame-pointer chain (e.g. under ld.so's _start):
+        // not a frame.
+        if addr == 0 {
+            continue;
+        }
         // Callers' entries are return addresses; look up the call instruction.
         let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
         frames.push(match p.space.lookup(lookup) {

@@ -125,11 +125,6 @@ impl<'p> Recorder<'p> {
                 .spawn(move || tx.send(launch::wait_exit(pid)))?;
             child_exit = Some(rx);
         }
-        if let Some(e) = &bpf.unmap_tracking_error {
-            msgs.warn(format_args!(
-                "unmapped code is not tracked ({e}); ranges stay known until remapped"
-            ));
-        }
         msgs.info(format_args!(
             "sampling {} on {} CPUs at {} Hz; Ctrl-C to stop",
             plan.describe(),
@@ -299,8 +294,9 @@ impl<'p> Recorder<'p> {
         for (prog, what) in [
             ("on_cpu_clock", "sampler"),
             ("on_sched_switch", "sched_switch hook"),
-            ("on_do_mmap", "mapping tracker (do_mmap)"),
-            ("on_remove_vma", "unmapping tracker (remove_vma)"),
+            ("on_enter_mmap", "mmap entry hook"),
+            ("on_exit_mmap", "mmap exit hook"),
+            ("on_enter_munmap", "munmap hook"),
         ] {
             if let Some((runs, time)) = self.bpf.run_stats(prog) {
                 self.msgs.info(format_args!(
