@@ -129,13 +129,14 @@ impl<S: SampleSink> Collector<S> {
                 vec![Mapping { start: m.start, end: m.end, file_offset: 0, module }]
             }
             MapKind::File { offset, dev, inode, path } => {
+                let ident = (*dev, *inode);
                 let module =
-                    self.modules.kernel_module(m.pid, (m.start, m.end), (*dev, *inode), path);
+                    self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, false);
                 vec![Mapping { start: m.start, end: m.end, file_offset: *offset, module }]
             }
             MapKind::ExeText { dev, inode, path } => {
-                let module =
-                    self.modules.kernel_module(m.pid, (m.start, m.end), (*dev, *inode), path);
+                let ident = (*dev, *inode);
+                let module = self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, true);
                 self.processes.entry(m.pid).exe_module = Some(module);
                 self.modules.loaded_code(module, LoadedAt::LowestCode(m.start))
             }

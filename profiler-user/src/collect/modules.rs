@@ -206,13 +206,15 @@ impl ModuleTable {
     /// The module for a file mapping the kernel reported at `start..end` of `pid`. A file
     /// already known by (dev, inode) under a complete path is that module; otherwise it is
     /// opened by the kernel's path if that is still the same file, else through the process's
-    /// map_files entry while it lives; failing both it keeps its offsets, named by file name.
+    /// map_files entry (or for its executable, `exe`, its /proc/PID/exe) while it lives; failing
+    /// that it keeps its offsets, named by file name.
     pub fn kernel_module(
         &mut self,
         pid: Pid,
         (start, end): (u64, u64),
         (dev, inode): (u64, u64),
         path: &MappedPath,
+        exe: bool,
     ) -> ModuleId {
         let key = (dev, inode, path.path.clone());
         if let Some(&id) = self.by_key.get(&key) {
@@ -240,6 +242,16 @@ impl ModuleTable {
         });
         if path.complete {
             self.by_file.entry((dev, inode)).or_insert(id);
+        }
+        let m = &mut self.modules[id.0 as usize];
+        if exe
+            && m.open_path.is_none()
+            && let Ok(f) = File::open(format!("/proc/{}/exe", pid.0))
+            && f.metadata().is_ok_and(|meta| meta.ino() == inode && dev_matches(meta.dev(), dev))
+        {
+            use std::os::fd::AsRawFd as _;
+            m.open_path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+            m._file = Some(f);
         }
         id
     }
@@ -487,15 +499,15 @@ mod tests {
         let meta = std::fs::metadata(&exe).unwrap();
         let dev = (libc::major(meta.dev()) as u64) << 32 | libc::minor(meta.dev()) as u64;
         let full = MappedPath { path: exe.display().to_string(), complete: true };
-        let a = mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &full);
+        let a = mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &full, false);
         assert_eq!(mods.get(a).open_path.as_deref(), Some(exe.as_path()));
         // A cut walk finds the same file by (dev, inode).
         let name = exe.file_name().unwrap().to_string_lossy().into_owned();
         let cut = MappedPath { path: name, complete: false };
-        assert_eq!(mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &cut), a);
+        assert_eq!(mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &cut, false), a);
         // A path that now names another file (replaced, other namespace) is not trusted.
         let other = MappedPath { path: "/bin/sh".into(), complete: true };
-        let b = mods.kernel_module(Pid(u32::MAX), (0, 0x1000), (dev, meta.ino()), &other);
+        let b = mods.kernel_module(Pid(u32::MAX), (0, 0x1000), (dev, meta.ino()), &other, true);
         assert_ne!(a, b);
         assert!(mods.get(b).open_path.is_none());
     }
