@@ -30,9 +30,10 @@ fn record_all<T>(test: &str, workload: impl FnOnce() -> T) -> (Value, T, String)
     (profile, out, done.stderr)
 }
 
-/// A frame the profile shows as a bare address: no mapping named it.
+/// A frame in no known mapping (a frame in a mapped file without symbols, like ld.so, shows
+/// as an address in that file).
 fn unmapped(frame: &str) -> bool {
-    frame.starts_with("0x")
+    module_name(frame).is_none_or(|m| m == "[unknown]")
 }
 
 /// `--all` summary: "unmapped user frames N".
@@ -53,7 +54,7 @@ fn run(cmd: &mut Command) -> String {
 }
 
 #[test]
-fn exec_storm_processes_have_named_stacks() {
+fn maptrack_exec_storm_processes_have_named_stacks() {
     let burner = fixtures::build("mapburn").unwrap();
     let storm = fixtures::build("execstorm").unwrap();
     let (profile, out, stderr) = record_all("exec_storm", || {
@@ -70,35 +71,49 @@ fn exec_storm_processes_have_named_stacks() {
     let in_code = |st: &Vec<String>| st.iter().any(|f| module_name(f) == Some("mapburn"));
     let own: Vec<&Vec<String>> = stacks.iter().filter(|st| in_code(st)).collect();
     let named = own.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    // A leaf (the sampled instruction) outside every known mapping is a mapping we missed;
+    // unmapped callers are mostly frame-pointer garbage under ld.so (built without frame
+    // pointers), which no mapping table can name.
+    let leaf_unmapped = |st: &Vec<String>| {
+        st.iter()
+            .rev()
+            .find(|f| module_name(f) != Some("[kernel.kallsyms]"))
+            .is_some_and(|f| unmapped(f))
+    };
+    let missed: Vec<&Vec<String>> = stacks.iter().filter(|st| leaf_unmapped(st)).collect();
     let with_unmapped = stacks.iter().filter(|st| st.iter().any(|f| unmapped(f))).count();
     eprintln!(
         "{burners} burners ({} in the profile), {trues} /bin/true runs; {} samples, {} in \
-         mapburn code, {named} named main → storm_hot, {with_unmapped} with an unmapped frame",
+         mapburn code, {named} named main → storm_hot; {} with an unmapped leaf, {with_unmapped} \
+         with any unmapped frame",
         pids.len(),
         stacks.len(),
-        own.len()
+        own.len(),
+        missed.len()
     );
     assert!(burners >= 100 && pids.len() as f64 >= 0.5 * burners as f64, "{burners} burners");
     // 10 ms of CPU each: most of their samples are in storm_hot, and all of those are named.
     assert!(own.len() as f64 >= 0.9 * stacks.len() as f64, "{} of {}", own.len(), stacks.len());
     assert!(named as f64 >= 0.99 * own.len() as f64, "{named} of {} named", own.len());
-    // Frames outside every mapping: a sample taken during exec after the new image's entry
-    // was set but before the exec record, and frame-pointer garbage under ld.so's _start.
+    // A sample taken during exec after the new image's entry was set but before the exec
+    // record is the one way to miss: rare.
     assert!(
-        (with_unmapped as f64) < 0.02 * stacks.len() as f64,
-        "{with_unmapped} of {} burner samples have unmapped frames",
-        stacks.len()
+        (missed.len() as f64) < 0.01 * stacks.len() as f64,
+        "{} of {} burner samples have an unmapped leaf, e.g. {:#?}",
+        missed.len(),
+        stacks.len(),
+        &missed[..missed.len().min(8)]
     );
     assert_eq!(summary_lost_samples(&stderr), 0, "{stderr}");
-    // The summary counts every process; ours ran thousands of execs, so compare with that.
-    let unmapped_total = summary_unmapped(&stderr);
-    eprintln!("summary: {unmapped_total} unmapped user frames in the whole recording");
-    assert!(unmapped_total < burners + trues, "{stderr}");
+    // The summary's count covers every process on the machine (other users' code without
+    // frame pointers yields garbage callers), so it is only shown; the assertions above are
+    // about our processes.
+    eprintln!("summary: {} unmapped user frames in the whole recording", summary_unmapped(&stderr));
     assert!(stderr.contains("/proc/PID/maps read"), "{stderr}");
 }
 
 #[test]
-fn process_living_5ms_is_named_with_frames() {
+fn maptrack_process_living_5ms_is_named_with_frames() {
     let exe = fixtures::build("mapburn").unwrap();
     let mut pids = Vec::new();
     let (profile, _, _) = record_all("five_ms", || {
@@ -122,7 +137,7 @@ fn process_living_5ms_is_named_with_frames() {
 }
 
 #[test]
-fn library_replaced_at_the_same_address_is_named_before_and_after() {
+fn maptrack_library_replaced_at_the_same_address_is_named_before_and_after() {
     let dir = output_path("remap", "d");
     std::fs::create_dir_all(&dir).unwrap();
     let src = fixtures::source_dir().join("maplib.c.in");
@@ -171,7 +186,7 @@ fn library_replaced_at_the_same_address_is_named_before_and_after() {
             })
         })
         .count();
-    assert!(sa >= 300 && sb >= 300, "hot_in_a {sa}, hot_in_b {sb} of {}", stacks.len());
+    assert!(sa >= 100 && sb >= 100, "hot_in_a {sa}, hot_in_b {sb} of {}", stacks.len());
     assert_eq!(wrong, 0);
     // In time order: all of a's samples before b's.
     let last_a = stacks.iter().rposition(|s| in_lib(s, "hot_in_a", "libmapa.so")).unwrap();
@@ -180,7 +195,7 @@ fn library_replaced_at_the_same_address_is_named_before_and_after() {
 }
 
 #[test]
-fn deleted_executable_is_still_named() {
+fn maptrack_deleted_executable_is_still_named() {
     let exe = fixtures::build("mapburn").unwrap();
     let copy = output_path("deleted", "mapburn");
     std::fs::copy(&exe, &copy).unwrap();

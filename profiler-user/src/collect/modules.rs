@@ -31,6 +31,27 @@ pub struct Module {
     _file: Option<File>,
 }
 
+impl Module {
+    /// Where to read the file now: its path while that still names the file that was mapped,
+    /// else the handle held on it.
+    pub fn readable_path(&self) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd as _;
+        let p = self.open_path.as_ref()?;
+        if let Some(f) = &self._file
+            && !p.starts_with("/proc/self/fd")
+        {
+            let same = match (std::fs::metadata(p), f.metadata()) {
+                (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+                _ => false,
+            };
+            if !same {
+                return Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+            }
+        }
+        Some(p.clone())
+    }
+}
+
 /// Files keyed by (device, inode) so one library mapped by many processes is one module.
 #[derive(Default, Debug)]
 pub struct ModuleTable {
@@ -311,7 +332,12 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
         && meta.ino() == m.inode
         && dev_matches(meta.dev(), m.dev)
     {
-        return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: None };
+        // Also held open, for when the path stops naming this file (deleted or replaced
+        // before the profile is symbolized); see `Module::readable_path`.
+        let held = File::open(&path)
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|h| h.ino() == meta.ino() && h.dev() == meta.dev()));
+        return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: held };
     }
     open_map_file(pid, m)
 }
