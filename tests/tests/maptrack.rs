@@ -217,3 +217,32 @@ fn maptrack_deleted_executable_is_still_named() {
         stacks.len()
     );
 }
+
+#[test]
+fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
+    let exe = fixtures::build("mapburn").unwrap();
+    let dir = output_path("unmounted", "mnt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mount = Command::new("mount").args(["-t", "tmpfs", "rsprof-test"]).arg(&dir).status();
+    assert!(mount.is_ok_and(|s| s.success()), "mounting a tmpfs at {} (needs root)", dir.display());
+    let copy = dir.join("mapburn");
+    std::fs::copy(&exe, &copy).unwrap();
+    let mut pid = 0;
+    let (profile, _, _) = record_all("unmounted", || {
+        let mut c = Command::new(&copy).arg("400").spawn().unwrap();
+        pid = u64::from(c.id());
+        thread::sleep(Duration::from_millis(50));
+        // Lazily: the running process keeps the file system alive, but no path reaches it.
+        let st = Command::new("umount").arg("-l").arg(&dir).status().unwrap();
+        assert!(st.success(), "umount -l {}", dir.display());
+        assert!(c.wait().unwrap().success());
+    });
+    let t = threads(&profile).into_iter().find(|t| t.pid == pid).expect("the fixture's thread");
+    let stacks = sample_stacks(t.thread);
+    let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    assert!(
+        named >= 200 && named as f64 >= 0.9 * stacks.len() as f64,
+        "{named} of {}",
+        stacks.len()
+    );
+}
