@@ -22,6 +22,11 @@ pub const EVENT_EXIT: u32 = 4;
 pub const EVENT_USDT: u32 = 5;
 /// Off-CPU time of a thread ([`OffCpuRecord`]).
 pub const EVENT_OFF_CPU: u32 = 6;
+/// An executable mapping was made ([`MapRecord`]).
+pub const EVENT_MMAP: u32 = 7;
+/// An executable mapping was removed, or a range was remapped non-executable
+/// ([`MapRecord`] with only the range set).
+pub const EVENT_MUNMAP: u32 = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,6 +84,11 @@ pub struct TaskRecord {
     pub header: EventHeader,
     pub parent_pid: u32,
     pub parent_tid: u32,
+    /// The task's `mm_struct` (fork: the child's; exec: the new image's): which address
+    /// space later [`MapRecord`]s of the process belong to. 0 if unreadable.
+    pub mm: u64,
+    /// Exec only: start of the vDSO in the new image (`mm->context.vdso`), 0 if unknown.
+    pub vdso: u64,
     pub comm: [u8; TASK_COMM_LEN],
     /// Bytes of `cmdline` that follow (exec only); NUL-separated argv.
     pub cmdline_len: u32,
@@ -89,6 +99,63 @@ pub struct TaskRecord {
 
 /// Size of a `TaskRecord` without its trailing `cmdline`.
 pub const TASK_RECORD_FIXED: usize = core::mem::size_of::<TaskRecord>() - CMDLINE_MAX;
+
+/// Bytes of a mapped file's path components kept (see [`MapRecord::path`]).
+pub const MAP_PATH_MAX: usize = 256;
+/// Longest single path component read; longer names are cut (and the path flagged).
+pub const MAP_NAME_MAX: usize = 64;
+/// Deepest path walked (components plus mount crossings).
+pub const MAP_PATH_DEPTH: u32 = 24;
+
+/// [`MapRecord::flags`].
+pub const MAP_ANON: u32 = 1 << 0;
+/// The path walk reached the root of the mount tree: `path` is absolute.
+pub const MAP_PATH_COMPLETE: u32 = 1 << 1;
+/// Sent at exec for the new image's executable: `start..start+len` is its code
+/// (`mm->start_code..end_code`, the lowest executable segment's `p_vaddr` plus the load bias);
+/// `offset` is unknown (userspace takes it from the file's program headers).
+pub const MAP_EXE_TEXT: u32 = 1 << 2;
+/// Sent at exec for the ELF interpreter (ld.so): `start` is its load base (`AT_BASE`), no
+/// file identity (userspace takes the interpreter from the executable's `PT_INTERP`).
+pub const MAP_INTERP: u32 = 1 << 3;
+
+/// An executable mapping made (mmap(2) with PROT_EXEC; at exec, the executable and the
+/// interpreter) or a range unmapped (munmap(2)).
+/// `path` holds the file's path components leaf first, each NUL-terminated (`libc.so.6\0
+/// x86_64-linux-gnu\0lib\0usr\0`), walked from the dentry across mounts; only `path_len`
+/// bytes are sent.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MapRecord {
+    pub header: EventHeader,
+    pub start: u64,
+    pub len: u64,
+    /// File offset of `start`, in bytes.
+    pub offset: u64,
+    /// The address space (`mm_struct`) the mapping is in.
+    pub mm: u64,
+    pub inode: u64,
+    /// Kernel `dev_t` of the file's superblock (major << 20 | minor).
+    pub dev: u32,
+    pub flags: u32,
+    pub path_len: u32,
+    pub _pad: u32,
+    /// Room for one more component read past `MAP_PATH_MAX`, which the verifier needs.
+    pub path: [u8; MAP_PATH_MAX + MAP_NAME_MAX],
+}
+
+/// mmap(2) arguments kept from syscall entry to exit (map `MMAP_PENDING`, keyed by tid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingMmap {
+    pub len: u64,
+    pub flags: u64,
+    pub fd: u64,
+    pub off: u64,
+}
+
+pub const MAP_RECORD_FIXED: usize =
+    core::mem::size_of::<MapRecord>() - (MAP_PATH_MAX + MAP_NAME_MAX);
 pub const SAMPLE_RECORD_FIXED: usize = core::mem::size_of::<SampleHeader>();
 
 /// Off-CPU time of one thread, sent when it runs again. Either one block (a switch-out in a
@@ -147,6 +214,7 @@ pub const FILTER_ALL: u32 = 0;
 pub const FILTER_TARGETS: u32 = 1;
 
 /// Set by the loader before the programs are loaded (a `.rodata` global).
+/// [`Config::ZERO`] is the placeholder the loader overwrites.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Config {
@@ -160,11 +228,70 @@ pub struct Config {
     pub task_mm: u32,
     pub mm_arg_start: u32,
     pub mm_arg_end: u32,
+    /// For mapping tracking (see profiler-ebpf's maptrack.rs); 0 where absent.
+    pub mm_vdso: u32,
+    pub file_inode: u32,
+    pub file_path_mnt: u32,
+    pub file_path_dentry: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
+    pub dentry_parent: u32,
+    pub dentry_name: u32,
+    pub vfsmount_root: u32,
+    /// Offset of the `struct vfsmount` embedded in `struct mount`.
+    pub mount_mnt: u32,
+    pub mount_parent: u32,
+    pub mount_mountpoint: u32,
+    pub mm_start_code: u32,
+    pub mm_end_code: u32,
+    pub mm_exe_file: u32,
+    pub mm_saved_auxv: u32,
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_max_fds: u32,
     /// `OFF_CPU_*`.
     pub off_cpu: u32,
-    pub _pad: u32,
-    /// Blocks shorter than this are summed per thread (see [`OffCpuHeader`]).
+    /// Blocks shorter than this are summed per thread (see [`OffCpuHeader`]); 8-aligned after
+    /// an even number of u32 fields.
     pub off_cpu_min_ns: u64,
+}
+
+impl Config {
+    pub const ZERO: Config = Config {
+        filter_mode: FILTER_ALL,
+        follow_children: 0,
+        task_sum_exec_runtime: 0,
+        task_pid: 0,
+        task_tgid: 0,
+        task_mm: 0,
+        mm_arg_start: 0,
+        mm_arg_end: 0,
+        mm_vdso: 0,
+        file_inode: 0,
+        file_path_mnt: 0,
+        file_path_dentry: 0,
+        inode_ino: 0,
+        inode_sb: 0,
+        sb_dev: 0,
+        dentry_parent: 0,
+        dentry_name: 0,
+        vfsmount_root: 0,
+        mount_mnt: 0,
+        mount_parent: 0,
+        mount_mountpoint: 0,
+        mm_start_code: 0,
+        mm_end_code: 0,
+        mm_exe_file: 0,
+        mm_saved_auxv: 0,
+        task_files: 0,
+        files_fdt: 0,
+        fdtable_fd: 0,
+        fdtable_max_fds: 0,
+        off_cpu: 0,
+        off_cpu_min_ns: 0,
+    };
 }
 
 /// Deepest cgroup level the cgroup filter can select (levels are bits of a u64).
@@ -250,7 +377,14 @@ pub mod counter {
     pub const OFF_CPU_SUMS_DEFERRED: u32 = 28;
     /// Off-CPU stacks (kernel or user) that could not be read.
     pub const OFF_CPU_STACK_ERRORS: u32 = 29;
-    pub const COUNT: u32 = 30;
+    /// Executable mappings and removals written to the ring buffer.
+    pub const MAP_EVENTS_SENT: u32 = 30;
+    /// Mapping records lost: ring buffer full, or too many mmap calls in flight (frames in
+    /// those mappings show as unmapped).
+    pub const MAP_EVENTS_LOST: u32 = 31;
+    /// Mapped files whose path could not be walked to the root (cut, too deep, unreadable).
+    pub const MAP_PATH_INCOMPLETE: u32 = 32;
+    pub const COUNT: u32 = 33;
 }
 
 /// Size of the `USDT_SPECS` array: probe sites attached at once.

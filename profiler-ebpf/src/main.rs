@@ -5,6 +5,7 @@
 #![no_main]
 
 mod cgroup;
+mod maptrack;
 mod sched;
 mod usdt;
 
@@ -30,19 +31,7 @@ use profiler_common::{
 };
 
 #[unsafe(no_mangle)]
-static CONFIG: Config = Config {
-    filter_mode: FILTER_ALL,
-    follow_children: 0,
-    task_sum_exec_runtime: 0,
-    task_pid: 0,
-    task_tgid: 0,
-    task_mm: 0,
-    mm_arg_start: 0,
-    mm_arg_end: 0,
-    off_cpu: 0,
-    _pad: 0,
-    off_cpu_min_ns: 0,
-};
+static CONFIG: Config = Config::ZERO;
 
 /// Size is set by the loader (`--ring-buffer-size`).
 #[map]
@@ -63,7 +52,7 @@ static TASK_SCRATCH: PerCpuArray<TaskRecord> = PerCpuArray::with_max_entries(1, 
 static TARGETS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(65536, 0);
 
 #[inline(always)]
-fn config() -> Config {
+pub(crate) fn config() -> Config {
     // SAFETY: CONFIG is a read-only global patched by the loader; volatile keeps the compiler
     // from folding in the defaults above.
     unsafe { core::ptr::read_volatile(&CONFIG) }
@@ -83,7 +72,7 @@ pub(crate) fn selected(cfg: &Config, tgid: u32) -> bool {
 }
 
 #[inline(always)]
-unsafe fn read_kernel_u64(addr: u64) -> Option<u64> {
+pub(crate) unsafe fn read_kernel_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_kernel(addr as *const u64) }.ok()
 }
 
@@ -232,6 +221,8 @@ unsafe fn task_header(kind: u32, rec: *mut TaskRecord, pid: u32, tid: u32) {
     unsafe {
         (*rec).parent_pid = 0;
         (*rec).parent_tid = 0;
+        (*rec).mm = 0;
+        (*rec).vdso = 0;
         (*rec).header = EventHeader {
             kind,
             cpu: bpf_get_smp_processor_id(),
@@ -282,6 +273,9 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         task_header(EVENT_FORK, rec, child_tgid, child_pid);
         (*rec).parent_pid = parent_tgid;
         (*rec).parent_tid = pid_tgid as u32;
+        // The child's own address space (a copy of the parent's, or the parent's with
+        // CLONE_VM): userspace starts it from the parent's mappings.
+        (*rec).mm = read_kernel_u64(child + cfg.task_mm as u64).unwrap_or(0);
         send_task(rec, TASK_RECORD_FIXED as u64);
     }
     0
@@ -302,6 +296,12 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
         let task = bpf_get_current_task();
         let mut len: u64 = 0;
         if let Some(mm) = read_kernel_u64(task + cfg.task_mm as u64) {
+            // The ELF loader's mappings (binary, interpreter) were sent before this record,
+            // tagged with this mm; the vDSO is no do_mmap mapping, so its address goes here.
+            (*rec).mm = mm;
+            if cfg.mm_vdso != 0 {
+                (*rec).vdso = read_kernel_u64(mm + cfg.mm_vdso as u64).unwrap_or(0);
+            }
             if let (Some(start), Some(end)) = (
                 read_kernel_u64(mm + cfg.mm_arg_start as u64),
                 read_kernel_u64(mm + cfg.mm_arg_end as u64),
@@ -326,6 +326,10 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
         }
         (*rec).cmdline_len = len as u32;
         send_task(rec, TASK_RECORD_FIXED as u64 + len);
+        let mm = (*rec).mm;
+        if mm != 0 {
+            maptrack::send_exec_mappings(&cfg, tgid, tid, mm);
+        }
     }
     0
 }

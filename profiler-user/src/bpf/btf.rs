@@ -27,6 +27,33 @@ pub fn fill_offsets(path: &Path, config: &mut Config) -> Result<()> {
     config.task_mm = offset_of(&btf, "task_struct", &["mm"])?;
     config.mm_arg_start = offset_of(&btf, "mm_struct", &["arg_start"])?;
     config.mm_arg_end = offset_of(&btf, "mm_struct", &["arg_end"])?;
+    fill_maptrack_offsets(&btf, config)
+}
+
+/// Offsets for mapping tracking (profiler-ebpf maptrack.rs).
+fn fill_maptrack_offsets(btf: &Btf, c: &mut Config) -> Result<()> {
+    // x86-64 keeps the vDSO address in the arch mm context; elsewhere the vDSO stays unknown.
+    c.mm_vdso = offset_of(btf, "mm_struct", &["context", "vdso"]).unwrap_or(0);
+    c.file_inode = offset_of(btf, "file", &["f_inode"])?;
+    c.file_path_mnt = offset_of(btf, "file", &["f_path", "mnt"])?;
+    c.file_path_dentry = offset_of(btf, "file", &["f_path", "dentry"])?;
+    c.inode_ino = offset_of(btf, "inode", &["i_ino"])?;
+    c.inode_sb = offset_of(btf, "inode", &["i_sb"])?;
+    c.sb_dev = offset_of(btf, "super_block", &["s_dev"])?;
+    c.dentry_parent = offset_of(btf, "dentry", &["d_parent"])?;
+    c.dentry_name = offset_of(btf, "dentry", &["d_name", "name"])?;
+    c.vfsmount_root = offset_of(btf, "vfsmount", &["mnt_root"])?;
+    c.mount_mnt = offset_of(btf, "mount", &["mnt"])?;
+    c.mount_parent = offset_of(btf, "mount", &["mnt_parent"])?;
+    c.mount_mountpoint = offset_of(btf, "mount", &["mnt_mountpoint"])?;
+    c.mm_start_code = offset_of(btf, "mm_struct", &["start_code"])?;
+    c.mm_end_code = offset_of(btf, "mm_struct", &["end_code"])?;
+    c.mm_exe_file = offset_of(btf, "mm_struct", &["exe_file"])?;
+    c.mm_saved_auxv = offset_of(btf, "mm_struct", &["saved_auxv"])?;
+    c.task_files = offset_of(btf, "task_struct", &["files"])?;
+    c.files_fdt = offset_of(btf, "files_struct", &["fdt"])?;
+    c.fdtable_fd = offset_of(btf, "fdtable", &["fd"])?;
+    c.fdtable_max_fds = offset_of(btf, "fdtable", &["max_fds"])?;
     Ok(())
 }
 
@@ -96,6 +123,7 @@ mod tests {
         assert!(c.task_sum_exec_runtime > 0 && c.task_sum_exec_runtime % 8 == 0);
         assert!(c.task_pid > 0 && c.task_tgid == c.task_pid + 4, "pid and tgid are adjacent");
         assert!(c.mm_arg_end == c.mm_arg_start + 8);
+        assert!(c.mm_end_code == c.mm_start_code + 8 && c.file_inode > 0 && c.mount_parent > 0);
     }
 
     #[test]

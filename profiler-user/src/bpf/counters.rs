@@ -122,6 +122,17 @@ pub const COUNTERS: &[CounterDef] = &[
         "off_cpu_stack_errors",
         "Off-CPU stacks (kernel or user) that could not be read",
     ),
+    def(
+        counter::MAP_EVENTS_SENT,
+        "map_events_sent",
+        "Executable mappings and removals written to the ring buffer",
+    ),
+    def(counter::MAP_EVENTS_LOST, "map_events_lost", "Mapping records lost: ring buffer full"),
+    def(
+        counter::MAP_PATH_INCOMPLETE,
+        "map_path_incomplete",
+        "Mapped files whose path the kernel could not walk to the root",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

@@ -3,10 +3,11 @@
 //! error, never an out-of-bounds read.
 
 use profiler_common::{
-    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_OFF_CPU, EVENT_SAMPLE, EVENT_USDT, EventHeader,
-    LABEL_MAX_DEPTH, MAX_STACK_DEPTH, OFF_CPU_RECORD_FIXED, OffCpuHeader, SAMPLE_RECORD_FIXED,
-    SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS, USDT_RECORD_FIXED,
-    USDT_STR_MAX, UsdtRecord, UsdtString,
+    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_MMAP, EVENT_MUNMAP, EVENT_OFF_CPU, EVENT_SAMPLE,
+    EVENT_USDT, EventHeader, LABEL_MAX_DEPTH, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
+    MAP_PATH_COMPLETE, MAP_RECORD_FIXED, MAX_STACK_DEPTH, MapRecord, OFF_CPU_RECORD_FIXED,
+    OffCpuHeader, SAMPLE_RECORD_FIXED, SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS,
+    USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
 use crate::model::{
@@ -80,16 +81,56 @@ pub struct RawUsdtStr {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskKind {
-    /// A new task; `parent` is the forking task.
+    /// A new task; `parent` is the forking task, `mm` the new task's address space.
     Fork {
         parent_pid: Pid,
         parent_tid: Tid,
+        mm: u64,
     },
+    /// `mm`: the new image's address space; `vdso`: where its vDSO is (0: unknown).
     Exec {
         argv: Vec<String>,
         truncated: bool,
+        mm: u64,
+        vdso: u64,
     },
     Exit,
+}
+
+/// An executable mapping made or removed, as the kernel saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapEvent {
+    pub time: MonoNs,
+    pub pid: Pid,
+    pub tid: Tid,
+    /// The address space changed (`mm_struct` pointer): tells images of one pid apart.
+    pub mm: u64,
+    pub start: u64,
+    pub end: u64,
+    pub kind: MapKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    /// A file mapping; `dev` is encoded like /proc/PID/maps's (major << 32 | minor).
+    File { offset: u64, dev: u64, inode: u64, path: MappedPath },
+    /// At exec: the executable's code, `start` being its lowest executable segment's address
+    /// (file offsets come from the file's program headers).
+    ExeText { dev: u64, inode: u64, path: MappedPath },
+    /// At exec: the ELF interpreter was loaded at base `start`.
+    Interp,
+    /// Anonymous executable memory (JIT code).
+    Anon,
+    /// The range is no longer executable code.
+    Unmap,
+}
+
+/// The kernel's walk of the mapped file's path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedPath {
+    /// Absolute when `complete`; otherwise the trailing components that were read.
+    pub path: String,
+    pub complete: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,6 +147,7 @@ pub enum KernelEvent {
     Sample(Sample),
     Task(TaskEvent),
     Usdt(RawUsdtHit),
+    Map(MapEvent),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -231,10 +273,12 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
             }
             let o_comm = std::mem::offset_of!(TaskRecord, comm);
             let comm = comm_string(&b[o_comm..o_comm + 16]);
+            let mm = u64_at(b, std::mem::offset_of!(TaskRecord, mm));
             let kind = match kind {
                 EVENT_FORK => TaskKind::Fork {
                     parent_pid: Pid(u32_at(b, std::mem::offset_of!(TaskRecord, parent_pid))),
                     parent_tid: Tid(u32_at(b, std::mem::offset_of!(TaskRecord, parent_tid))),
+                    mm,
                 },
                 EVENT_EXEC => {
                     let n = u32_at(b, std::mem::offset_of!(TaskRecord, cmdline_len)) as usize;
@@ -246,7 +290,8 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                         .filter(|a| !a.is_empty())
                         .map(|a| String::from_utf8_lossy(a).into_owned())
                         .collect();
-                    TaskKind::Exec { argv, truncated }
+                    let vdso = u64_at(b, std::mem::offset_of!(TaskRecord, vdso));
+                    TaskKind::Exec { argv, truncated, mm, vdso }
                 }
                 _ => TaskKind::Exit,
             };
@@ -293,8 +338,66 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 strs,
             }))
         }
+        EVENT_MMAP | EVENT_MUNMAP => {
+            if b.len() < MAP_RECORD_FIXED {
+                return Err(short);
+            }
+            let field = |off: usize| u64_at(b, off);
+            let start = field(std::mem::offset_of!(MapRecord, start));
+            let end = start.saturating_add(field(std::mem::offset_of!(MapRecord, len)));
+            let flags = u32_at(b, std::mem::offset_of!(MapRecord, flags));
+            let kind = if kind == EVENT_MUNMAP {
+                MapKind::Unmap
+            } else if flags & MAP_ANON != 0 {
+                MapKind::Anon
+            } else if flags & MAP_INTERP != 0 {
+                MapKind::Interp
+            } else {
+                let n = u32_at(b, std::mem::offset_of!(MapRecord, path_len)) as usize;
+                let raw = b.get(MAP_RECORD_FIXED..MAP_RECORD_FIXED + n).ok_or(short)?;
+                let dev = u32_at(b, std::mem::offset_of!(MapRecord, dev));
+                let dev = u64::from(dev >> 20) << 32 | u64::from(dev & 0xf_ffff);
+                let inode = field(std::mem::offset_of!(MapRecord, inode));
+                let path = mapped_path(raw, flags & MAP_PATH_COMPLETE != 0);
+                if flags & MAP_EXE_TEXT != 0 {
+                    MapKind::ExeText { dev, inode, path }
+                } else {
+                    let offset = field(std::mem::offset_of!(MapRecord, offset));
+                    MapKind::File { offset, dev, inode, path }
+                }
+            };
+            Ok(KernelEvent::Map(MapEvent {
+                time: MonoNs(time_ns),
+                pid: Pid(pid),
+                tid: Tid(tid),
+                mm: field(std::mem::offset_of!(MapRecord, mm)),
+                start,
+                end,
+                kind,
+            }))
+        }
         k => Err(RecordError::UnknownKind(k)),
     }
+}
+
+/// Joins path components sent leaf first (`libc.so.6\0lib\0usr\0`) into `/usr/lib/libc.so.6`.
+fn mapped_path(raw: &[u8], complete: bool) -> MappedPath {
+    let parts: Vec<String> = raw
+        .split(|&c| c == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    let mut path = String::new();
+    for (i, p) in parts.iter().rev().enumerate() {
+        if complete || i > 0 {
+            path.push('/');
+        }
+        path.push_str(p);
+    }
+    if path.is_empty() && complete {
+        path.push('/');
+    }
+    MappedPath { path, complete }
 }
 
 #[cfg(test)]
@@ -386,6 +489,8 @@ mod tests {
             header: EventHeader { kind: EVENT_EXEC, cpu: 0, time_ns: 5, pid: 3, tid: 3 },
             parent_pid: 0,
             parent_tid: 0,
+            mm: 0xffff_1000,
+            vdso: 0x7fff_0000,
             comm: comm("ls"),
             cmdline_len: 8,
             cmdline_truncated: 0,
@@ -396,8 +501,51 @@ mod tests {
         let KernelEvent::Task(e) = decode(&b).unwrap() else { panic!() };
         assert_eq!(
             e.kind,
-            TaskKind::Exec { argv: vec!["ls".into(), "-l".into(), "/".into()], truncated: false }
+            TaskKind::Exec {
+                argv: vec!["ls".into(), "-l".into(), "/".into()],
+                truncated: false,
+                mm: 0xffff_1000,
+                vdso: 0x7fff_0000
+            }
         );
+    }
+
+    #[test]
+    fn decodes_mapping_with_path_and_device() {
+        let mut r = MapRecord {
+            header: EventHeader { kind: EVENT_MMAP, cpu: 0, time_ns: 5, pid: 3, tid: 4 },
+            start: 0x7f00_0000_0000,
+            len: 0x2000,
+            offset: 0x1000,
+            mm: 0xffff_2000,
+            inode: 77,
+            dev: (254 << 20) | 1,
+            flags: MAP_PATH_COMPLETE,
+            path_len: 0,
+            _pad: 0,
+            path: [0; profiler_common::MAP_PATH_MAX + profiler_common::MAP_NAME_MAX],
+        };
+        let parts = b"libc.so.6\0lib\0usr\0";
+        r.path[..parts.len()].copy_from_slice(parts);
+        r.path_len = parts.len() as u32;
+        let b = bytes_of(&r, MAP_RECORD_FIXED + parts.len());
+        let KernelEvent::Map(m) = decode(&b).unwrap() else { panic!() };
+        assert_eq!(
+            (m.pid, m.tid, m.start, m.end, m.mm),
+            (Pid(3), Tid(4), r.start, r.start + 0x2000, r.mm)
+        );
+        let path = MappedPath { path: "/usr/lib/libc.so.6".into(), complete: true };
+        assert_eq!(m.kind, MapKind::File { offset: 0x1000, dev: 254 << 32 | 1, inode: 77, path });
+        // A walk that stopped early keeps the trailing components, relative.
+        r.flags = 0;
+        let KernelEvent::Map(m) = decode(&bytes_of(&r, MAP_RECORD_FIXED + parts.len())).unwrap()
+        else {
+            panic!()
+        };
+        let MapKind::File { path, .. } = m.kind else { panic!() };
+        assert_eq!(path, MappedPath { path: "usr/lib/libc.so.6".into(), complete: false });
+        // A path longer than the record is rejected.
+        assert!(decode(&b[..b.len() - 1]).is_err());
     }
 
     #[test]

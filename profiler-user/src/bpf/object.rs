@@ -7,11 +7,12 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, RawTracePoint, UProbe,
+        PerfEvent, RawTracePoint, TracePoint, UProbe,
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
         raw_trace_point::RawTracePointLinkId,
+        trace_point::TracePointLinkId,
     },
     util::online_cpus,
 };
@@ -27,6 +28,7 @@ pub struct BpfObject {
     pub cpus: Vec<u32>,
     perf_links: Vec<PerfEventLinkId>,
     tp_links: Vec<(&'static str, RawTracePointLinkId)>,
+    map_links: Vec<(&'static str, TracePointLinkId)>,
 }
 
 impl BpfObject {
@@ -41,7 +43,7 @@ impl BpfObject {
             .load(BPF_OBJECT)
             .context("load BPF programs")?;
         let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-        Ok(Self { ebpf, cpus, perf_links: Vec::new(), tp_links: Vec::new() })
+        Ok(Self { ebpf, cpus, perf_links: Vec::new(), tp_links: Vec::new(), map_links: Vec::new() })
     }
 
     /// Selects processes for the `-p` / `-- CMD` filter; call before `attach`.
@@ -69,6 +71,7 @@ impl BpfObject {
     /// and sched_switch so most CPUs have seen a switch (making CPU time current) by the
     /// first sample, then the sampler on every online CPU.
     pub fn attach(&mut self, frequency: u64) -> Result<()> {
+        self.attach_maptrack()?;
         for (prog, tp) in [
             ("on_fork", "sched_process_fork"),
             ("on_exec", "sched_process_exec"),
@@ -93,6 +96,23 @@ impl BpfObject {
                 )
                 .with_context(|| format!("attach CPU-clock sampler to CPU {cpu}"))?;
             self.perf_links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Mapping records (profiler-ebpf maptrack.rs), attached before the lifecycle tracepoints:
+    /// a process exec'd after the attach has all its mappings recorded.
+    fn attach_maptrack(&mut self) -> Result<()> {
+        for (prog, tp) in [
+            ("on_enter_mmap", "sys_enter_mmap"),
+            ("on_exit_mmap", "sys_exit_mmap"),
+            ("on_enter_munmap", "sys_enter_munmap"),
+        ] {
+            let p: &mut TracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
+            p.load().with_context(|| format!("load {prog}"))?;
+            let link =
+                p.attach("syscalls", tp).with_context(|| format!("attach {prog} to {tp}"))?;
+            self.map_links.push((prog, link));
         }
         Ok(())
     }
@@ -137,6 +157,11 @@ impl BpfObject {
         if let Some(p) = self.ebpf.program_mut("on_cpu_clock") {
             let p: &mut PerfEvent = p.try_into().expect("on_cpu_clock is a perf_event program");
             for link in self.perf_links.drain(..) {
+                let _ = p.detach(link);
+            }
+        }
+        for (prog, link) in self.map_links.drain(..) {
+            if let Some(Ok(p)) = self.ebpf.program_mut(prog).map(<&mut TracePoint>::try_from) {
                 let _ = p.detach(link);
             }
         }

@@ -1,14 +1,17 @@
 //! Turns decoded ring-buffer events into stored samples and process metadata. User addresses
-//! are normalized here (`stack`), while the process is still alive to be asked for its
-//! mappings; what other parts must act on goes to the `outbox`.
+//! are normalized here (`stack`) through each process's address space, which the kernel's
+//! mapping records keep current (one ring, ordered by reservation across CPUs, so a mapping is
+//! applied before any sample that runs code in it); /proc/PID/maps is read once, only for
+//! processes that existed before the recording. What other parts must act on goes to the
+//! `outbox`.
 
 use crate::{
-    bpf::decode::{self, KernelEvent, RecordError, Sample, TaskEvent, TaskKind},
+    bpf::decode::{self, KernelEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent, TaskKind},
     collect::{
-        modules::ModuleTable,
+        modules::{LoadedAt, Mapping, ModuleTable},
         outbox::Outbox,
-        processes::{ProcessInfo, ProcessTable},
-        stack::{self, kernel_frames, refresh_space},
+        processes::{ProcessInfo, ProcessTable, SpaceSource},
+        stack::{self, kernel_frames, read_space_once},
     },
     model::{
         address::FrameAddr,
@@ -32,10 +35,16 @@ pub struct CollectorStats {
     pub off_cpu_blocks: u64,
     pub task_events: u64,
     pub decode_errors: u64,
-    /// User frames in no mapping of their process (e.g. it exited before we read its maps).
+    /// User frames in no known mapping of their process (e.g. a mapping record was lost).
     pub unmapped_frames: u64,
     /// Reads of /proc/PID/maps that failed while the process still existed.
     pub maps_errors: u64,
+    /// Reads of /proc/PID/maps (once per process that existed before the recording).
+    pub maps_reads: u64,
+    /// Executable mappings and removals received from the kernel.
+    pub map_events: u64,
+    /// Executables or interpreters whose code could not be placed (file unreadable).
+    pub maps_unresolved: u64,
     pub first_sample: Option<MonoNs>,
     pub last_sample: Option<MonoNs>,
     /// Exited processes dropped from the process table once their last stored event was
@@ -86,14 +95,71 @@ impl<S: SampleSink> Collector<S> {
             KernelEvent::Sample(s) => self.on_sample(s),
             KernelEvent::Task(t) => self.on_task(t),
             KernelEvent::Usdt(u) => self.outbox.usdt_hit(u),
+            KernelEvent::Map(m) => self.on_map(m),
         }
     }
 
     /// Adds an already running process (e.g. `-p PID`) before any sample arrives.
     pub fn register_existing(&mut self, pid: Pid) {
         let p = self.processes.entry(pid);
-        self.stats.maps_errors += u64::from(first_sight(pid, p, &mut self.modules).is_err());
+        first_sight(pid, p, &mut self.modules, &mut self.stats);
         self.outbox.maps_changed(pid);
+    }
+
+    /// The process, its address space read from /proc first if it is one that existed before
+    /// the recording and was not seen yet.
+    fn known(&mut self, pid: Pid) -> &mut ProcessInfo {
+        known(&mut self.processes, pid, &mut self.modules, &mut self.stats, &mut self.outbox)
+    }
+
+    fn on_map(&mut self, m: MapEvent) {
+        self.stats.map_events += 1;
+        let p = self.known(m.pid);
+        if p.mm != m.mm {
+            // A space read from /proc does not know its mm: the first record names it. Any
+            // other change means the exec record of a new image was lost: start afresh.
+            if p.mm != 0 {
+                p.space = Default::default();
+            }
+            p.mm = m.mm;
+        }
+        let mappings = match &m.kind {
+            MapKind::Unmap => {
+                p.space.remove(m.start, m.end);
+                return;
+            }
+            MapKind::Anon => {
+                let module = self.modules.anon();
+                vec![Mapping { start: m.start, end: m.end, file_offset: 0, module }]
+            }
+            MapKind::File { offset, dev, inode, path } => {
+                let ident = (*dev, *inode);
+                let module =
+                    self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, false);
+                vec![Mapping { start: m.start, end: m.end, file_offset: *offset, module }]
+            }
+            MapKind::ExeText { dev, inode, path } => {
+                let ident = (*dev, *inode);
+                let module = self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, true);
+                self.processes.entry(m.pid).exe_module = Some(module);
+                self.modules.loaded_code(module, LoadedAt::LowestCode(m.start))
+            }
+            MapKind::Interp => {
+                let exe = p.exe_module;
+                match exe.and_then(|exe| self.modules.interpreter(m.pid, exe)) {
+                    Some(module) => self.modules.loaded_code(module, LoadedAt::Base(m.start)),
+                    None => Vec::new(),
+                }
+            }
+        };
+        if mappings.is_empty() {
+            self.stats.maps_unresolved += 1;
+        }
+        let p = self.processes.entry(m.pid);
+        for mapping in mappings {
+            p.space.insert(mapping);
+        }
+        self.outbox.maps_changed(m.pid);
     }
 
     fn on_sample(&mut self, s: Sample) {
@@ -130,22 +196,18 @@ impl<S: SampleSink> Collector<S> {
     /// into `frames`, and returns its CPU time since its previous sample (0 for off-CPU time,
     /// which carries no CPU time reading).
     fn observe_task(&mut self, s: &Sample) -> u64 {
-        let p = self.processes.processes.entry(s.pid).or_default();
-        if p.meta.name.is_empty() && p.space_read_at.is_none() {
-            self.stats.maps_errors += u64::from(first_sight(s.pid, p, &mut self.modules).is_err());
-            self.outbox.maps_changed(s.pid);
-        }
+        known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats, &mut self.outbox);
         let main_thread = s.tid.0 == s.pid.0;
         let cgroup_paths = &mut self.processes.cgroup_paths;
+        let p = self.processes.processes.get_mut(&s.pid).expect("just added");
         p.cgroup.observe(s.pid, main_thread, CgroupId(s.cgroup_id), cgroup_paths);
         p.meta.threads.entry(s.tid).or_default().observe_name(&s.comm);
         if main_thread && !s.comm.is_empty() {
             p.meta.name.clone_from(&s.comm);
         }
         let cpu_delta = if s.off_cpu.is_some() { 0 } else { p.cpu_delta(s.tid, s.cpu_time_ns) };
-        let r = stack::normalize(s, p, &mut self.modules, &mut self.outbox, &mut self.frames);
+        let r = stack::normalize(s, p, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
-        self.stats.maps_errors += r.maps_errors;
         cpu_delta
     }
 
@@ -163,6 +225,18 @@ impl<S: SampleSink> Collector<S> {
 
     fn on_task(&mut self, t: TaskEvent) {
         self.stats.task_events += 1;
+        if let TaskKind::Fork { parent_pid, mm, .. } = t.kind
+            && t.pid.0 == t.tid.0
+            && parent_pid != t.pid
+        {
+            // A new process starts as a copy of its parent's address space (a pre-existing
+            // parent's is read now, once); the kernel's records follow it from here.
+            let space = self.known(parent_pid).space.clone();
+            let p = self.processes.entry(t.pid);
+            p.space = space;
+            p.mm = mm;
+            p.space_source = SpaceSource::Kernel;
+        }
         let p = self.processes.processes.entry(t.pid).or_default();
         match t.kind {
             TaskKind::Fork { .. } => {
@@ -171,26 +245,30 @@ impl<S: SampleSink> Collector<S> {
                     if p.meta.name.is_empty() {
                         p.meta.name.clone_from(&t.comm);
                     }
-                    // The child shares the parent's image until it execs; its own maps are
-                    // read lazily on its first sample.
                 }
                 let th = p.meta.threads.entry(t.tid).or_default();
                 th.start = Some(t.time);
                 th.observe_name(&t.comm);
             }
-            TaskKind::Exec { argv, .. } => {
+            TaskKind::Exec { argv, mm, vdso, .. } => {
                 p.meta.name.clone_from(&t.comm);
                 if !argv.is_empty() {
                     p.meta.argv = argv;
                 }
-                // New image: mappings of the old one no longer apply. Shared libraries are
-                // not mapped yet, so the first unknown address re-reads the maps at once
-                // (no rate limit); reading now keeps the binary if the process dies early.
+                // A new image: the executable and interpreter the ELF loader mapped follow in
+                // their own records, libraries in mmap records.
                 p.space = Default::default();
-                self.stats.maps_errors +=
-                    u64::from(refresh_space(t.pid, p, &mut self.modules).is_err());
+                p.mm = mm;
+                p.exe_module = None;
+                p.space_source = SpaceSource::Kernel;
+                if vdso != 0
+                    && let Some(len) = vdso_len()
+                {
+                    let module = self.modules.vdso();
+                    let m = Mapping { start: vdso, end: vdso + len, file_offset: 0, module };
+                    p.space.insert(m);
+                }
                 self.outbox.maps_changed(t.pid);
-                p.space_read_at = None;
                 p.meta.threads.entry(t.tid).or_default().observe_name(&t.comm);
             }
             TaskKind::Exit => {
@@ -209,14 +287,54 @@ impl<S: SampleSink> Collector<S> {
     }
 }
 
+/// The process, its address space read from /proc first if it is one that existed before the
+/// recording and was not seen yet.
+fn known<'a>(
+    processes: &'a mut ProcessTable,
+    pid: Pid,
+    modules: &mut ModuleTable,
+    stats: &mut CollectorStats,
+    outbox: &mut Outbox,
+) -> &'a mut ProcessInfo {
+    let p = processes.processes.entry(pid).or_default();
+    if p.space_source == SpaceSource::Unknown {
+        first_sight(pid, p, modules, stats);
+        outbox.maps_changed(pid);
+    }
+    p
+}
+
 /// A process known from nothing but its pid: ask /proc for its name, argv and mappings.
 fn first_sight(
     pid: Pid,
     p: &mut ProcessInfo,
     modules: &mut ModuleTable,
-) -> Result<(), procfs::ProcError> {
-    let (comm, argv) = procfs::read_identity(pid);
-    p.meta.name = comm;
-    p.meta.argv = argv;
-    refresh_space(pid, p, modules)
+    stats: &mut CollectorStats,
+) {
+    if p.meta.name.is_empty() {
+        let (comm, argv) = procfs::read_identity(pid);
+        p.meta.name = comm;
+        p.meta.argv = argv;
+    }
+    first_sight_space(pid, p, modules, stats);
+}
+
+fn first_sight_space(
+    pid: Pid,
+    p: &mut ProcessInfo,
+    modules: &mut ModuleTable,
+    stats: &mut CollectorStats,
+) {
+    stats.maps_reads += 1;
+    stats.maps_errors += u64::from(read_space_once(pid, p, modules).is_err());
+}
+
+/// Size of the vDSO image (the same in every process): ours, from /proc/self/maps, once.
+fn vdso_len() -> Option<u64> {
+    static LEN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *LEN.get_or_init(|| {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let line = procfs::parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")?;
+        Some(line.end - line.start)
+    })
 }

@@ -14,6 +14,7 @@ use std::{
 
 use crate::model::ids::ModuleId;
 use crate::{
+    bpf::decode::MappedPath,
     model::ids::Pid,
     system::procfs::{self, MapsLine, ProcError},
 };
@@ -30,11 +31,92 @@ pub struct Module {
     _file: Option<File>,
 }
 
+impl Module {
+    /// Where to read the file now: its path while that still names the file that was mapped,
+    /// else the handle held on it.
+    pub fn readable_path(&self) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd as _;
+        let p = self.open_path.as_ref()?;
+        if let Some(f) = &self._file
+            && !p.starts_with("/proc/self/fd")
+        {
+            let same = match (std::fs::metadata(p), f.metadata()) {
+                (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
+                _ => false,
+            };
+            if !same {
+                return Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+            }
+        }
+        Some(p.clone())
+    }
+}
+
 /// Files keyed by (device, inode) so one library mapped by many processes is one module.
 #[derive(Default, Debug)]
 pub struct ModuleTable {
     modules: Vec<Module>,
     by_key: HashMap<(u64, u64, String), ModuleId>,
+    /// Files by (dev, inode) alone, for kernel records whose path walk was cut short.
+    by_file: HashMap<(u64, u64), ModuleId>,
+    /// Program headers of executables and interpreters, read once per module.
+    layouts: HashMap<ModuleId, Option<ElfLayout>>,
+}
+
+/// Where the ELF loader put a file's code (see [`ModuleTable::loaded_code`]).
+#[derive(Clone, Copy, Debug)]
+pub enum LoadedAt {
+    /// Its lowest executable segment starts here (`mm->start_code` of an executable).
+    LowestCode(u64),
+    /// Its load base (`AT_BASE` of an interpreter).
+    Base(u64),
+}
+
+/// What placing an ELF file's code needs from its program headers.
+#[derive(Clone, Debug, Default)]
+pub struct ElfLayout {
+    /// Executable PT_LOAD segments: (p_vaddr, p_memsz, p_offset), by address.
+    pub code: Vec<(u64, u64, u64)>,
+    /// Lowest PT_LOAD p_vaddr, page-aligned down (the loader maps it at the base).
+    pub first_vaddr: u64,
+    /// PT_INTERP.
+    pub interp: Option<String>,
+}
+
+impl ElfLayout {
+    /// Reads the program headers from the start of the file (where linkers put them).
+    pub fn read(path: &Path) -> Option<ElfLayout> {
+        use std::io::Read as _;
+
+        use object::{
+            Endianness, elf,
+            read::elf::{FileHeader as _, ProgramHeader as _},
+        };
+        let mut data = Vec::new();
+        File::open(path).ok()?.take(256 << 10).read_to_end(&mut data).ok()?;
+        let hdr = elf::FileHeader64::<Endianness>::parse(&*data).ok()?;
+        let endian = hdr.endian().ok()?;
+        let mut layout = ElfLayout { first_vaddr: u64::MAX, ..Default::default() };
+        for ph in hdr.program_headers(endian, &*data).ok()? {
+            match ph.p_type(endian) {
+                elf::PT_LOAD => {
+                    let vaddr = ph.p_vaddr(endian);
+                    layout.first_vaddr = layout.first_vaddr.min(vaddr & !0xfff);
+                    if ph.p_flags(endian) & elf::PF_X != 0 {
+                        layout.code.push((vaddr, ph.p_memsz(endian), ph.p_offset(endian)));
+                    }
+                }
+                elf::PT_INTERP => {
+                    let raw = ph.data(endian, &*data).ok()?;
+                    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+                    layout.interp = Some(String::from_utf8_lossy(&raw[..end]).into_owned());
+                }
+                _ => {}
+            }
+        }
+        layout.code.sort_unstable();
+        (!layout.code.is_empty()).then_some(layout)
+    }
 }
 
 impl ModuleTable {
@@ -64,6 +146,135 @@ impl ModuleTable {
     fn module_for(&mut self, pid: Pid, m: &MapsLine) -> ModuleId {
         let key = (m.dev, m.inode, m.path.clone());
         self.intern(key, || open_module(pid, m))
+    }
+
+    fn layout(&mut self, module: ModuleId) -> Option<&ElfLayout> {
+        let open = self.modules[module.0 as usize].open_path.clone();
+        self.layouts.entry(module).or_insert_with(|| ElfLayout::read(open.as_deref()?)).as_ref()
+    }
+
+    /// The executable mappings of `module`'s code as the ELF loader placed it; none when the
+    /// file cannot be read.
+    pub fn loaded_code(&mut self, module: ModuleId, at: LoadedAt) -> Vec<Mapping> {
+        let Some(layout) = self.layout(module) else { return Vec::new() };
+        let bias = match at {
+            LoadedAt::LowestCode(start) => start.wrapping_sub(layout.code[0].0),
+            LoadedAt::Base(base) => base.wrapping_sub(layout.first_vaddr),
+        };
+        layout
+            .code
+            .iter()
+            .map(|&(vaddr, memsz, offset)| {
+                let start = vaddr.wrapping_add(bias);
+                Mapping { start, end: start + memsz, file_offset: offset, module }
+            })
+            .collect()
+    }
+
+    /// The ELF interpreter named by executable `exe` (`PT_INTERP`), as process `pid` sees it:
+    /// through its root while it lives, else on this host.
+    pub fn interpreter(&mut self, pid: Pid, exe: ModuleId) -> Option<ModuleId> {
+        let interp = self.layout(exe)?.interp.clone()?;
+        let in_root = PathBuf::from(format!("/proc/{}/root{interp}", pid.0));
+        let (open, meta) = [in_root, PathBuf::from(&interp)]
+            .into_iter()
+            .find_map(|p| Some((std::fs::metadata(&p).ok()?, p)))
+            .map(|(m, p)| (p, m))?;
+        let dev = (libc::major(meta.dev()) as u64) << 32 | libc::minor(meta.dev()) as u64;
+        let key = (dev, meta.ino(), interp.clone());
+        if let Some(&id) = self.by_key.get(&key) {
+            return Some(id);
+        }
+        if let Some(&id) = self.by_file.get(&(dev, meta.ino())) {
+            return Some(id);
+        }
+        // Held open: the process's root (and so this path) goes away with it.
+        let file = File::open(&open).ok()?;
+        let id = self.intern(key, || {
+            use std::os::fd::AsRawFd as _;
+            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+            Module {
+                name: file_name(&interp),
+                path: interp,
+                open_path: Some(fd_path),
+                _file: Some(file),
+            }
+        });
+        self.by_file.entry((dev, meta.ino())).or_insert(id);
+        Some(id)
+    }
+
+    /// The vDSO (the same image in every process).
+    pub fn vdso(&mut self) -> ModuleId {
+        self.intern((0, 0, "[vdso]".into()), || Module {
+            path: "[vdso]".into(),
+            name: "[vdso]".into(),
+            open_path: vdso_image(),
+            _file: None,
+        })
+    }
+
+    /// Anonymous executable memory (JIT code): no file.
+    pub fn anon(&mut self) -> ModuleId {
+        self.intern((0, 0, "[anon]".into()), || Module {
+            path: "[anon]".into(),
+            name: "[anon]".into(),
+            open_path: None,
+            _file: None,
+        })
+    }
+
+    /// The module for a file mapping the kernel reported at `start..end` of `pid`. A file
+    /// already known by (dev, inode) under a complete path is that module; otherwise it is
+    /// opened by the kernel's path if that is still the same file, else through the process's
+    /// map_files entry (or for its executable, `exe`, its /proc/PID/exe) while it lives; failing
+    /// that it keeps its offsets, named by file name.
+    pub fn kernel_module(
+        &mut self,
+        pid: Pid,
+        (start, end): (u64, u64),
+        (dev, inode): (u64, u64),
+        path: &MappedPath,
+        exe: bool,
+    ) -> ModuleId {
+        let key = (dev, inode, path.path.clone());
+        if let Some(&id) = self.by_key.get(&key) {
+            return id;
+        }
+        if !path.complete
+            && let Some(&id) = self.by_file.get(&(dev, inode))
+        {
+            return id;
+        }
+        let id = self.intern(key, || {
+            let line = MapsLine {
+                start,
+                end,
+                readable: true,
+                writable: false,
+                exec: true,
+                offset: 0,
+                dev,
+                inode,
+                path: path.path.clone(),
+            };
+            // A relative path (walk cut short) can only be opened through map_files.
+            if path.complete { open_module(pid, &line) } else { open_map_file(pid, &line) }
+        });
+        if path.complete {
+            self.by_file.entry((dev, inode)).or_insert(id);
+        }
+        let m = &mut self.modules[id.0 as usize];
+        if exe
+            && m.open_path.is_none()
+            && let Ok(f) = File::open(format!("/proc/{}/exe", pid.0))
+            && f.metadata().is_ok_and(|meta| meta.ino() == inode && dev_matches(meta.dev(), dev))
+        {
+            use std::os::fd::AsRawFd as _;
+            m.open_path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+            m._file = Some(f);
+        }
+        id
     }
 }
 
@@ -121,16 +332,31 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
         && meta.ino() == m.inode
         && dev_matches(meta.dev(), m.dev)
     {
-        return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: None };
+        // Also held open, for when the path stops naming this file (deleted or replaced
+        // before the profile is symbolized); see `Module::readable_path`.
+        let held = File::open(&path)
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|h| h.ino() == meta.ino() && h.dev() == meta.dev()));
+        return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: held };
     }
+    open_map_file(pid, m)
+}
+
+/// Holds the process's own handle on the mapped file (also a deleted one, or one in another
+/// mount namespace) while the process and the mapping exist, checked against (dev, inode).
+fn open_map_file(pid: Pid, m: &MapsLine) -> Module {
+    let (path, name) = (m.path.clone(), file_name(&m.path));
     let map_file = format!("/proc/{}/map_files/{:x}-{:x}", pid.0, m.start, m.end);
     match File::open(&map_file) {
-        Ok(f) => {
+        Ok(f)
+            if f.metadata()
+                .is_ok_and(|meta| meta.ino() == m.inode && dev_matches(meta.dev(), m.dev)) =>
+        {
             use std::os::fd::AsRawFd as _;
             let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
             Module { path, name, open_path: Some(fd_path), _file: Some(f) }
         }
-        Err(_) => Module { path, name, open_path: None, _file: None },
+        _ => Module { path, name, open_path: None, _file: None },
     }
 }
 
@@ -168,6 +394,35 @@ impl AddressSpace {
 
     pub fn is_empty(&self) -> bool {
         self.mappings.is_empty()
+    }
+
+    /// Maps `m` over whatever was at its range, as mmap does.
+    pub fn insert(&mut self, m: Mapping) {
+        self.remove(m.start, m.end);
+        let i = self.mappings.partition_point(|x| x.start < m.start);
+        self.mappings.insert(i, m);
+    }
+
+    /// Unmaps `start..end`: mappings inside go, those across an edge are cut.
+    pub fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.mappings.len() + 1);
+        for m in self.mappings.drain(..) {
+            if m.end <= start || m.start >= end {
+                kept.push(m);
+                continue;
+            }
+            if m.start < start {
+                kept.push(Mapping { end: start, ..m });
+            }
+            if m.end > end {
+                let file_offset = m.file_offset + (end - m.start);
+                kept.push(Mapping { start: end, file_offset, ..m });
+            }
+        }
+        self.mappings = kept;
     }
 }
 
@@ -238,6 +493,49 @@ mod tests {
         let b = parse_maps(Pid(2), MAPS, &mut mods);
         assert_eq!(a.lookup(0x7f0000000010).unwrap().0, b.lookup(0x7f0000000010).unwrap().0);
         assert_eq!(mods.len(), 4);
+    }
+
+    #[test]
+    fn mapping_over_a_range_replaces_it_and_unmapping_cuts() {
+        let mut mods = ModuleTable::default();
+        let mut space = parse_maps(Pid(1), MAPS, &mut mods);
+        let anon = mods.anon();
+        let libc = space.lookup(0x7f0000000010).unwrap().0;
+        // Unmap the middle of libc's text: both ends stay, the right one at its file offset.
+        space.remove(0x7f0000010000, 0x7f0000020000);
+        assert!(space.lookup(0x7f0000010000).is_none());
+        assert_eq!(space.lookup(0x7f0000020010), Some((libc, 0x28000 + 0x20010)));
+        assert_eq!(space.lookup(0x7f000000fff0), Some((libc, 0x28000 + 0xfff0)));
+        // Map JIT code over part of what is left.
+        let jit =
+            Mapping { start: 0x7f0000030000, end: 0x7f0000040000, file_offset: 0, module: anon };
+        space.insert(jit);
+        assert_eq!(space.lookup(0x7f0000030010), Some((anon, 0x10)));
+        assert_eq!(space.lookup(0x7f0000040010), Some((libc, 0x28000 + 0x40010)));
+        assert_eq!(space.lookup(0x7f000002fff0), Some((libc, 0x28000 + 0x2fff0)));
+        assert_eq!(space.len(), 7, "libc cut in three around the hole and the JIT code");
+        space.remove(0x7f0000030000, 0x7f0000040000);
+        assert!(space.lookup(0x7f0000030010).is_none());
+    }
+
+    #[test]
+    fn kernel_reported_files_are_keyed_by_device_and_inode() {
+        let mut mods = ModuleTable::default();
+        let exe = std::fs::canonicalize("/proc/self/exe").unwrap();
+        let meta = std::fs::metadata(&exe).unwrap();
+        let dev = (libc::major(meta.dev()) as u64) << 32 | libc::minor(meta.dev()) as u64;
+        let full = MappedPath { path: exe.display().to_string(), complete: true };
+        let a = mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &full, false);
+        assert_eq!(mods.get(a).open_path.as_deref(), Some(exe.as_path()));
+        // A cut walk finds the same file by (dev, inode).
+        let name = exe.file_name().unwrap().to_string_lossy().into_owned();
+        let cut = MappedPath { path: name, complete: false };
+        assert_eq!(mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &cut, false), a);
+        // A path that now names another file (replaced, other namespace) is not trusted.
+        let other = MappedPath { path: "/bin/sh".into(), complete: true };
+        let b = mods.kernel_module(Pid(u32::MAX), (0, 0x1000), (dev, meta.ino()), &other, true);
+        assert_ne!(a, b);
+        assert!(mods.get(b).open_path.is_none());
     }
 
     #[test]

@@ -2,10 +2,7 @@
 //! profile shows (`model::process`), plus what collecting needs: the current address space,
 //! each thread's last CPU time, and the process's cgroup.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    time::Instant,
-};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::{
     collect::modules::AddressSpace,
@@ -20,15 +17,33 @@ use crate::{
 /// table without bound (further labels show as their address).
 pub const MAX_LABELS: usize = 4096;
 
+/// How a process's address space became known.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpaceSource {
+    /// Not yet: the next event about the process reads /proc/PID/maps once.
+    #[default]
+    Unknown,
+    /// Read once from /proc/PID/maps: the process existed before the recording began.
+    Proc,
+    /// Followed from its fork or exec by the kernel's mapping records; never read from /proc.
+    Kernel,
+}
+
 #[derive(Debug, Default)]
 pub struct ProcessInfo {
     /// Names, argv, times, threads and label texts, as the profile shows them.
     pub meta: ProcessMeta,
     /// `sum_exec_runtime` of each thread at its previous sample, for CPU deltas.
     last_cpu_time_ns: HashMap<Tid, u64>,
-    /// Executable mappings of the current image; refreshed on exec and on unknown addresses.
+    /// Executable mappings of the current image, kept current by the kernel's mapping records.
     pub space: AddressSpace,
-    pub space_read_at: Option<Instant>,
+    /// The kernel address space (`mm_struct`) `space` describes; 0 when not known yet (read
+    /// from /proc): the first mapping record then names it.
+    pub mm: u64,
+    /// Where `space` came from.
+    pub space_source: SpaceSource,
+    /// The current image's executable, once its exec mapping record came.
+    pub exe_module: Option<crate::model::ids::ModuleId>,
     /// Exit seen: /proc no longer describes this process.
     pub exited: bool,
     /// Its cgroup and container.

@@ -1,15 +1,13 @@
 //! Stack normalization: a sample's raw addresses become [`FrameAddr`]s, root first — user
-//! frames (turned into (module, file offset) while the process is alive) with label frames
-//! placed under the frames that pushed them, then kernel frames.
-
-use std::time::{Duration, Instant};
+//! frames (turned into (module, file offset) through the process's address space as the
+//! kernel's mapping records left it at the sample) with label frames placed under the frames
+//! that pushed them, then kernel frames.
 
 use crate::{
     bpf::decode::{LabelRef, Sample},
     collect::{
         modules::{ModuleTable, read_address_space},
-        outbox::Outbox,
-        processes::ProcessInfo,
+        processes::{ProcessInfo, SpaceSource},
     },
     model::{
         address::FrameAddr,
@@ -18,28 +16,18 @@ use crate::{
     system::procfs::ProcError,
 };
 
-/// Re-read /proc/PID/maps for an unknown address at most this often per process.
-const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(20);
-
 /// What normalizing one stack ran into.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Normalized {
     /// User frames in no mapping of their process.
     pub unmapped: u64,
-    /// Reading the process's maps failed for a reason other than its exit.
-    pub maps_errors: u64,
 }
 
 /// Fills `frames` (cleared first) with the normalized stack of `s`, a sample of process `p`.
-/// An address outside the known mappings re-reads them (rate-limited) before it is given up
-/// as unmapped.
-pub fn normalize(
-    s: &Sample,
-    p: &mut ProcessInfo,
-    modules: &mut ModuleTable,
-    outbox: &mut Outbox,
-    frames: &mut Vec<FrameAddr>,
-) -> Normalized {
+/// An address outside every known mapping is counted and kept as an address: the mappings
+/// come from the kernel as they are made, so /proc would not know better (and by now may
+/// describe another image or nothing).
+pub fn normalize(s: &Sample, p: &ProcessInfo, frames: &mut Vec<FrameAddr>) -> Normalized {
     frames.clear();
     let mut out = Normalized::default();
     let n = s.user_stack.len();
@@ -52,15 +40,14 @@ pub fn normalize(
             frames.push(label(&s.labels[next_label]));
             next_label += 1;
         }
+        // A return address of 0 ends the frame-pointer chain (e.g. under ld.so's _start):
+        // not a frame.
+        if addr == 0 {
+            continue;
+        }
         // Callers' entries are return addresses; look up the call instruction.
         let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
-        let mut hit = p.space.lookup(lookup);
-        if hit.is_none() && !p.exited && stale(p) {
-            out.maps_errors += u64::from(refresh_space(s.pid, p, modules).is_err());
-            outbox.maps_changed(s.pid);
-            hit = p.space.lookup(lookup);
-        }
-        frames.push(match hit {
+        frames.push(match p.space.lookup(lookup) {
             Some((module, offset)) => FrameAddr::User { module, offset },
             None => {
                 out.unmapped += 1;
@@ -82,18 +69,15 @@ pub fn kernel_frames(leaf_first: &[u64]) -> impl Iterator<Item = FrameAddr> + '_
         .map(|(i, &addr)| FrameAddr::Kernel(if i == 0 { addr } else { addr - 1 }))
 }
 
-fn stale(p: &ProcessInfo) -> bool {
-    p.space_read_at.is_none_or(|t| t.elapsed() >= MAPS_REFRESH_INTERVAL)
-}
-
-/// Re-reads the address space of `pid`. A process that is gone is marked exited (its last
-/// known mappings stay); any other failure is returned for the caller to count.
-pub fn refresh_space(
+/// Reads the address space of `pid` from /proc/PID/maps: done once, for a process that existed
+/// before the recording began (or whose exec raced the attach). A process that is gone is
+/// marked exited; any other failure is returned for the caller to count.
+pub fn read_space_once(
     pid: Pid,
     p: &mut ProcessInfo,
     modules: &mut ModuleTable,
 ) -> Result<(), ProcError> {
-    p.space_read_at = Some(Instant::now());
+    p.space_source = SpaceSource::Proc;
     match read_address_space(pid, modules) {
         Ok(space) => {
             p.space = space;

@@ -42,6 +42,9 @@ pub struct ExportJob {
     pub marker_schemas: Vec<MarkerSchema>,
     /// Intervals begun but not ended yet (snapshots only: at the end they are closed).
     pub open: Vec<(ThreadKey, Marker)>,
+    /// The final profile's module table, kept until symbolizing is done: `modules` may name
+    /// files by the handles it holds (`/proc/self/fd/N`), e.g. a deleted executable.
+    pub held_files: Option<crate::collect::modules::ModuleTable>,
 }
 
 /// Schema of the note a profile with nothing recorded carries instead.
@@ -90,7 +93,9 @@ impl ExportJob {
     ) -> Self {
         let snapshot =
             std::mem::replace(&mut collector.store, ChunkedStore::new(0)).into_snapshot();
-        Self::with_snapshot(&collector, snapshot, info, marker_schemas)
+        let mut job = Self::with_snapshot(&collector, snapshot, info, marker_schemas);
+        job.held_files = Some(std::mem::take(&mut collector.modules));
+        job
     }
 
     fn with_snapshot(
@@ -106,6 +111,7 @@ impl ExportJob {
             info,
             marker_schemas,
             open: Vec::new(),
+            held_files: None,
         }
     }
 

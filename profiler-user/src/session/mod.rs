@@ -299,8 +299,13 @@ impl<'p> Recorder<'p> {
         if !usdt_report.is_empty() {
             self.msgs.block(&usdt_report.render());
         }
-        for (prog, what) in [("on_cpu_clock", "sampler"), ("on_sched_switch", "sched_switch hook")]
-        {
+        for (prog, what) in [
+            ("on_cpu_clock", "sampler"),
+            ("on_sched_switch", "sched_switch hook"),
+            ("on_enter_mmap", "mmap entry hook"),
+            ("on_exit_mmap", "mmap exit hook"),
+            ("on_enter_munmap", "munmap hook"),
+        ] {
             if let Some((runs, time)) = self.bpf.run_stats(prog) {
                 self.msgs.info(format_args!(
                     "BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s \

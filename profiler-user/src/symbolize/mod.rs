@@ -39,7 +39,7 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
     (0..table.len())
         .map(|i| {
             let m = table.get(ModuleId(i as u32));
-            ModuleSource { name: m.name.clone(), open_path: m.open_path.clone() }
+            ModuleSource { name: m.name.clone(), open_path: m.readable_path() }
         })
         .collect()
 }

@@ -164,6 +164,15 @@ pub fn render(i: &SummaryInput) -> String {
         c.get(counter::CPU_TIME_STALE),
         i.stats.unmapped_frames
     );
+    let _ = writeln!(
+        s,
+        "  mappings: {} executable mapping records from the kernel ({} lost, {} paths cut); \
+         /proc/PID/maps read {} times",
+        i.stats.map_events,
+        c.get(counter::MAP_EVENTS_LOST),
+        c.get(counter::MAP_PATH_INCOMPLETE),
+        i.stats.maps_reads
+    );
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)
         + c.get(counter::OFF_CPU_LOST_RINGBUF_FULL)

@@ -1,0 +1,311 @@
+//! Executable mappings from the kernel, so userspace knows every address space without reading
+//! /proc/PID/maps, also for a process that exited before its samples were drained.
+//!
+//! Where to hook: the probes this needs must load on every kernel we run on, including hosts
+//! without kprobes (CONFIG_KPROBES=n) and where BPF trampolines (fentry/fexit, tp_btf) are
+//! refused, as on the test machine; tracepoints always load. So:
+//! - mmap(2) with PROT_EXEC: `syscalls:sys_enter_mmap` keeps the arguments per thread,
+//!   `syscalls:sys_exit_mmap` sends the mapping at the address the kernel chose, with the
+//!   file (looked up from the fd, which the new mapping now holds) — identity and path. The
+//!   dynamic loader maps every library this way.
+//! - munmap(2): `syscalls:sys_enter_munmap` sends the range (no PROT filter possible there;
+//!   userspace cuts whatever executable mapping it knows in it).
+//! - exec: the ELF loader maps the executable and the interpreter in the kernel, not through
+//!   mmap(2); the exec tracepoint (main.rs) sends them from the new mm: the executable's code
+//!   range (`start_code..end_code`) and file, and the interpreter's load base (`AT_BASE`).
+//!
+//! Not seen: mprotect adding PROT_EXEC to a mapping and mremap of code (JITs; their frames
+//! are counted as unmapped and kept as addresses).
+//!
+//! All run in the task making the change, before it can execute code at the new address, and
+//! write to the same ring buffer as the samples, whose records are ordered by reservation
+//! across CPUs: a mapping record always precedes the samples that depend on it.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::{bpf_get_current_task, bpf_get_smp_processor_id, bpf_probe_read_kernel_str},
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, PerCpuArray},
+    programs::TracePointContext,
+};
+use profiler_common::{
+    Config, EVENT_MMAP, EVENT_MUNMAP, EventHeader, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
+    MAP_NAME_MAX, MAP_PATH_COMPLETE, MAP_PATH_DEPTH, MAP_PATH_MAX, MAP_RECORD_FIXED, MapRecord,
+    PendingMmap, counter,
+};
+
+use crate::{cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
+
+const PROT_EXEC: u64 = 0x4;
+const MAP_ANONYMOUS: u64 = 0x20;
+const PAGE_SIZE: u64 = 4096;
+const AT_BASE: u64 = 7;
+/// Auxiliary vector entries looked at for `AT_BASE` (the kernel puts it ninth).
+const AUXV_SCAN: u64 = 24;
+
+// Field offsets of the syscall tracepoints' records (their format files are stable ABI).
+const TP_ENTER_ARG0: usize = 16;
+const TP_EXIT_RET: usize = 16;
+
+#[map]
+static MAP_SCRATCH: PerCpuArray<MapRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// Executable mmap(2) calls between entry and exit, by thread.
+#[map]
+static MMAP_PENDING: HashMap<u32, PendingMmap> = HashMap::with_max_entries(8192, 0);
+
+/// The current task's (tgid, tid, mm) when the filters select it.
+#[inline(always)]
+fn current_selected(cfg: &Config) -> Option<(u32, u32, u64)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == 0 || !selected(cfg, tgid) || !cgroup::selected() {
+        return None;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let mm = unsafe { read_kernel_u64(task + cfg.task_mm as u64) }?;
+    Some((tgid, pid_tgid as u32, mm))
+}
+
+#[inline(always)]
+unsafe fn start_record(kind: u32, tgid: u32, tid: u32, mm: u64) -> Option<*mut MapRecord> {
+    let rec = MAP_SCRATCH.get_ptr_mut(0)?;
+    unsafe {
+        (*rec).header = EventHeader {
+            kind,
+            cpu: bpf_get_smp_processor_id(),
+            time_ns: bpf_ktime_get_ns(),
+            pid: tgid,
+            tid,
+        };
+        (*rec).mm = mm;
+        (*rec).start = 0;
+        (*rec).len = 0;
+        (*rec).offset = 0;
+        (*rec).inode = 0;
+        (*rec).dev = 0;
+        (*rec).flags = 0;
+        (*rec).path_len = 0;
+        (*rec)._pad = 0;
+    }
+    Some(rec)
+}
+
+#[inline(always)]
+unsafe fn send(rec: *mut MapRecord, len: u64) {
+    // No wakeup: the record carries all userspace needs (no /proc lookup racing the process's
+    // exit), and an exec storm would otherwise wake the reader several times per process.
+    if unsafe { output(rec, len, false) } {
+        count(counter::MAP_EVENTS_SENT);
+    } else {
+        count(counter::MAP_EVENTS_LOST);
+    }
+}
+
+/// Fills in `file`'s identity and path and sends the record.
+#[inline(always)]
+unsafe fn send_file(cfg: &Config, rec: *mut MapRecord, file: u64) {
+    unsafe {
+        if let Some(inode) = read_kernel_u64(file + cfg.file_inode as u64) {
+            (*rec).inode = read_kernel_u64(inode + cfg.inode_ino as u64).unwrap_or(0);
+            if let Some(sb) = read_kernel_u64(inode + cfg.inode_sb as u64) {
+                (*rec).dev = read_kernel_u32(sb + cfg.sb_dev as u64).unwrap_or(0);
+            }
+        }
+        let (len, complete) = walk_path(cfg, file, rec);
+        (*rec).path_len = len as u32;
+        if complete {
+            (*rec).flags |= MAP_PATH_COMPLETE;
+        } else {
+            count(counter::MAP_PATH_INCOMPLETE);
+        }
+        send(rec, MAP_RECORD_FIXED as u64 + len);
+    }
+}
+
+/// `struct file *` of the current task's descriptor `fd`.
+#[inline(always)]
+unsafe fn fd_file(cfg: &Config, fd: u64) -> Option<u64> {
+    unsafe {
+        let task = bpf_get_current_task();
+        let files = read_kernel_u64(task + cfg.task_files as u64)?;
+        let fdt = read_kernel_u64(files + cfg.files_fdt as u64)?;
+        let max = read_kernel_u32(fdt + cfg.fdtable_max_fds as u64)?;
+        if fd >= max as u64 {
+            return None;
+        }
+        let fds = read_kernel_u64(fdt + cfg.fdtable_fd as u64)?;
+        let file = read_kernel_u64(fds + fd * 8)?;
+        (file != 0).then_some(file)
+    }
+}
+
+/// `sys_enter_mmap(addr, len, prot, flags, fd, off)`.
+#[tracepoint]
+pub fn on_enter_mmap(ctx: TracePointContext) -> u32 {
+    let arg = |i: usize| unsafe { ctx.read_at::<u64>(TP_ENTER_ARG0 + i * 8) }.unwrap_or(0);
+    if arg(2) & PROT_EXEC == 0 {
+        return 0;
+    }
+    let cfg = config();
+    let Some((_, tid, _)) = current_selected(&cfg) else { return 0 };
+    let pending = PendingMmap { len: arg(1), flags: arg(3), fd: arg(4), off: arg(5) };
+    if MMAP_PENDING.insert(&tid, &pending, 0).is_err() {
+        count(counter::MAP_EVENTS_LOST);
+    }
+    0
+}
+
+/// `sys_exit_mmap(ret)`: the address of the mapping or `-errno`.
+#[tracepoint]
+pub fn on_exit_mmap(ctx: TracePointContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(p) = (unsafe { MMAP_PENDING.get(&tid) }).copied() else { return 0 };
+    let _ = MMAP_PENDING.remove(&tid);
+    let ret: i64 = unsafe { ctx.read_at(TP_EXIT_RET) }.unwrap_or(-1);
+    if ret < 0 {
+        return 0;
+    }
+    let cfg = config();
+    let Some((tgid, tid, mm)) = current_selected(&cfg) else { return 0 };
+    // SAFETY: per-CPU scratch record; kernel reads are fault-checked.
+    unsafe {
+        let Some(rec) = start_record(EVENT_MMAP, tgid, tid, mm) else { return 0 };
+        (*rec).start = ret as u64;
+        (*rec).len = (p.len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        if p.flags & MAP_ANONYMOUS != 0 {
+            (*rec).flags = MAP_ANON;
+            send(rec, MAP_RECORD_FIXED as u64);
+            return 0;
+        }
+        (*rec).offset = p.off;
+        // The mapping holds a reference to the file, so it is alive; the descriptor still
+        // names it unless another thread closed it meanwhile (then the path names the file).
+        match fd_file(&cfg, p.fd) {
+            Some(file) => send_file(&cfg, rec, file),
+            None => send(rec, MAP_RECORD_FIXED as u64),
+        }
+    }
+    0
+}
+
+/// `sys_enter_munmap(addr, len)`.
+#[tracepoint]
+pub fn on_enter_munmap(ctx: TracePointContext) -> u32 {
+    let cfg = config();
+    let Some((tgid, tid, mm)) = current_selected(&cfg) else { return 0 };
+    // SAFETY: as above.
+    unsafe {
+        let (Ok(start), Ok(len)) =
+            (ctx.read_at::<u64>(TP_ENTER_ARG0), ctx.read_at::<u64>(TP_ENTER_ARG0 + 8))
+        else {
+            return 0;
+        };
+        let Some(rec) = start_record(EVENT_MUNMAP, tgid, tid, mm) else { return 0 };
+        (*rec).start = start;
+        (*rec).len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        send(rec, MAP_RECORD_FIXED as u64);
+    }
+    0
+}
+
+/// At exec, after the exec record: the new image's executable code and interpreter base, which
+/// the ELF loader mapped in the kernel.
+#[inline(always)]
+pub(crate) unsafe fn send_exec_mappings(cfg: &Config, tgid: u32, tid: u32, mm: u64) {
+    unsafe {
+        let (Some(start), Some(end)) = (
+            read_kernel_u64(mm + cfg.mm_start_code as u64),
+            read_kernel_u64(mm + cfg.mm_end_code as u64),
+        ) else {
+            return;
+        };
+        if let Some(file) = read_kernel_u64(mm + cfg.mm_exe_file as u64)
+            && file != 0
+            && end > start
+            && let Some(rec) = start_record(EVENT_MMAP, tgid, tid, mm)
+        {
+            (*rec).start = start;
+            (*rec).len = end - start;
+            (*rec).flags = MAP_EXE_TEXT;
+            send_file(cfg, rec, file);
+        }
+        let auxv = mm + cfg.mm_saved_auxv as u64;
+        for i in 0..AUXV_SCAN {
+            let Some(key) = read_kernel_u64(auxv + i * 16) else { return };
+            if key == 0 {
+                return;
+            }
+            if key == AT_BASE {
+                let Some(base) = read_kernel_u64(auxv + i * 16 + 8) else { return };
+                if base != 0
+                    && let Some(rec) = start_record(EVENT_MMAP, tgid, tid, mm)
+                {
+                    (*rec).start = base;
+                    (*rec).flags = MAP_INTERP;
+                    send(rec, MAP_RECORD_FIXED as u64);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Writes the path of `file` into `rec.path`, leaf component first, each NUL-terminated:
+/// dentry names up to the mount's root, then across to the mountpoint in the parent mount,
+/// until the root of the mount tree. Returns the bytes written and whether the root was
+/// reached (not when a name or the whole path was too long, or the file's mount was detached,
+/// e.g. lazily unmounted). Userspace checks the result against (dev, inode) before use.
+#[inline(always)]
+unsafe fn walk_path(cfg: &Config, file: u64, rec: *mut MapRecord) -> (u64, bool) {
+    unsafe {
+        let (Some(mut dentry), Some(mut vfsmnt)) = (
+            read_kernel_u64(file + cfg.file_path_dentry as u64),
+            read_kernel_u64(file + cfg.file_path_mnt as u64),
+        ) else {
+            return (0, false);
+        };
+        let buf = (*rec).path.as_mut_ptr();
+        let mut off: u64 = 0;
+        for _ in 0..MAP_PATH_DEPTH {
+            let mnt = vfsmnt - cfg.mount_mnt as u64;
+            let (Some(root), Some(parent)) = (
+                read_kernel_u64(vfsmnt + cfg.vfsmount_root as u64),
+                read_kernel_u64(dentry + cfg.dentry_parent as u64),
+            ) else {
+                break;
+            };
+            if dentry == root {
+                let Some(mnt_parent) = read_kernel_u64(mnt + cfg.mount_parent as u64) else {
+                    break;
+                };
+                if mnt_parent == mnt {
+                    return (off, true);
+                }
+                let Some(mountpoint) = read_kernel_u64(mnt + cfg.mount_mountpoint as u64) else {
+                    break;
+                };
+                dentry = mountpoint;
+                vfsmnt = mnt_parent + cfg.mount_mnt as u64;
+                continue;
+            }
+            if dentry == parent || off >= MAP_PATH_MAX as u64 {
+                break;
+            }
+            let Some(name) = read_kernel_u64(dentry + cfg.dentry_name as u64) else { break };
+            // The mask keeps the write inside `path` for the verifier: off < MAP_PATH_MAX here
+            // and `path` has MAP_NAME_MAX bytes to spare.
+            let dst = buf.add((off & (MAP_PATH_MAX as u64 - 1)) as usize);
+            let n = bpf_probe_read_kernel_str(dst.cast(), MAP_NAME_MAX as u32, name as *const _);
+            if n <= 0 || n >= MAP_NAME_MAX as i64 {
+                break;
+            }
+            off += n as u64;
+            dentry = parent;
+        }
+        (off, false)
+    }
+}

@@ -1,0 +1,248 @@
+//! Mappings from the kernel: processes too short-lived for /proc to describe them still get
+//! named stacks, because their executable, interpreter and libraries are recorded by the BPF
+//! programs as they are mapped. Real recordings (`--all`), assertions about the fixtures' own
+//! processes.
+
+use std::{
+    collections::HashSet,
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use serde_json::Value;
+use tests::{
+    fixtures,
+    gecko_schema::validate,
+    harness::{Recording, output_path},
+    profile_query::{ThreadInfo, contains_path, module_name, sample_stacks, threads},
+};
+
+/// Records `--all` while `workload` runs; returns the validated profile and rsprof's stderr.
+fn record_all<T>(test: &str, workload: impl FnOnce() -> T) -> (Value, T, String) {
+    let rec = Recording::start(&["--all"], output_path(test, "json")).expect("start recording");
+    let out = workload();
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    (profile, out, done.stderr)
+}
+
+/// A frame in no known mapping (a frame in a mapped file without symbols, like ld.so, shows
+/// as an address in that file).
+fn unmapped(frame: &str) -> bool {
+    module_name(frame).is_none_or(|m| m == "[unknown]")
+}
+
+/// `--all` summary: "unmapped user frames N".
+fn summary_unmapped(stderr: &str) -> u64 {
+    let tail = stderr.split("unmapped user frames ").nth(1).expect("summary line");
+    tail.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+fn summary_lost_samples(stderr: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.contains("lost")).unwrap_or("");
+    line.split("lost ").nth(1).and_then(|t| t.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.stderr(Stdio::inherit()).output().expect("run fixture");
+    assert!(out.status.success(), "{cmd:?} failed: {}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn maptrack_exec_storm_processes_have_named_stacks() {
+    let burner = fixtures::build("mapburn").unwrap();
+    let storm = fixtures::build("execstorm").unwrap();
+    let (profile, out, stderr) = record_all("exec_storm", || {
+        run(Command::new(&storm).args([burner.to_str().unwrap(), "5", "20", "10"]))
+    });
+    let burners: u64 = out.lines().find_map(|l| l.strip_prefix("burners ")?.parse().ok()).unwrap();
+    let trues: u64 = out.lines().find_map(|l| l.strip_prefix("trues ")?.parse().ok()).unwrap();
+    let ts: Vec<ThreadInfo> =
+        threads(&profile).into_iter().filter(|t| t.process_name == "mapburn").collect();
+    let pids: HashSet<u64> = ts.iter().map(|t| t.pid).collect();
+    let stacks: Vec<Vec<String>> = ts.iter().flat_map(|t| sample_stacks(t.thread)).collect();
+    // Samples of the burners' own code: they have a frame in the mapburn executable. Before
+    // main (exec, ld.so) and at exit a sample may have none.
+    let in_code = |st: &Vec<String>| st.iter().any(|f| module_name(f) == Some("mapburn"));
+    let own: Vec<&Vec<String>> = stacks.iter().filter(|st| in_code(st)).collect();
+    let named = own.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    // A leaf (the sampled instruction) outside every known mapping is a mapping we missed;
+    // unmapped callers are mostly frame-pointer garbage under ld.so (built without frame
+    // pointers), which no mapping table can name.
+    let leaf_unmapped = |st: &Vec<String>| {
+        st.iter()
+            .rev()
+            .find(|f| module_name(f) != Some("[kernel.kallsyms]"))
+            .is_some_and(|f| unmapped(f))
+    };
+    let missed: Vec<&Vec<String>> = stacks.iter().filter(|st| leaf_unmapped(st)).collect();
+    let with_unmapped = stacks.iter().filter(|st| st.iter().any(|f| unmapped(f))).count();
+    eprintln!(
+        "{burners} burners ({} in the profile), {trues} /bin/true runs; {} samples, {} in \
+         mapburn code, {named} named main → storm_hot; {} with an unmapped leaf, {with_unmapped} \
+         with any unmapped frame",
+        pids.len(),
+        stacks.len(),
+        own.len(),
+        missed.len()
+    );
+    assert!(burners >= 100 && pids.len() as f64 >= 0.5 * burners as f64, "{burners} burners");
+    // 10 ms of CPU each: most of their samples are in storm_hot, and all of those are named.
+    assert!(own.len() as f64 >= 0.9 * stacks.len() as f64, "{} of {}", own.len(), stacks.len());
+    assert!(named as f64 >= 0.99 * own.len() as f64, "{named} of {} named", own.len());
+    // A sample taken during exec after the new image's entry was set but before the exec
+    // record is the one way to miss: rare.
+    assert!(
+        (missed.len() as f64) < 0.01 * stacks.len() as f64,
+        "{} of {} burner samples have an unmapped leaf, e.g. {:#?}",
+        missed.len(),
+        stacks.len(),
+        &missed[..missed.len().min(8)]
+    );
+    assert_eq!(summary_lost_samples(&stderr), 0, "{stderr}");
+    // The summary's count covers every process on the machine (other users' code without
+    // frame pointers yields garbage callers), so it is only shown; the assertions above are
+    // about our processes.
+    eprintln!("summary: {} unmapped user frames in the whole recording", summary_unmapped(&stderr));
+    assert!(stderr.contains("/proc/PID/maps read"), "{stderr}");
+}
+
+#[test]
+fn maptrack_process_living_5ms_is_named_with_frames() {
+    let exe = fixtures::build("mapburn").unwrap();
+    let mut pids = Vec::new();
+    let (profile, _, _) = record_all("five_ms", || {
+        // Several, so that some are sampled (5 ms at 999 Hz is ~5 samples).
+        for _ in 0..20 {
+            let mut c = Command::new(&exe).arg("5").spawn().unwrap();
+            pids.push(u64::from(c.id()));
+            assert!(c.wait().unwrap().success());
+        }
+    });
+    let ts: Vec<ThreadInfo> =
+        threads(&profile).into_iter().filter(|t| pids.contains(&t.pid)).collect();
+    assert!(ts.len() >= 15, "{} of 20 five-ms processes in the profile", ts.len());
+    for t in &ts {
+        assert_eq!(t.process_name, "mapburn");
+        assert!(t.thread["unregisterTime"].is_number(), "exit time of {}", t.pid);
+    }
+    let stacks: Vec<Vec<String>> = ts.iter().flat_map(|t| sample_stacks(t.thread)).collect();
+    let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    assert!(named as f64 >= 0.8 * stacks.len() as f64, "{named} of {} named", stacks.len());
+}
+
+#[test]
+fn maptrack_library_replaced_at_the_same_address_is_named_before_and_after() {
+    let dir = output_path("remap", "d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixtures::source_dir().join("maplib.c.in");
+    let lib = |name: &str| {
+        let path = dir.join(format!("libmap{name}.so"));
+        let st = Command::new("gcc")
+            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC"])
+            .arg(format!("-DLIB={name}"))
+            .args(["-x", "c", "-o"])
+            .arg(&path)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(st.success(), "building {}", path.display());
+        path
+    };
+    let (a, b) = (lib("a"), lib("b"));
+    let exe = fixtures::build("remap").unwrap();
+    let mut pid = 0;
+    let (profile, out, _) = record_all("remap", || {
+        let child = Command::new(&exe)
+            .args([a.to_str().unwrap(), b.to_str().unwrap(), "700"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        pid = u64::from(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    let base = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)).unwrap().to_owned();
+    assert_eq!(base("a "), base("b "), "libmapb.so did not land where libmapa.so was");
+    let t = threads(&profile).into_iter().find(|t| t.pid == pid).expect("remap thread");
+    let stacks = sample_stacks(t.thread);
+    let in_lib = |st: &Vec<String>, f: &str, m: &str| {
+        st.iter().any(|x| x.starts_with(f) && module_name(x) == Some(m))
+    };
+    let sa = stacks.iter().filter(|s| in_lib(s, "hot_in_a", "libmapa.so")).count();
+    let sb = stacks.iter().filter(|s| in_lib(s, "hot_in_b", "libmapb.so")).count();
+    let wrong = stacks
+        .iter()
+        .filter(|s| {
+            s.iter().any(|x| {
+                (x.starts_with("hot_in_a") && module_name(x) != Some("libmapa.so"))
+                    || (x.starts_with("hot_in_b") && module_name(x) != Some("libmapb.so"))
+            })
+        })
+        .count();
+    assert!(sa >= 100 && sb >= 100, "hot_in_a {sa}, hot_in_b {sb} of {}", stacks.len());
+    assert_eq!(wrong, 0);
+    // In time order: all of a's samples before b's.
+    let last_a = stacks.iter().rposition(|s| in_lib(s, "hot_in_a", "libmapa.so")).unwrap();
+    let first_b = stacks.iter().position(|s| in_lib(s, "hot_in_b", "libmapb.so")).unwrap();
+    assert!(last_a < first_b);
+}
+
+#[test]
+fn maptrack_deleted_executable_is_still_named() {
+    let exe = fixtures::build("mapburn").unwrap();
+    let copy = output_path("deleted", "mapburn");
+    std::fs::copy(&exe, &copy).unwrap();
+    let mut pid = 0;
+    let (profile, _, _) = record_all("deleted", || {
+        let mut c = Command::new(&copy).arg("400").spawn().unwrap();
+        pid = u64::from(c.id());
+        // Gone from the file system while it runs (and before the recording ends).
+        thread::sleep(Duration::from_millis(50));
+        std::fs::remove_file(&copy).unwrap();
+        assert!(c.wait().unwrap().success());
+    });
+    let t = threads(&profile).into_iter().find(|t| t.pid == pid).expect("deleted exe's thread");
+    let stacks = sample_stacks(t.thread);
+    let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    assert!(
+        named >= 200 && named as f64 >= 0.9 * stacks.len() as f64,
+        "{named} of {}",
+        stacks.len()
+    );
+}
+
+#[test]
+fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
+    let exe = fixtures::build("mapburn").unwrap();
+    let dir = output_path("unmounted", "mnt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mount = Command::new("mount").args(["-t", "tmpfs", "rsprof-test"]).arg(&dir).status();
+    assert!(mount.is_ok_and(|s| s.success()), "mounting a tmpfs at {} (needs root)", dir.display());
+    let copy = dir.join("mapburn");
+    std::fs::copy(&exe, &copy).unwrap();
+    let mut pid = 0;
+    let (profile, _, _) = record_all("unmounted", || {
+        let mut c = Command::new(&copy).arg("400").spawn().unwrap();
+        pid = u64::from(c.id());
+        thread::sleep(Duration::from_millis(50));
+        // Lazily: the running process keeps the file system alive, but no path reaches it.
+        let st = Command::new("umount").arg("-l").arg(&dir).status().unwrap();
+        assert!(st.success(), "umount -l {}", dir.display());
+        assert!(c.wait().unwrap().success());
+    });
+    let t = threads(&profile).into_iter().find(|t| t.pid == pid).expect("the fixture's thread");
+    let stacks = sample_stacks(t.thread);
+    let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    assert!(
+        named >= 200 && named as f64 >= 0.9 * stacks.len() as f64,
+        "{named} of {}",
+        stacks.len()
+    );
+}
