@@ -87,12 +87,15 @@ fn sigkill_while_recording_or_writing_a_snapshot_leaves_nothing() {
 }
 
 #[test]
-fn sigterm_before_the_handlers_are_installed_leaves_nothing() {
+fn sigterm_at_the_earliest_moment_leaves_nothing_half_written() {
     let dir = empty_dir("sigterm");
-    // The output is opened (so an unwritable path fails early) before the BPF programs load and
-    // the signal handlers are installed. Catch the profiler in between: stopped as soon as its
-    // output is open, checked to have no SIGTERM handler yet, then terminated.
-    for _ in 0..20 {
+    // The output is opened (so an unwritable path fails early) just before the signal handlers
+    // are installed; the BPF programs load after both. Catch the profiler as soon as its output
+    // is open: stopped, checked for a SIGTERM handler, then terminated. Without a handler the
+    // default action kills it and nothing may be left; with one (the usual case, the window is
+    // microseconds) it stops like a Ctrl-C during start-up and may leave only a whole profile.
+    let (mut killed, mut handled) = (0, 0);
+    for _ in 0..10 {
         let child = command()
             .unwrap()
             .args(["--all", "-o"])
@@ -105,24 +108,27 @@ fn sigterm_before_the_handlers_are_installed_leaves_nothing() {
         let pid = child.id();
         let opened = wait_for_open_files(pid, &dir, 1, Duration::from_secs(10));
         kill(pid, libc::SIGSTOP);
-        let too_late = catches(pid, libc::SIGTERM);
+        let has_handler = catches(pid, libc::SIGTERM);
         kill(pid, libc::SIGTERM);
         kill(pid, libc::SIGCONT);
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(opened, "rsprof-bpf never opened its output ({}):\n{stderr}", out.status);
-        if too_late {
-            // Handled as a normal stop; try again.
-            for e in entries(&dir) {
-                fs::remove_file(dir.join(e)).unwrap();
+        let left = entries(&dir);
+        if has_handler {
+            handled += 1;
+            assert!(out.status.success(), "a handled SIGTERM is a normal stop:\n{stderr}");
+            assert!(left.len() <= 1, "at most the profile is left: {left:?}");
+            if left.len() == 1 {
+                assert_eq!(left[0], "p.json", "only the profile itself: {left:?}");
+                tests::gecko_schema::load(dir.join("p.json")).expect("a whole profile");
+                fs::remove_file(dir.join("p.json")).unwrap();
             }
-            continue;
+        } else {
+            killed += 1;
+            assert_eq!(out.status.signal(), Some(libc::SIGTERM), "killed by SIGTERM:\n{stderr}");
+            assert_eq!(left, Vec::<String>::new(), "left beside the output");
         }
-        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "killed by SIGTERM:\n{stderr}");
-        assert_eq!(entries(&dir), Vec::<String>::new(), "left beside the output");
-        return;
     }
-    panic!(
-        "in 20 tries, rsprof-bpf always had its SIGTERM handler by the time its output was open"
-    );
+    eprintln!("{killed} killed before the handler existed, {handled} stopped by it");
 }
