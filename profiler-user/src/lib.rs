@@ -14,6 +14,7 @@
 //! `cli` parses and validates arguments once; `cmd` has one file per subcommand and `session`
 //! runs a recording (event loop, signals, snapshots, all stderr output).
 
+pub mod agent;
 pub mod bpf;
 pub mod cli;
 pub mod cmd;

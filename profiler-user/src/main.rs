@@ -10,6 +10,8 @@ fn main() {
         Some(Command::Record(a)) => cmd::record::run(a),
         Some(Command::ListUsdt(a)) => cmd::list_usdt::run(a),
         Some(Command::ListContainers) => cmd::list_containers::run(),
+        Some(Command::Agent(a)) => cmd::agent::run(a),
+        Some(Command::Query(a)) => cmd::query::run(a),
         None => cmd::record::run(cli.record),
     };
     if let Err(e) = result {

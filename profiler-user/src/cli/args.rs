@@ -31,6 +31,78 @@ pub enum Command {
     ListUsdt(ListUsdtArgs),
     /// List the containers and services (cgroups) on this host, with process counts.
     ListContainers,
+    /// Profile continuously: every window, one pprof profile per (service, process) into a
+    /// spool directory.
+    Agent(AgentArgs),
+    /// Merge an agent's spooled windows into one profile (Gecko, pprof or collapsed).
+    Query(QueryArgs),
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct AgentArgs {
+    /// TOML file with the same options as the flags (kebab-case keys, e.g. `spool-size`);
+    /// flags given override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Profile every process (the default without --cgroup/--container).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Only tasks in this cgroup v2 or below it. Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Vec<String>,
+    /// Only tasks in this container (id or unique id prefix; LXC: name). Repeatable.
+    #[arg(long, value_name = "ID")]
+    pub container: Vec<String>,
+    /// Sampling frequency per CPU, in Hz [default: 19].
+    #[arg(short = 'F', long, value_name = "HZ")]
+    pub frequency: Option<u64>,
+    /// Seconds per window: each window gives one profile per process [default: 10].
+    #[arg(long, value_name = "SECS")]
+    pub window: Option<f64>,
+    /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool].
+    #[arg(long, value_name = "DIR")]
+    pub spool: Option<PathBuf>,
+    /// Most bytes the spool holds; the oldest windows are deleted beyond it [default: 256M].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub spool_size: Option<u64>,
+    /// Memory for one window's samples [default: 16M].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub buffer_size: Option<u64>,
+    /// The `host` label [default: this host's name].
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
+    /// Only warnings and errors on stderr.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct QueryArgs {
+    /// The agent's spool directory to read.
+    #[arg(long, value_name = "DIR", required = true)]
+    pub spool: PathBuf,
+    /// Windows ending after this time: RFC 3339 (`2026-11-23T14:00:00Z`) or relative to now
+    /// (`-1h`, `-30m`) [default: all].
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    pub from: Option<String>,
+    /// Windows starting before this time (same forms) [default: now].
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    pub to: Option<String>,
+    /// Only these hosts. Repeatable.
+    #[arg(long, value_name = "HOST")]
+    pub host: Vec<String>,
+    /// Only these services (`service_name`). Repeatable.
+    #[arg(long, value_name = "SERVICE")]
+    pub service: Vec<String>,
+    /// Only processes of these names. Repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub process: Vec<String>,
+    /// Output file; its name picks the format as for `record`.
+    #[arg(short = 'o', long, value_name = "PATH")]
+    pub output: PathBuf,
+    /// Output format: gecko, pprof or collapsed. Default: from the output file's name.
+    #[arg(long, value_parser = parse_format, value_name = "FORMAT")]
+    pub format: Option<Format>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -133,7 +205,7 @@ pub struct RecordArgs {
     pub command: Vec<String>,
 }
 
-fn parse_format(s: &str) -> Result<Format, String> {
+pub fn parse_format(s: &str) -> Result<Format, String> {
     Format::from_name(s).ok_or_else(|| {
         let names: Vec<_> = Format::ALL.iter().map(|f| f.name()).collect();
         format!("unknown format '{s}' (one of: {})", names.join(", "))

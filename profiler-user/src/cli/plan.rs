@@ -127,7 +127,7 @@ impl RecordPlan {
 
 /// `--format` if given, else what the output's name implies (Gecko for other names). A
 /// `--format` that the name contradicts is an error: the file would be misread.
-fn output_format(output: &std::path::Path, explicit: Option<Format>) -> Result<Format> {
+pub fn output_format(output: &std::path::Path, explicit: Option<Format>) -> Result<Format> {
     match (explicit, Format::from_path(output)) {
         (Some(f), Some((implied, ext))) if f != implied => bail!(
             "--format {f} contradicts the output name {} ({ext} is {implied}); change the name \

@@ -1,5 +1,7 @@
 //! One file per subcommand.
 
+pub mod agent;
 pub mod list_containers;
 pub mod list_usdt;
+pub mod query;
 pub mod record;

@@ -98,6 +98,15 @@ impl ExportJob {
         job
     }
 
+    /// A job over `snapshot` (an agent's window), with the collector's metadata.
+    pub fn from_snapshot(
+        collector: &Collector<ChunkedStore>,
+        snapshot: StoreSnapshot,
+        info: RecordingInfo,
+    ) -> Self {
+        Self::with_snapshot(collector, snapshot, info, Vec::new())
+    }
+
     fn with_snapshot(
         collector: &Collector<ChunkedStore>,
         snapshot: StoreSnapshot,
@@ -155,6 +164,61 @@ impl ExportJob {
             )
         })?;
         Ok(Written { stats, nothing_recorded, symbolize_errors })
+    }
+}
+
+/// A job symbolized for writers other than one file (an agent's per-process profiles).
+pub struct Symbolized {
+    pub snapshot: StoreSnapshot,
+    pub processes: ProcessesMeta,
+    pub symbols: Symbols,
+    pub info: RecordingInfo,
+    pub errors: SymbolizeErrors,
+}
+
+impl ExportJob {
+    /// Symbolizes only the frames of the stacks that the snapshot's samples use (a window's
+    /// snapshot shares its stack table with the whole recording).
+    pub fn symbolize_used(self) -> Result<Symbolized> {
+        let mut used = std::collections::HashSet::new();
+        read_events(
+            &self.snapshot,
+            |ev| {
+                if let StoredEvent::Sample(_, s) = ev {
+                    let mut cur = s.stack;
+                    while let Some(id) = cur.filter(|id| used.insert(*id)) {
+                        cur = self.snapshot.stack(id).and_then(|n| n.0);
+                    }
+                }
+            },
+            |_| {},
+        );
+        let mut frames: Vec<FrameAddr> =
+            used.iter().filter_map(|&id| self.snapshot.stack(id)).map(|n| n.1).collect();
+        frames.sort_unstable();
+        frames.dedup();
+        let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
+            frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
+        let (mut symbols, errors) = symbolize(addrs, self.modules)?;
+        name_labels(&mut symbols, &labels, &self.processes);
+        Ok(Symbolized {
+            snapshot: self.snapshot,
+            processes: self.processes,
+            symbols,
+            info: self.info,
+            errors,
+        })
+    }
+}
+
+impl Symbolized {
+    pub fn stacks(&self) -> SymbolizedStacks {
+        SymbolizedStacks::new(&self.snapshot.stacks, &self.symbols)
+    }
+
+    /// Hands every event to `sinks`; returns what could not be read.
+    pub fn replay(&self, sinks: &mut [&mut dyn EventSink]) -> Vec<String> {
+        replay(&self.snapshot, &[], sinks)
     }
 }
 

@@ -29,6 +29,11 @@ pub struct PendingOutput {
 
 impl PendingOutput {
     pub fn create(dest: &Path) -> Result<Self> {
+        Self::create_with_mode(dest, 0o666)
+    }
+
+    /// With file mode `mode` (before the umask), e.g. 0o600 for an agent's spool.
+    pub fn create_with_mode(dest: &Path, mode: u32) -> Result<Self> {
         let dir = match dest.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -38,14 +43,14 @@ impl PendingOutput {
         }
         let cannot = || format!("cannot write output {}", dest.display());
         let unnamed =
-            OpenOptions::new().write(true).custom_flags(libc::O_TMPFILE).mode(0o666).open(&dir);
+            OpenOptions::new().write(true).custom_flags(libc::O_TMPFILE).mode(mode).open(&dir);
         let (file, named_tmp) = match unnamed {
             Ok(file) => (file, None),
             // No O_TMPFILE on this filesystem (EOPNOTSUPP: some FUSE and network filesystems;
             // EISDIR: kernels before 3.11 see only its O_DIRECTORY bit). Fall back to a named
             // temp file, which a killed recording does leave behind.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
-                let (file, tmp) = create_named(&dir, dest).with_context(cannot)?;
+                let (file, tmp) = create_named(&dir, dest, mode).with_context(cannot)?;
                 (file, Some(tmp))
             }
             Err(e) => return Err(e).with_context(cannot),
@@ -134,9 +139,9 @@ fn hidden_names<'a>(dir: &'a Path, dest: &'a Path) -> impl Iterator<Item = PathB
 }
 
 /// A new named temp file beside `dest`.
-fn create_named(dir: &Path, dest: &Path) -> io::Result<(File, PathBuf)> {
+fn create_named(dir: &Path, dest: &Path, mode: u32) -> io::Result<(File, PathBuf)> {
     for tmp in hidden_names(dir, dest) {
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+        match OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp) {
             Ok(file) => return Ok((file, tmp)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
@@ -238,7 +243,7 @@ mod tests {
     fn named_fallback_renames_or_removes() {
         let d = tmpdir("named");
         let dest = d.join("p.json");
-        let (file, tmp) = create_named(&d, &dest).unwrap();
+        let (file, tmp) = create_named(&d, &dest, 0o666).unwrap();
         let name = tmp.file_name().unwrap().to_string_lossy().into_owned();
         assert!(name.starts_with(".p.json.") && name.ends_with(".tmp"), "{name}");
         let out = PendingOutput {
@@ -252,7 +257,7 @@ mod tests {
         assert_eq!(entries(&d), ["p.json"]);
         assert_eq!(fs::read_to_string(&dest).unwrap(), "{}");
 
-        let (file, tmp) = create_named(&d, &dest).unwrap();
+        let (file, tmp) = create_named(&d, &dest, 0o666).unwrap();
         assert_ne!(tmp.file_name().unwrap().to_string_lossy(), name, "a fresh name each time");
         drop(PendingOutput { dest, dir: d.clone(), file: Some(file), named_tmp: Some(tmp) });
         assert_eq!(entries(&d), ["p.json"]);

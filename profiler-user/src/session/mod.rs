@@ -26,7 +26,7 @@ use crate::{
         recording::RecordingInfo,
         time::{MonoNs, clock_pair},
     },
-    store::ChunkedStore,
+    store::{ChunkedStore, WindowCursor, WindowSnapshot},
     system::{host, launch},
     usdt::{self, UsdtSession},
     writers::{Format, summary},
@@ -169,6 +169,15 @@ impl<'p> Recorder<'p> {
 
     /// Collects until a stop condition; returns what stopped it.
     pub async fn run(&mut self, signals: &mut Signals) -> Result<String> {
+        Ok(self.run_until(signals, None).await?.expect("no deadline"))
+    }
+
+    /// Collects until a stop condition (returned) or until `until` (None returned).
+    pub async fn run_until(
+        &mut self,
+        signals: &mut Signals,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<Option<String>> {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         // With -p / CMD, look for libraries with probes that were loaded but not yet sampled;
         // with --all, execs and samples in unknown mappings trigger the scans.
@@ -192,6 +201,13 @@ impl<'p> Recorder<'p> {
             }
         };
         tokio::pin!(child);
+        let pause = async {
+            match until {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(pause);
         let started = Instant::now();
         let all = self.plan.target == Target::All;
         loop {
@@ -201,11 +217,15 @@ impl<'p> Recorder<'p> {
                     self.drain();
                 }
                 _ = poll.tick() => self.drain(),
-                _ = signals.int.recv() => return Ok("Ctrl-C".to_owned()),
-                _ = signals.term.recv() => return Ok("SIGTERM".to_owned()),
+                _ = signals.int.recv() => return Ok(Some("Ctrl-C".to_owned())),
+                _ = signals.term.recv() => return Ok(Some("SIGTERM".to_owned())),
                 _ = signals.usr1.recv() => self.snapshot()?,
-                _ = &mut sleep => return Ok("duration".to_owned()),
-                code = &mut child => return Ok(format!("command exit (status {code})")),
+                _ = &mut sleep => return Ok(Some("duration".to_owned())),
+                _ = &mut pause => {
+                    self.drain();
+                    return Ok(None);
+                }
+                code = &mut child => return Ok(Some(format!("command exit (status {code})"))),
                 _ = usdt_rescan.tick(), if !all => self.usdt.rescan_live(&self.collector),
                 _ = tick.tick(), if self.msgs.has_status_line() => {
                     let lost = self.bpf.counters().map(|c| c.lost_samples()).unwrap_or(0);
@@ -218,6 +238,48 @@ impl<'p> Recorder<'p> {
                 }
             }
         }
+    }
+
+    /// The events since `cursor` (None: since sampling began) for an agent's window, ready to
+    /// symbolize on another thread; memory of earlier windows is released. Drains first.
+    pub fn window(
+        &mut self,
+        cursor: Option<WindowCursor>,
+        start: MonoNs,
+    ) -> (ExportJob, WindowSnapshot) {
+        self.drain();
+        let end = MonoNs::now();
+        let mut w = self.collector.store.window_snapshot(cursor);
+        let info = RecordingInfo {
+            start,
+            start_wall_ms: self.info.start_wall_ms
+                + (start.0 as f64 - self.info.start.0 as f64) / 1e6,
+            end,
+            ..self.info.clone()
+        };
+        let snapshot = std::mem::take(&mut w.snapshot);
+        (ExportJob::from_snapshot(&self.collector, snapshot, info), w)
+    }
+
+    /// When sampling began.
+    pub fn started(&self) -> MonoNs {
+        self.info.start
+    }
+
+    /// Kernel counters, for an agent's periodic report.
+    pub fn counters(&self) -> Result<crate::bpf::counters::Counters> {
+        self.bpf.counters()
+    }
+
+    pub fn collector_stats(&self) -> crate::collect::collector::CollectorStats {
+        self.collector.stats
+    }
+
+    /// Stops sampling and drains what is left (an agent's end; its last window follows).
+    pub fn stop(&mut self) {
+        self.bpf.detach();
+        self.usdt.detach();
+        self.drain();
     }
 
     /// Writes what is recorded so far on another thread, while recording goes on.

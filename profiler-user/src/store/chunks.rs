@@ -353,16 +353,32 @@ impl ChunkedBuffer {
 
     /// Drops the oldest chunk now (used when the interned tables outgrow their budget).
     pub fn recycle_oldest(&mut self) -> Option<RecycledChunk> {
+        self.drop_oldest(true)
+    }
+
+    /// Drops the oldest chunk if it is older than chunk `seq` (and not the one being written),
+    /// without counting it as recycled: its events were already read (an agent's past windows).
+    pub fn release_oldest_before(&mut self, seq: u64) -> Option<RecycledChunk> {
+        if self.live.front()?.header.seq >= seq {
+            return None;
+        }
+        self.drop_oldest(false)
+    }
+
+    fn drop_oldest(&mut self, lost: bool) -> Option<RecycledChunk> {
         if self.live.len() < 2 {
             return None;
         }
         let old = self.live.pop_front().expect("len >= 2");
         let h = old.header;
-        self.recycled.chunks += 1;
-        self.recycled.blocks += h.block_count as u64;
-        self.recycled.first_time_ns =
-            Some(self.recycled.first_time_ns.map_or(h.first_time_ns, |t| t.min(h.first_time_ns)));
-        self.recycled.last_time_ns = self.recycled.last_time_ns.max(h.last_time_ns);
+        if lost {
+            self.recycled.chunks += 1;
+            self.recycled.blocks += h.block_count as u64;
+            self.recycled.first_time_ns = Some(
+                self.recycled.first_time_ns.map_or(h.first_time_ns, |t| t.min(h.first_time_ns)),
+            );
+            self.recycled.last_time_ns = self.recycled.last_time_ns.max(h.last_time_ns);
+        }
         if self.spare.is_none() {
             self.spare = Some(old);
         }
@@ -377,6 +393,19 @@ impl ChunkedBuffer {
     /// thread while writing goes on.
     pub fn snapshot(&self) -> Vec<Vec<u8>> {
         self.live.iter().filter(|c| c.header.block_count > 0).map(Chunk::to_bytes).collect()
+    }
+
+    /// Like `snapshot`, but only chunks from `seq` on.
+    pub fn snapshot_from(&self, seq: u64) -> Vec<Vec<u8>> {
+        (self.live.iter())
+            .filter(|c| c.header.seq >= seq && c.header.block_count > 0)
+            .map(Chunk::to_bytes)
+            .collect()
+    }
+
+    /// (sequence number, blocks written) of the chunk being written.
+    pub fn position(&self) -> Option<(u64, u32)> {
+        self.live.back().map(|c| (c.header.seq, c.header.block_count))
     }
 
     /// Like `snapshot`, but takes the chunks out, freeing each once copied, so memory does

@@ -38,6 +38,24 @@ pub type StackNode = (Option<StackId>, FrameAddr);
 const STACK_NODE_BYTES: usize = 80;
 const STRING_BYTES: usize = 112;
 
+/// Where an agent's window ended in the store: a chunk and how many of its blocks were read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowCursor {
+    pub seq: u64,
+    pub blocks: u32,
+    /// The buffer's recycled-block count then.
+    recycled_blocks: u64,
+}
+
+/// One window of events (see [`ChunkedStore::window_snapshot`]).
+pub struct WindowSnapshot {
+    pub snapshot: StoreSnapshot,
+    /// Where the next window starts.
+    pub next: WindowCursor,
+    /// Events of this window recycled before it was read (buffer full).
+    pub lost: u64,
+}
+
 /// Where the collector puts what it decoded.
 pub trait SampleSink {
     /// `frames` is root first; None for an empty stack.
@@ -114,6 +132,30 @@ impl ChunkedStore {
         self.snapshot_with(self.buffer.snapshot())
     }
 
+    /// The events stored since `cursor` (None: since the start), and the cursor to pass next
+    /// time: each event is in exactly one such window. The chunks read are then released (not
+    /// counted as recycled) but for the one being written, so memory is what one window needs;
+    /// events
+    /// recycled before they were read are counted in the snapshot's `recycled`.
+    pub fn window_snapshot(&mut self, cursor: Option<WindowCursor>) -> WindowSnapshot {
+        let from = cursor.unwrap_or_default();
+        let mut snap = self.snapshot_with(self.buffer.snapshot_from(from.seq));
+        let recycled = self.buffer.recycled().blocks - from.recycled_blocks;
+        let cursor_chunk_live =
+            (self.buffer.live_chunks().next()).is_some_and(|c| c.header.seq <= from.seq);
+        // The cursor's chunk, if recycled, held `from.blocks` events already read.
+        let lost = if cursor_chunk_live { recycled } else { recycled - u64::from(from.blocks) };
+        if cursor_chunk_live {
+            snap.skip_blocks = from.blocks;
+        }
+        let (seq, blocks) = self.buffer.position().unwrap_or((from.seq, from.blocks));
+        while let Some(r) = self.buffer.release_oldest_before(seq) {
+            self.after_recycle(r);
+        }
+        let next = WindowCursor { seq, blocks, recycled_blocks: self.buffer.recycled().blocks };
+        WindowSnapshot { snapshot: snap, next, lost }
+    }
+
     /// The final snapshot: chunks are moved out rather than copied.
     pub fn into_snapshot(mut self) -> StoreSnapshot {
         let chunks = self.buffer.drain_snapshot();
@@ -128,6 +170,7 @@ impl ChunkedStore {
             recycled: self.buffer.recycled(),
             stats: self.stats,
             buffer_bytes: self.buffer.limit_bytes(),
+            skip_blocks: 0,
         }
     }
 
@@ -295,6 +338,59 @@ mod tests {
         let evs = events_of(&s);
         assert_eq!(evs.len(), 1000);
         assert!(evs.iter().enumerate().all(|(i, e)| e.time_ns() == i as u64 * 1000));
+    }
+
+    /// Windows read every event exactly once, release what they read without counting it as
+    /// recycled, and count what was recycled before a window read it.
+    #[test]
+    fn windows_read_each_event_once() {
+        let mut s =
+            ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(32 << 10, 4 << 10), 1 << 30);
+        let st = s.intern_stack(&[FrameAddr::Kernel(1)]);
+        let mut cursor = None;
+        let mut seen = Vec::new();
+        let mut t = 0u64;
+        for n in [0u64, 1, 700, 3, 1500, 0, 2] {
+            for _ in 0..n {
+                s.push_sample(
+                    key(1, 1),
+                    StoredSample { time_ns: t, cpu_delta_ns: 1, stack: st, off_cpu: None },
+                );
+                t += 1;
+            }
+            let w = s.window_snapshot(cursor);
+            cursor = Some(w.next);
+            let mut got = vec![];
+            read_events(&w.snapshot, |e| got.push(e.time_ns()), |e| panic!("{e}"));
+            assert_eq!(got.len() as u64, n, "window of {n}");
+            seen.extend(got);
+            assert_eq!((w.lost, w.snapshot.recycled.blocks), (0, 0), "nothing lost");
+            assert!(s.buffer().allocated_bytes() <= 2 * (4 << 10), "read chunks released");
+        }
+        assert_eq!(seen, (0..t).collect::<Vec<_>>());
+        // 40,000 events in one window overflow 32 KiB: the window holds the newest, the rest
+        // is counted as recycled.
+        for _ in 0..40_000 {
+            s.push_sample(
+                key(1, 1),
+                StoredSample { time_ns: t, cpu_delta_ns: 1, stack: st, off_cpu: None },
+            );
+            t += 1;
+        }
+        let w = s.window_snapshot(cursor);
+        let mut got = 0u64;
+        read_events(&w.snapshot, |_| got += 1, |e| panic!("{e}"));
+        assert!(w.lost > 0);
+        assert_eq!(got + w.lost, 40_000);
+        // The next window starts where this one ended.
+        s.push_sample(
+            key(1, 1),
+            StoredSample { time_ns: t, cpu_delta_ns: 1, stack: st, off_cpu: None },
+        );
+        let w = s.window_snapshot(Some(w.next));
+        let mut times = vec![];
+        read_events(&w.snapshot, |e| times.push(e.time_ns()), |e| panic!("{e}"));
+        assert_eq!((times, w.lost), (vec![t], 0));
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct StoreSnapshot {
     pub recycled: crate::store::chunks::Recycled,
     pub stats: StoreStats,
     pub buffer_bytes: usize,
+    /// Blocks of the first chunk that an earlier window already read (decoded for their
+    /// time deltas, not handed out).
+    pub skip_blocks: u32,
 }
 
 impl StoreSnapshot {
@@ -74,8 +77,10 @@ pub fn read_events(
             }
         };
         let mut times = ChunkTimes::new(view.header.base_time_ns);
+        let skip = if i == 0 { snap.skip_blocks as usize } else { 0 };
         for (j, block) in view.blocks().enumerate() {
             match codec::decode(block, &mut times) {
+                Ok(_) if j < skip => {}
                 Ok(ev) => on_event(ev),
                 Err(e) => on_error(format!("chunk {} block {j}: {e}", view.header.seq)),
             }

@@ -5,8 +5,9 @@
 //! `cpu`/`nanoseconds` (the CPU time the thread used since its previous sample, or the sampling
 //! period when that is unknown) — plus `off_cpu`/`nanoseconds`, the time spent blocked, when
 //! the recording has off-CPU samples (`--off-cpu`, `--mode wall`; those count as no CPU
-//! sample) — and labels saying whose it is: `pid`, `tid` (numbers),
-//! `process`, `thread` (strings), `container_runtime`/`container_id` or `service` when known.
+//! sample) — and labels saying whose it is: `pid`, `tid` (numbers), `process`, `thread`
+//! (strings), `container_runtime`/`container_id` or `service`, and `pod_uid`/`pod_qos`, when
+//! known; an agent adds its own (`service_name`, `host`, …).
 //! The idle tasks are kept as process `[idle]`, threads `swapper/N`, with a `cpu` string label
 //! and no pid/tid (0, which readers take for no label), so they can be filtered out
 //! (`-tagignore 'process=\[idle\]'`). A location is one stored stack node:
@@ -14,7 +15,7 @@
 //! kernel and `rsprof label` (label frames), is a mapping marked as already symbolized.
 //! Markers have no pprof equivalent and are left out.
 
-mod proto;
+pub mod proto;
 
 use std::{
     collections::HashMap,
@@ -42,12 +43,24 @@ pub struct PprofWriter<'a> {
     counts: HashMap<(ThreadKey, Option<StackId>), [i64; 3]>,
     any_off_cpu: bool,
     period_ns: i64,
+    /// String labels added to every sample (an agent's `service_name`, `host`, …).
+    extra: Vec<(String, String)>,
 }
 
 impl<'a> PprofWriter<'a> {
     pub fn new(ctx: &'a ProfileContext<'a>) -> Self {
         let period_ns = (1e9 / ctx.info.frequency.max(1) as f64).round() as i64;
-        Self { ctx, counts: HashMap::new(), any_off_cpu: false, period_ns }
+        Self { ctx, counts: HashMap::new(), any_off_cpu: false, period_ns, extra: Vec::new() }
+    }
+
+    /// With string labels `extra` on every sample.
+    pub fn with_labels(ctx: &'a ProfileContext<'a>, extra: Vec<(String, String)>) -> Self {
+        Self { extra, ..Self::new(ctx) }
+    }
+
+    /// Samples received.
+    pub fn samples(&self) -> i64 {
+        self.counts.values().map(|c| c[0]).sum()
     }
 }
 
@@ -120,7 +133,9 @@ impl PprofWriter<'_> {
         counts.sort_unstable_by_key(|&(key, _)| key);
         let mut labels: HashMap<ThreadKey, Vec<proto::Label>> = HashMap::new();
         for ((thread, stack), value) in counts {
-            let label = labels.entry(thread).or_insert_with(|| b.labels(ctx, thread)).clone();
+            let label = (labels.entry(thread))
+                .or_insert_with(|| b.labels(ctx, thread, &self.extra))
+                .clone();
             let location_id = stack.map(|s| b.stack(s)).unwrap_or_default();
             let value = value[..values].to_vec();
             p.sample.push(proto::Sample { location_id, value, label });
@@ -184,7 +199,12 @@ impl<'a> Builder<'a> {
         proto::ValueType { r#type: self.strings.id(ty), unit: self.strings.id(unit) }
     }
 
-    fn labels(&mut self, ctx: &ProfileContext, thread: ThreadKey) -> Vec<proto::Label> {
+    fn labels(
+        &mut self,
+        ctx: &ProfileContext,
+        thread: ThreadKey,
+        extra: &[(String, String)],
+    ) -> Vec<proto::Label> {
         let (process, thread_name) = display_names(ctx.processes, thread);
         let mut out = Vec::new();
         let mut strs = vec![("process", process), ("thread", thread_name)];
@@ -207,8 +227,11 @@ impl<'a> Builder<'a> {
             } else {
                 strs.push(("service", c.id.clone()));
             }
+            strs.extend(c.pod_uid.clone().map(|u| ("pod_uid", u)));
+            strs.extend(c.qos.map(|q| ("pod_qos", q.name().to_owned())));
         }
-        for (key, v) in strs {
+        let extra = extra.iter().map(|(k, v)| (k.as_str(), v.clone()));
+        for (key, v) in strs.into_iter().chain(extra) {
             let (key, str) = (self.strings.id(key), self.strings.id(&v));
             out.push(proto::Label { key, str, ..Default::default() });
         }

@@ -1,0 +1,14 @@
+//! Continuous profiling: `rsprof-bpf agent` records all the time and, every window, turns what
+//! was sampled into one pprof profile per (service, process) (`windows`, labelled by `labels`)
+//! for its sinks (`spool`). `query` reads a spool back as one profile.
+//!
+//! The agent reuses the recording pipeline: `session::Recorder` samples and collects into the
+//! bounded chunked store; each window is the store's events since the previous one
+//! (`ChunkedStore::window_snapshot`, which then releases the chunks read), symbolized by
+//! `export` and written by `writers::pprof`.
+
+pub mod config;
+pub mod labels;
+pub mod query;
+pub mod spool;
+pub mod windows;

@@ -1,0 +1,83 @@
+//! One window of a running agent: its events, symbolized, as one pprof profile per
+//! (service, process).
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+
+use crate::{
+    agent::labels::WindowLabels,
+    export::ExportJob,
+    model::{Sample, ids::ThreadKey, markers::Marker},
+    writers::{EventSink, ProfileContext, ProfileWriter, pprof::PprofWriter},
+};
+
+/// A window's profile of one (service, process).
+pub struct WindowProfile {
+    pub labels: WindowLabels,
+    /// Wall-clock ms since the epoch.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub samples: u64,
+    /// Encoded pprof `Profile` (not compressed).
+    pub pprof: Vec<u8>,
+}
+
+/// What a window held besides its profiles.
+#[derive(Default)]
+pub struct WindowReport {
+    pub corrupt: Vec<String>,
+    /// Modules that could not be symbolized, with why.
+    pub symbolize_errors: Vec<(String, String)>,
+}
+
+/// Routes each thread's events to the writer of its process.
+struct ByProcess<'a> {
+    ctx: &'a ProfileContext<'a>,
+    host: &'a str,
+    writers: HashMap<u32, (WindowLabels, PprofWriter<'a>)>,
+}
+
+impl EventSink for ByProcess<'_> {
+    fn sample(&mut self, thread: ThreadKey, s: &Sample) {
+        let pid = thread.pid().map_or(0, |p| p.0);
+        let (ctx, host) = (self.ctx, self.host);
+        let (_, w) = self.writers.entry(pid).or_insert_with(|| {
+            let labels = WindowLabels::of(ctx.processes, thread, host);
+            let w = PprofWriter::with_labels(ctx, labels.extra_sample_labels());
+            (labels, w)
+        });
+        w.sample(thread, s);
+    }
+
+    fn marker(&mut self, _: ThreadKey, _: &Marker) {}
+}
+
+/// Symbolizes the window's events and writes one profile per process that was sampled.
+pub fn profiles(job: ExportJob, host: &str) -> Result<(Vec<WindowProfile>, WindowReport)> {
+    let sym = job.symbolize_used()?;
+    let stacks = sym.stacks();
+    let info = &sym.info;
+    let ctx = ProfileContext {
+        info,
+        stacks: &stacks,
+        processes: &sym.processes,
+        marker_schemas: &[],
+        // Events lost before the window was read are the agent's to report (per window).
+        recycled: Default::default(),
+        buffer_bytes: sym.snapshot.buffer_bytes,
+    };
+    let mut router = ByProcess { ctx: &ctx, host, writers: HashMap::new() };
+    let corrupt = sym.replay(&mut [&mut router]);
+    let start_ms = info.start_wall_ms.round() as u64;
+    let end_ms = start_ms + (info.end.0.saturating_sub(info.start.0) / 1_000_000);
+    let mut out = Vec::new();
+    for (_, (labels, w)) in router.writers {
+        let samples = w.samples() as u64;
+        let mut pprof = Vec::new();
+        Box::new(w).write(&corrupt, &mut pprof)?;
+        out.push(WindowProfile { labels, start_ms, end_ms, samples, pprof });
+    }
+    out.sort_by(|a, b| a.labels.cmp(&b.labels));
+    Ok((out, WindowReport { corrupt, symbolize_errors: sym.errors.modules }))
+}

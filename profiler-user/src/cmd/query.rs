@@ -1,0 +1,19 @@
+//! `rsprof-bpf query`: merges an agent's spooled windows into one profile.
+
+use anyhow::Result;
+
+use crate::{agent::query, cli::args::QueryArgs};
+
+pub fn run(args: QueryArgs) -> Result<()> {
+    let q = query::Query::from_args(&args)?;
+    let written = q.run()?;
+    eprintln!(
+        "rsprof-bpf: {} windows ({} samples) of {} tracks written to {} ({})",
+        written.windows,
+        written.samples,
+        written.tracks,
+        args.output.display(),
+        written.format
+    );
+    Ok(())
+}

@@ -1,0 +1,262 @@
+//! `rsprof-bpf agent` and `query` on a real host: windows spooled while the `split` fixture
+//! runs, read back by Go's pprof (independent of our decoder) and, merged by `query`, by the
+//! Firefox Profiler's importer. Needs root; the agent samples `--all`, so every check is about
+//! the fixture's own pid.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    sync::mpsc,
+    thread,
+    time::Duration,
+};
+
+use serde_json::Value;
+use tests::{
+    gecko_schema,
+    go_pprof::{self, parse_top},
+    harness::{command, output_path, run_fixture},
+    profile_query::{count_samples_with_frame, threads},
+};
+
+/// A running agent; killed if the test fails.
+struct Agent {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Agent {
+    /// Starts `rsprof-bpf agent ARGS` and waits for "sampling".
+    fn start(args: &[&str]) -> Agent {
+        let mut child = command()
+            .expect("rsprof-bpf")
+            .arg("agent")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start agent");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut a = Agent { child, lines, seen: Vec::new() };
+        a.wait_for("rsprof-bpf: sampling", Duration::from_secs(60));
+        a
+    }
+
+    fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!("no {needle:?} within {timeout:?}:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Sends `sig`, waits for the exit (at most `limit`) and returns the exit status and stderr.
+    fn stop(mut self, sig: i32, limit: Duration) -> (std::process::ExitStatus, String) {
+        self.signal(sig);
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(start.elapsed() < limit, "agent still running {limit:?} after signal {sig}");
+            thread::sleep(Duration::from_millis(50));
+        };
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        (status, std::mem::take(&mut self.seen).join("\n"))
+    }
+}
+
+fn spool_dir(test: &str) -> PathBuf {
+    let d = output_path(test, "spool");
+    let _ = fs::remove_dir_all(&d);
+    d
+}
+
+/// (labels json, profile path) of every window in `dir` whose pid is `pid`.
+fn windows_of(dir: &Path, pid: u32) -> Vec<(Value, PathBuf)> {
+    let mut v: Vec<(Value, PathBuf)> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name()?.to_str()?.to_owned();
+            let stem = name.strip_suffix(".json")?;
+            let meta: Value = serde_json::from_slice(&fs::read(&p).ok()?).ok()?;
+            (meta["pid"] == pid).then(|| (meta, dir.join(format!("{stem}.pb.gz"))))
+        })
+        .collect();
+    v.sort_by_key(|(m, _)| m["start_ms"].as_u64());
+    v
+}
+
+#[test]
+fn agent_spools_windows_read_by_go_pprof_and_query_merges_them() {
+    let dir = spool_dir("agent_split");
+    let d = dir.to_str().unwrap();
+    let agent = Agent::start(&["--spool", d, "--window", "1", "-F", "499", "--host", "it-host"]);
+    let pid = run_fixture("split", &["3"]).expect("run split");
+    // SIGTERM right away: the window holding the split's end must be flushed, within 5 s.
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "agent failed:\n{stderr}");
+    assert!(stderr.contains("agent stopped by SIGTERM"), "{stderr}");
+
+    let windows = windows_of(&dir, pid);
+    assert!(windows.len() >= 3, "3 s of split in 1 s windows: {} windows\n{stderr}", windows.len());
+    for (meta, profile) in &windows {
+        assert_eq!(meta["process"], "split", "{meta}");
+        assert_eq!(meta["host"], "it-host", "{meta}");
+        assert!(meta["service_name"].as_str().is_some_and(|s| !s.is_empty()), "{meta}");
+        for p in [profile.clone(), profile.with_extension("").with_extension("json")] {
+            let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", p.display());
+        }
+    }
+    // Every window of the split read by Go's pprof, merged (pprof takes several profiles).
+    let files: Vec<&Path> = windows.iter().map(|w| w.1.as_path()).collect();
+    let tags = go_pprof::run(&["-tags"], files[0]).expect("pprof -tags");
+    for want in [format!("{pid}"), "service_name:".into(), "host:".into(), "it-host".into()] {
+        assert!(tags.contains(&want), "pprof -tags lacks {want:?}:\n{tags}");
+    }
+    let mut args =
+        vec!["-top", "-sample_index=samples", "-nodecount=1000", "-nodefraction=0", "-trim=false"];
+    let rest: Vec<String> = files[1..].iter().map(|p| p.display().to_string()).collect();
+    args.extend(rest.iter().map(String::as_str));
+    let out = go_pprof::run(&args, files[0]).expect("pprof -top");
+    let (_, rows) = parse_top(&out).expect("parse -top");
+    let flat = |n: &str| rows.iter().find(|r| r.name == n).map_or(0.0, |r| r.flat);
+    let (a, b) = (flat("hot_a"), flat("hot_b"));
+    assert!(a + b > 500.0, "3 s at 499 Hz: {a} + {b} samples:\n{out}");
+    let share = 100.0 * a / (a + b);
+    assert!((70.0..=80.0).contains(&share), "hot_a share {share:.1}%, want 75 ± 5:\n{out}");
+
+    // query: one Gecko profile with the split's track, its samples in its windows' times.
+    let gecko = output_path("agent_query", "json.gz");
+    let q = tests::harness::run(&[
+        "query",
+        "--spool",
+        d,
+        "--from",
+        "-1h",
+        "--host",
+        "it-host",
+        "--process",
+        "split",
+        "-o",
+        gecko.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert!(q.status.success(), "query failed:\n{}", q.stderr);
+    let profile = gecko_schema::load(&gecko).expect("query's profile loads");
+    let ts = threads(&profile);
+    let split: Vec<_> = ts.iter().filter(|t| t.process_name.starts_with("split")).collect();
+    assert!(
+        !split.is_empty(),
+        "no split track: {:?}",
+        ts.iter().map(|t| t.process_name).collect::<Vec<_>>()
+    );
+    assert!(split[0].process_name.contains("it-host"), "{}", split[0].process_name);
+    let hot_a: usize = split.iter().map(|t| count_samples_with_frame(t.thread, "hot_a")).sum();
+    // Samples with hot_a anywhere on the stack: pprof's cumulative count.
+    let cum_a = rows.iter().find(|r| r.name == "hot_a").map_or(0.0, |r| r.cum);
+    assert_eq!(hot_a as f64, cum_a, "query keeps every hot_a sample of the windows");
+    // Nothing else was selected.
+    assert!(ts.iter().all(|t| t.process_name.starts_with("split")), "only split was selected");
+}
+
+#[test]
+fn agent_killed_leaves_no_partial_window_and_spool_size_deletes_oldest() {
+    let dir = spool_dir("agent_kill");
+    let d = dir.to_str().unwrap();
+    let mut agent = Agent::start(&["--spool", d, "--window", "0.5", "-F", "99"]);
+    // Enough windows to exceed the next run's 64K limit on a quiet host.
+    for _ in 0..8 {
+        agent.wait_for("window:", Duration::from_secs(30));
+    }
+    let (status, _) = agent.stop(libc::SIGKILL, Duration::from_secs(5));
+    assert!(!status.success());
+    let names: Vec<String> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.starts_with('.')), "no temp file left: {names:?}");
+    let held = names.iter().filter(|n| n.ends_with(".json")).count();
+    assert!(held > 0, "windows were written: {names:?}");
+    let bytes: u64 =
+        fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    assert!(bytes > 64 << 10, "the first run wrote more than the next run's limit: {bytes}");
+    let mut before = stems(&dir);
+    before.sort();
+    // A profile without labels, as a kill between a window's two files would leave.
+    fs::write(dir.join("0000000000001-1-00000000.pb.gz"), b"partial").unwrap();
+
+    // Restart with a limit of 64K: the windows of the first run are found again, the partial
+    // one removed and counted; then the oldest are deleted to fit, and counted.
+    let mut agent =
+        Agent::start(&["--spool", d, "--window", "0.5", "-F", "99", "--spool-size", "64K"]);
+    let first = agent.seen.join("\n");
+    assert!(
+        first.contains(&format!("{held} windows")) && first.contains("1 incomplete removed"),
+        "restart finds {held} windows and the partial one:\n{first}"
+    );
+    assert!(!dir.join("0000000000001-1-00000000.pb.gz").exists());
+    agent.wait_for("window:", Duration::from_secs(30));
+    let (status, stderr) = agent.stop(libc::SIGINT, Duration::from_secs(5));
+    assert!(status.success(), "{stderr}");
+    let total: u64 =
+        fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    assert!(total <= 64 << 10, "spool holds {total} bytes, limit 64K");
+    let deleted: u64 = (stderr.lines())
+        .find_map(|l| l.strip_prefix("rsprof-bpf: agent stopped by Ctrl-C: "))
+        .and_then(|l| {
+            l.split(" deleted for --spool-size").next()?.rsplit(", ").next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no deletion count:\n{stderr}"));
+    assert!(deleted > 0, "{bytes} bytes before, limit 64K, none deleted:\n{stderr}");
+    // The oldest went first: the first run's windows still there are its newest.
+    let left = stems(&dir);
+    let kept: Vec<&String> = before.iter().filter(|s| left.contains(s)).collect();
+    let newest: Vec<&String> = before[before.len() - kept.len()..].iter().collect();
+    assert_eq!(kept, newest, "oldest deleted first");
+    assert!(!left.is_empty());
+}
+
+fn stems(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".json").map(str::to_owned))
+        .collect()
+}
