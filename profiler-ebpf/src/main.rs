@@ -7,18 +7,16 @@
 mod cgroup;
 mod maptrack;
 mod sched;
+mod stack;
 mod usdt;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_USER_STACK, BPF_RB_NO_WAKEUP},
+    bindings::BPF_RB_NO_WAKEUP,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         bpf_probe_read_user_buf,
-        generated::{
-            bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id,
-            bpf_get_stack,
-        },
+        generated::{bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id},
     },
     macros::{map, perf_event, raw_tracepoint},
     maps::{LruHashMap, PerCpuArray, RingBuf},
@@ -26,8 +24,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader, FILTER_ALL,
-    MAX_STACK_DEPTH, SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED,
-    SAMPLE_USER_STACK_ERROR, SampleRecord, TASK_RECORD_FIXED, TaskRecord, counter,
+    SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_USER_STACK_ERROR,
+    SampleRecord, TASK_RECORD_FIXED, TaskRecord, counter,
 };
 
 #[unsafe(no_mangle)]
@@ -125,39 +123,17 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         s.comm = bpf_get_current_comm().unwrap_or([0; 16]);
 
         let frames = (*rec).frames.as_mut_ptr();
-        const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
-        let kret = bpf_get_stack(ctx.as_ptr(), frames.cast(), STACK_BYTES, 0);
-        let mut kframes: u64 = 0;
-        if kret < 0 {
-            s.flags |= SAMPLE_KERNEL_STACK_ERROR;
+        let w = stack::walk(&ctx, frames, 0);
+        s.flags |= w.errors;
+        if w.errors & SAMPLE_KERNEL_STACK_ERROR != 0 {
             count(counter::KERNEL_STACK_ERRORS);
-        } else {
-            kframes = (kret as u64) / 8;
         }
-        // Bound for the verifier: the user stack goes right after the kernel frames.
-        if kframes > MAX_STACK_DEPTH as u64 {
-            kframes = MAX_STACK_DEPTH as u64;
-        }
-        // The kernel takes the user registers from task_pt_regs when the sample hit kernel
-        // mode, so syscall-time samples still get the interrupted thread's user stack.
-        let uret = bpf_get_stack(
-            ctx.as_ptr(),
-            frames.add(kframes as usize).cast(),
-            STACK_BYTES,
-            BPF_F_USER_STACK as u64,
-        );
-        let mut uframes: u64 = 0;
-        if uret < 0 {
-            s.flags |= SAMPLE_USER_STACK_ERROR;
+        if w.errors & SAMPLE_USER_STACK_ERROR != 0 {
             count(counter::USER_STACK_ERRORS);
-        } else {
-            uframes = (uret as u64) / 8;
         }
-        if uframes > MAX_STACK_DEPTH as u64 {
-            uframes = MAX_STACK_DEPTH as u64;
-        }
-        s.kernel_frames = kframes as u16;
-        s.user_frames = uframes as u16;
+        let (kframes, uframes) = (w.kernel_frames as u64, w.user_frames as u64);
+        s.kernel_frames = w.kernel_frames;
+        s.user_frames = w.user_frames;
         let labels = usdt::copy_labels(pid_tgid as u32, frames, kframes + uframes);
         s.label_count = labels as u32;
         s._reserved = 0;

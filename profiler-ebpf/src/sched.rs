@@ -16,13 +16,10 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK},
+    bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        generated::{
-            bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id,
-            bpf_get_stack,
-        },
+        generated::{bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id},
     },
     macros::{map, raw_tracepoint},
     maps::{HashMap, PerCpuArray},
@@ -149,39 +146,18 @@ unsafe fn switch_out(ctx: &RawTracePointContext, cfg: &Config, preempt: bool, st
         r.comm = bpf_get_current_comm().unwrap_or([0; 16]);
         r.flags = 0;
         let frames = (*e).frames.as_mut_ptr();
-        const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
         // Skips this program's frame and the tracepoint's `bpf_trace_run4`: the stack starts
         // at `__schedule`, like the thread's own view of where it blocked.
-        let kret = bpf_get_stack(ctx.as_ptr(), frames.cast(), STACK_BYTES, 2);
-        let mut kframes: u64 = 0;
-        if kret < 0 {
-            r.flags |= SAMPLE_KERNEL_STACK_ERROR;
+        let w = crate::stack::walk(ctx, frames, 2);
+        r.flags = w.errors;
+        if w.errors & SAMPLE_KERNEL_STACK_ERROR != 0 {
             count(counter::OFF_CPU_STACK_ERRORS);
-        } else {
-            kframes = (kret as u64) / 8;
         }
-        if kframes > MAX_STACK_DEPTH as u64 {
-            kframes = MAX_STACK_DEPTH as u64;
-        }
-        // The user registers saved at kernel entry (task_pt_regs), as for CPU samples.
-        let uret = bpf_get_stack(
-            ctx.as_ptr(),
-            frames.add(kframes as usize).cast(),
-            STACK_BYTES,
-            BPF_F_USER_STACK as u64,
-        );
-        let mut uframes: u64 = 0;
-        if uret < 0 {
-            r.flags |= SAMPLE_USER_STACK_ERROR;
+        if w.errors & SAMPLE_USER_STACK_ERROR != 0 {
             count(counter::OFF_CPU_STACK_ERRORS);
-        } else {
-            uframes = (uret as u64) / 8;
         }
-        if uframes > MAX_STACK_DEPTH as u64 {
-            uframes = MAX_STACK_DEPTH as u64;
-        }
-        r.kernel_frames = kframes as u16;
-        r.user_frames = uframes as u16;
+        r.kernel_frames = w.kernel_frames;
+        r.user_frames = w.user_frames;
         r.off_cpu = 1;
     }
 }

@@ -132,8 +132,24 @@ fn maptrack_process_living_5ms_is_named_with_frames() {
         assert!(t.thread["unregisterTime"].is_number(), "exit time of {}", t.pid);
     }
     let stacks: Vec<Vec<String>> = ts.iter().flat_map(|t| sample_stacks(t.thread)).collect();
-    let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
-    assert!(named as f64 >= 0.8 * stacks.len() as f64, "{named} of {} named", stacks.len());
+    // Every frame named (an address in no known mapping shows as `0x…`), start-up and exit
+    // included; most samples are in the burn itself (about 1 ms of its 5 ms is exec, ld.so and
+    // exit).
+    let unnamed: Vec<_> =
+        stacks.iter().filter(|st| st.iter().any(|f| f.starts_with("0x"))).collect();
+    assert!(
+        (unnamed.len() as f64) <= 0.05 * stacks.len() as f64,
+        "{} of {} samples have unnamed frames, e.g. {:?}",
+        unnamed.len(),
+        stacks.len(),
+        &unnamed[..unnamed.len().min(4)]
+    );
+    let burning = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    assert!(
+        burning as f64 >= 0.6 * stacks.len() as f64,
+        "{burning} of {} in the burn",
+        stacks.len()
+    );
 }
 
 #[test]
