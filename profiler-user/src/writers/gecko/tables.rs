@@ -355,13 +355,20 @@ pub fn write_gecko<W: Write>(
     out: W,
 ) -> io::Result<()> {
     let mut w = io::BufWriter::with_capacity(1 << 16, out);
-    // Samples drained after the stop must stay inside the root range, or the UI hides them.
+    // Samples drained after the stop (and off-CPU time spread past it) must stay inside the root
+    // range, or the UI hides them; the range is half-open, so it ends one interval after the
+    // last sample (the front-end gives each sample that duration too).
     let last_sample = processes
         .iter()
         .flat_map(|p| &p.threads)
         .filter(|t| t.tables.sample_count > 0)
         .map(|t| t.tables.last_sample_ms)
-        .fold(meta.profiling_end_ms, f64::max);
+        .fold(f64::MIN, f64::max);
+    let last_sample = if last_sample >= meta.profiling_end_ms {
+        last_sample + meta.interval_ms
+    } else {
+        meta.profiling_end_ms
+    };
     let first_sample = processes
         .iter()
         .flat_map(|p| &p.threads)
@@ -876,7 +883,10 @@ mod tests {
         m.profiling_start_ms = 1.2;
         m.profiling_end_ms = 3.5;
         let j = to_json(&m, sample_processes(&tree()));
-        assert_eq!(j["meta"]["profilingEndTime"], 4.0);
+        // The last sample is at 4.0; the front-end's range is half-open, so the profile's ends
+        // one interval (1 ms) after it.
+        assert_eq!(j["meta"]["interval"], 1.0);
+        assert_eq!(j["meta"]["profilingEndTime"], 5.0);
         assert_eq!(j["meta"]["profilingStartTime"], 1.0);
         assert_eq!(::tests::gecko_schema::validate(&j), Ok(()));
     }
