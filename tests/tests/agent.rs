@@ -202,8 +202,14 @@ fn agent_killed_leaves_no_partial_window_and_spool_size_deletes_oldest() {
     let dir = spool_dir("agent_kill");
     let d = dir.to_str().unwrap();
     let mut agent = Agent::start(&["--spool", d, "--window", "0.5", "-F", "99"]);
-    // Enough windows to exceed the next run's 64K limit on a quiet host.
-    for _ in 0..8 {
+    // Windows until they take 160K (the next run's limit is half that, and at least the
+    // agent's 64K minimum), however busy or quiet the host.
+    let spool_bytes = |dir: &Path| -> u64 {
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while spool_bytes(&dir) < 160 << 10 {
+        assert!(std::time::Instant::now() < deadline, "2 minutes of windows took under 160K");
         agent.wait_for("window:", Duration::from_secs(30));
     }
     let (status, _) = agent.stop(libc::SIGKILL, Duration::from_secs(5));
@@ -215,18 +221,18 @@ fn agent_killed_leaves_no_partial_window_and_spool_size_deletes_oldest() {
     assert!(names.iter().all(|n| !n.starts_with('.')), "no temp file left: {names:?}");
     let held = names.iter().filter(|n| n.ends_with(".json")).count();
     assert!(held > 0, "windows were written: {names:?}");
-    let bytes: u64 =
-        fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
-    assert!(bytes > 64 << 10, "the first run wrote more than the next run's limit: {bytes}");
+    let bytes = spool_bytes(&dir);
+    let limit = bytes / 2;
     let mut before = stems(&dir);
     before.sort();
     // A profile without labels, as a kill between a window's two files would leave.
     fs::write(dir.join("0000000000001-1-00000000.pb.gz"), b"partial").unwrap();
 
-    // Restart with a limit of 64K: the windows of the first run are found again, the partial
-    // one removed and counted; then the oldest are deleted to fit, and counted.
+    // Restart with half that as the limit: the windows of the first run are found again, the
+    // partial one removed and counted; then the oldest are deleted to fit, and counted.
+    let limit_arg = limit.to_string();
     let mut agent =
-        Agent::start(&["--spool", d, "--window", "0.5", "-F", "99", "--spool-size", "64K"]);
+        Agent::start(&["--spool", d, "--window", "0.5", "-F", "99", "--spool-size", &limit_arg]);
     let first = agent.seen.join("\n");
     assert!(
         first.contains(&format!("{held} windows")) && first.contains("1 incomplete removed"),
@@ -238,14 +244,14 @@ fn agent_killed_leaves_no_partial_window_and_spool_size_deletes_oldest() {
     assert!(status.success(), "{stderr}");
     let total: u64 =
         fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
-    assert!(total <= 64 << 10, "spool holds {total} bytes, limit 64K");
+    assert!(total <= limit, "spool holds {total} bytes, limit {limit}");
     let deleted: u64 = (stderr.lines())
         .find_map(|l| l.strip_prefix("rsprof-bpf: agent stopped by Ctrl-C: "))
         .and_then(|l| {
             l.split(" deleted for --spool-size").next()?.rsplit(", ").next()?.parse().ok()
         })
         .unwrap_or_else(|| panic!("no deletion count:\n{stderr}"));
-    assert!(deleted > 0, "{bytes} bytes before, limit 64K, none deleted:\n{stderr}");
+    assert!(deleted > 0, "{bytes} bytes before, limit {limit}, none deleted:\n{stderr}");
     // The oldest went first: the first run's windows still there are its newest.
     let left = stems(&dir);
     let kept: Vec<&String> = before.iter().filter(|s| left.contains(s)).collect();
