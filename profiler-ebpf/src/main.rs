@@ -11,7 +11,6 @@ mod stack;
 mod usdt;
 
 use aya_ebpf::{
-    EbpfContext,
     bindings::BPF_RB_NO_WAKEUP,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,

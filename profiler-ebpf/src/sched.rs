@@ -15,7 +15,6 @@
 //! with IRQ_TIME_ACCOUNTING) until the next switch resets the base.
 
 use aya_ebpf::{
-    EbpfContext,
     bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
