@@ -36,7 +36,8 @@ pub const S_UNNAMED: StackId = StackId(4);
 /// main → `a;b` → label `phase 1`.
 pub const S_LABEL: StackId = StackId(6);
 
-fn frame(kind: FrameKind, function: &str, module: &str) -> Frame {
+/// A frame with no file or line.
+pub fn frame(kind: FrameKind, function: &str, module: &str) -> Frame {
     Frame {
         kind,
         function: function.into(),

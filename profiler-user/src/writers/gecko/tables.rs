@@ -555,19 +555,7 @@ fn location(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::stacks::Frame;
-
-    fn frame(kind: FrameKind, function: &str, module: &str) -> Frame {
-        Frame {
-            kind,
-            function: function.into(),
-            module: module.into(),
-            file: None,
-            line: None,
-            column: None,
-            inlined: false,
-        }
-    }
+    use crate::{model::stacks::Frame, writers::testdata::frame};
 
     /// Frames: 0 main, 1 work (with file/line), 2 hot, 3 kernel, 4 = inlined copy of hot.
     /// Nodes: 0 main, 1 main>work, 2 main>work>hot, 3 …>hot>syscall, 4 main>work>[hot, hot']
