@@ -10,5 +10,6 @@
 pub mod config;
 pub mod labels;
 pub mod query;
+pub mod sinks;
 pub mod spool;
 pub mod windows;

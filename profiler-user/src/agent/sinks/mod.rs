@@ -1,0 +1,39 @@
+//! Remote sinks: where spooled windows go after the spool. The spool is the queue: every
+//! window is written there first, and each remote sink is handed spooled windows in order
+//! until the server has them, so a sink that is down only makes the spool grow (bounded by
+//! `--spool-size`, oldest dropped and counted) and a restarted agent resends what was not
+//! acknowledged. A sink must therefore accept a window it may already have (after a crash
+//! between delivery and its acknowledgement being recorded) without storing it twice.
+
+use crate::agent::spool::WindowMeta;
+
+/// Why a delivery failed, which decides what the forwarder does next.
+#[derive(Debug)]
+pub enum SinkError {
+    /// The server could not be reached or failed transiently (connection refused, timeout,
+    /// HTTP 5xx/429): keep the window and retry with backoff.
+    Retry(anyhow::Error),
+    /// The server refused this window (HTTP 4xx, a database error about the data): count it,
+    /// log the first of each kind with the server's message, and do not send it again.
+    Reject(anyhow::Error),
+}
+
+impl std::fmt::Display for SinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Retry(e) => write!(f, "will retry: {e:#}"),
+            Self::Reject(e) => write!(f, "rejected: {e:#}"),
+        }
+    }
+}
+
+/// A remote destination for windows.
+pub trait RemoteSink: Send {
+    /// Short stable name ("pyroscope", "clickhouse"): used in logs, counters and the spool's
+    /// per-sink delivery records.
+    fn name(&self) -> &'static str;
+
+    /// Delivers one window: its labels and its gzipped pprof profile, as spooled. Returns
+    /// once the server has it. Must be idempotent per `(meta.labels.host, meta.window_id)`.
+    fn deliver(&mut self, meta: &WindowMeta, pprof_gz: &[u8]) -> Result<(), SinkError>;
+}
