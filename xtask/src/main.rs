@@ -8,10 +8,12 @@
 //! * `test`   setup, build, then the whole test suite, tests running one at a time.
 //! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
 //! * `bench-cgroup` measures the kernel cgroup filter's cost, see `bench_cgroup.rs`.
+//! * `bench-agent` measures the agent's all-day cost, see `bench_agent.rs`.
 //! * `bench-offcpu` measures off-CPU recording under a context-switch storm, see
 //!   `bench_offcpu.rs`.
 
 mod bench;
+mod bench_agent;
 mod bench_cgroup;
 mod bench_offcpu;
 mod bench_storage;
@@ -79,6 +81,9 @@ enum Cmd {
     /// Measure chunked storage (encode and Gecko throughput, bytes per sample) and a long
     /// recording with a small buffer (RSS over time); update BENCHMARKS.md.
     BenchStorage(bench_storage::BenchStorageArgs),
+    /// Measure the agent's CPU, RSS and bytes written over long runs at fleet rates, idle
+    /// and busy, and update BENCHMARKS.md.
+    BenchAgent(bench_agent::BenchAgentArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -109,6 +114,7 @@ fn main() {
         Cmd::BenchStorage(args) => bench_storage::bench_storage(args),
         Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
         Cmd::BenchOffcpu(args) => bench_offcpu::bench_offcpu(args),
+        Cmd::BenchAgent(args) => bench_agent::bench_agent(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -9,6 +9,7 @@ use crate::{
     agent::labels::WindowLabels,
     export::ExportJob,
     model::{Sample, ids::ThreadKey, markers::Marker},
+    symbolize::Service,
     writers::{EventSink, ProfileContext, ProfileWriter, pprof::PprofWriter},
 };
 
@@ -54,8 +55,12 @@ impl EventSink for ByProcess<'_> {
 }
 
 /// Symbolizes the window's events and writes one profile per process that was sampled.
-pub fn profiles(job: ExportJob, host: &str) -> Result<(Vec<WindowProfile>, WindowReport)> {
-    let sym = job.symbolize_used()?;
+pub fn profiles(
+    job: ExportJob,
+    host: &str,
+    symbolizer: &Service,
+) -> Result<(Vec<WindowProfile>, WindowReport)> {
+    let sym = job.symbolize_used(Some(symbolizer))?;
     let stacks = sym.stacks();
     let info = &sym.info;
     let ctx = ProfileContext {

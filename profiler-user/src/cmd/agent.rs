@@ -12,6 +12,7 @@ use crate::{
     cli::args::AgentArgs,
     export::ExportJob,
     session::{Recorder, Signals, messages::Messages},
+    symbolize::Service,
     system::host,
 };
 
@@ -43,10 +44,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
 
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
+    let symbolizer = Service::start()?;
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
         let mut samples = 0u64;
         for w in rx {
-            match windows::profiles(w.job, &host) {
+            match windows::profiles(w.job, &host, &symbolizer) {
                 Ok((profiles, report)) => {
                     for (module, why) in report.symbolize_errors {
                         msgs.warn(format_args!("symbolizing {module}: {why}"));

@@ -179,7 +179,7 @@ pub struct Symbolized {
 impl ExportJob {
     /// Symbolizes only the frames of the stacks that the snapshot's samples use (a window's
     /// snapshot shares its stack table with the whole recording).
-    pub fn symbolize_used(self) -> Result<Symbolized> {
+    pub fn symbolize_used(self, service: Option<&crate::symbolize::Service>) -> Result<Symbolized> {
         let mut used = std::collections::HashSet::new();
         read_events(
             &self.snapshot,
@@ -199,7 +199,10 @@ impl ExportJob {
         frames.dedup();
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
-        let (mut symbols, errors) = symbolize(addrs, self.modules)?;
+        let (mut symbols, errors) = match service {
+            Some(s) => s.symbolize(addrs, self.modules)?,
+            None => symbolize(addrs, self.modules)?,
+        };
         name_labels(&mut symbols, &labels, &self.processes);
         Ok(Symbolized {
             snapshot: self.snapshot,

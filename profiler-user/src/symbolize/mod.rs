@@ -3,7 +3,12 @@
 //! address (inlined functions expand to several, outermost first). Each address is resolved
 //! once: results are cached by (module, offset) or kernel address.
 
-use std::{collections::HashMap, path::PathBuf, sync::mpsc, thread};
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex, mpsc},
+    thread,
+};
 
 use anyhow::{Context as _, Result, anyhow};
 use blazesym::symbolize::{
@@ -64,7 +69,9 @@ pub fn symbolize(
     thread::Builder::new()
         .name("symbolizer".into())
         .spawn(move || {
-            let _ = tx.send(SymbolizerThread::new().run(&addrs, &modules));
+            let mut worker = SymbolizerThread::new();
+            let errors = worker.run(&addrs, &modules);
+            let _ = tx.send((worker.out, errors));
         })
         .context("start symbolizer thread")?;
     rx.recv().map_err(|_| anyhow!("symbolizer thread panicked"))
@@ -101,6 +108,97 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
     }
 }
 
+/// Addresses a `Service` keeps named between calls; past this it starts over.
+const SERVICE_CACHE_ENTRIES: usize = 256 * 1024;
+
+/// A symbolizer that outlives one call. The agent symbolizes every window with it: each address
+/// is named once, instead of re-reading every library's symbols and DWARF every window (which
+/// was most of an agent's CPU time). Addresses are `FrameAddr`s of one recording, whose `ModuleId`s are
+/// never reused, so a cached name stays right.
+pub struct Service {
+    tx: mpsc::Sender<Request>,
+    stats: Arc<Mutex<ServiceStats>>,
+}
+
+struct Request {
+    addrs: Vec<FrameAddr>,
+    modules: Vec<ModuleSource>,
+    reply: mpsc::Sender<(Symbols, SymbolizeErrors)>,
+}
+
+/// What a `Service` did over its life.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServiceStats {
+    /// Addresses asked for, and how many of them were already named.
+    pub asked: u64,
+    pub cached: u64,
+    /// Times the cache was full and dropped.
+    pub resets: u64,
+    /// Addresses held now.
+    pub entries: u64,
+}
+
+impl Service {
+    pub fn start() -> Result<Self> {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let stats = Arc::new(Mutex::new(ServiceStats::default()));
+        let shared = Arc::clone(&stats);
+        thread::Builder::new()
+            .name("symbolizer".into())
+            .spawn(move || {
+                let mut cache: Symbols = HashMap::new();
+                for req in rx {
+                    let mut st = ServiceStats::default();
+                    if cache.len() > SERVICE_CACHE_ENTRIES {
+                        cache.clear();
+                        st.resets = 1;
+                    }
+                    // A new blazesym `Symbolizer` per call: it keeps every file it parsed
+                    // (whole DWARF sections of big libraries), which grew an agent to 190 MiB
+                    // on a busy build host; with names cached here, a steady window parses
+                    // only the few files that have new addresses.
+                    let mut worker = SymbolizerThread::new();
+                    let missing: Vec<FrameAddr> =
+                        req.addrs.iter().copied().filter(|a| !cache.contains_key(a)).collect();
+                    st.asked = req.addrs.len() as u64;
+                    st.cached = st.asked - missing.len() as u64;
+                    let errors = worker.run(&missing, &req.modules);
+                    cache.extend(worker.out.drain());
+                    if let Ok(mut total) = shared.lock() {
+                        total.asked += st.asked;
+                        total.cached += st.cached;
+                        total.resets += st.resets;
+                        total.entries = cache.len() as u64;
+                    }
+                    let out = req
+                        .addrs
+                        .iter()
+                        .filter_map(|a| Some((*a, cache.get(a)?.clone())))
+                        .collect();
+                    let _ = req.reply.send((out, errors));
+                }
+            })
+            .context("start symbolizer thread")?;
+        Ok(Self { tx, stats })
+    }
+
+    pub fn stats(&self) -> ServiceStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    pub fn symbolize(
+        &self,
+        addrs: Vec<FrameAddr>,
+        modules: Vec<ModuleSource>,
+    ) -> Result<(Symbols, SymbolizeErrors)> {
+        let (reply, rx) = mpsc::channel();
+        self.tx
+            .send(Request { addrs, modules, reply })
+            .map_err(|_| anyhow!("symbolizer thread is gone"))?;
+        rx.recv().map_err(|_| anyhow!("symbolizer thread panicked"))
+    }
+}
+
 struct SymbolizerThread {
     sym: Symbolizer,
     out: Symbols,
@@ -117,7 +215,8 @@ impl SymbolizerThread {
         Self { sym, out: HashMap::new(), errors: SymbolizeErrors::default() }
     }
 
-    fn run(mut self, addrs: &[FrameAddr], modules: &[ModuleSource]) -> (Symbols, SymbolizeErrors) {
+    /// Names `addrs` into `self.out`; returns what failed on the way.
+    fn run(&mut self, addrs: &[FrameAddr], modules: &[ModuleSource]) -> SymbolizeErrors {
         let mut kernel = Vec::new();
         let mut by_module: HashMap<ModuleId, Vec<u64>> = HashMap::new();
         for &a in addrs {
@@ -138,7 +237,7 @@ impl SymbolizerThread {
             let m = &modules[module.0 as usize];
             self.user(module, m, &offsets);
         }
-        (self.out, self.errors)
+        std::mem::take(&mut self.errors)
     }
 
     fn kernel(&mut self, addrs: &[u64]) {
