@@ -28,6 +28,15 @@ pub const DEFAULT_SPOOL_SIZE: &str = "256M";
 /// window are recycled (and counted) beyond it.
 pub const DEFAULT_BUFFER_SIZE: &str = "16M";
 
+/// Ring buffer for about a second of worst-case samples (both stacks at full depth, ~2 KiB)
+/// on every CPU, 2–16 MiB. The sampler's 16 MiB default was a third of an idle agent's RSS:
+/// the kernel maps a ring buffer's pages twice.
+fn ring_bytes(frequency: u64) -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u64;
+    (cpus * frequency * 2048).next_power_of_two().clamp(2 << 20, 16 << 20)
+}
+
 /// The config file: every key optional, the same names as the flags.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -41,6 +50,8 @@ pub struct FileConfig {
     pub spool: Option<PathBuf>,
     pub spool_size: Option<String>,
     pub buffer_size: Option<String>,
+    pub off_cpu: Option<bool>,
+    pub off_cpu_min: Option<f64>,
     pub host: Option<String>,
     pub quiet: Option<bool>,
 }
@@ -115,16 +126,15 @@ impl AgentPlan {
             output: PathBuf::from("agent.pb.gz"),
             format: Some(Format::Pprof),
             quiet: args.quiet || file.quiet.unwrap_or(false),
-            ring_buffer_size: 16 << 20,
+            ring_buffer_size: ring_bytes(frequency),
             usdt: Vec::new(),
             usdt_interval: Vec::new(),
             usdt_dump: None,
             buffer_size: buffer,
             command: Vec::new(),
-            // Off-CPU time is not part of the agent's windows yet.
             mode: Mode::Cpu,
-            off_cpu: false,
-            off_cpu_min: 1.0,
+            off_cpu: args.off_cpu || file.off_cpu.unwrap_or(false),
+            off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
         };
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),

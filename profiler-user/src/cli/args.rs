@@ -68,6 +68,13 @@ pub struct AgentArgs {
     /// Memory for one window's samples [default: 16M].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub buffer_size: Option<u64>,
+    /// Also record off-CPU time (where threads block, and for how long), as the profiles'
+    /// `off_cpu` sample type.
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Off-CPU blocks shorter than this (ms) are summed per thread [default: 1].
+    #[arg(long, value_name = "MS")]
+    pub off_cpu_min: Option<f64>,
     /// The `host` label [default: this host's name].
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,
