@@ -79,8 +79,13 @@ pub struct AgentArgs {
 #[derive(Args, Debug, Clone)]
 pub struct QueryArgs {
     /// The agent's spool directory to read.
-    #[arg(long, value_name = "DIR", required = true)]
-    pub spool: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "clickhouse")]
+    #[arg(conflicts_with = "clickhouse")]
+    pub spool: Option<PathBuf>,
+    /// A ClickHouse server the agents write to (`--clickhouse`), e.g. `http://db:8123`; a
+    /// `?database=NAME` parameter picks the database.
+    #[arg(long, value_name = "URL")]
+    pub clickhouse: Option<String>,
     /// Windows ending after this time: RFC 3339 (`2026-11-23T14:00:00Z`) or relative to now
     /// (`-1h`, `-30m`) [default: all].
     #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
@@ -97,6 +102,9 @@ pub struct QueryArgs {
     /// Only processes of these names. Repeatable.
     #[arg(long, value_name = "NAME")]
     pub process: Vec<String>,
+    /// Only containers with this id (or a prefix of it; LXC: name). Repeatable.
+    #[arg(long, value_name = "ID")]
+    pub container: Vec<String>,
     /// Output file; its name picks the format as for `record`.
     #[arg(short = 'o', long, value_name = "PATH")]
     pub output: PathBuf,

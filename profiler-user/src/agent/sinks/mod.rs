@@ -5,6 +5,8 @@
 //! acknowledged. A sink must therefore accept a window it may already have (after a crash
 //! between delivery and its acknowledgement being recorded) without storing it twice.
 
+pub mod clickhouse;
+
 use crate::agent::spool::WindowMeta;
 
 /// Why a delivery failed, which decides what the forwarder does next.
