@@ -39,6 +39,7 @@ pub struct FileConfig {
     /// Seconds.
     pub window: Option<f64>,
     pub spool: Option<PathBuf>,
+    pub queue_dir: Option<PathBuf>,
     pub spool_size: Option<String>,
     pub buffer_size: Option<String>,
     pub host: Option<String>,
@@ -61,7 +62,10 @@ impl FileConfig {
 pub struct AgentPlan {
     pub record: RecordPlan,
     pub window: Duration,
+    /// The spool, also the remote sinks' queue.
     pub spool: PathBuf,
+    /// Keep delivered windows: `--spool` was given, or there is no remote sink.
+    pub keep_spool: bool,
     pub spool_bytes: u64,
     pub host: String,
 }
@@ -126,6 +130,8 @@ impl AgentPlan {
             off_cpu: false,
             off_cpu_min: 1.0,
         };
+        // Remote sinks come in the commits that add them.
+        let remote = false;
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),
             Some(h) => h,
@@ -134,7 +140,10 @@ impl AgentPlan {
         Ok(Self {
             record: RecordPlan::from_args(record)?,
             window: Duration::from_secs_f64(window),
-            spool: args.spool.or(file.spool).unwrap_or_else(|| DEFAULT_SPOOL.into()),
+            keep_spool: args.spool.is_some() || file.spool.is_some() || !remote,
+            spool: (args.spool.or(file.spool))
+                .or(args.queue_dir.or(file.queue_dir))
+                .unwrap_or_else(|| DEFAULT_SPOOL.into()),
             spool_bytes,
             host,
         })

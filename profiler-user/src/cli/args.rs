@@ -59,9 +59,14 @@ pub struct AgentArgs {
     /// Seconds per window: each window gives one profile per process [default: 10].
     #[arg(long, value_name = "SECS")]
     pub window: Option<f64>,
-    /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool].
+    /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool]. With remote
+    /// sinks, windows stay there after delivery (bounded by --spool-size).
     #[arg(long, value_name = "DIR")]
     pub spool: Option<PathBuf>,
+    /// Where windows wait for the remote sinks when --spool is not given; deleted once
+    /// delivered [default: /var/lib/rsprof-bpf/spool].
+    #[arg(long, value_name = "DIR")]
+    pub queue_dir: Option<PathBuf>,
     /// Most bytes the spool holds; the oldest windows are deleted beyond it [default: 256M].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub spool_size: Option<u64>,
