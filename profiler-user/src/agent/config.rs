@@ -40,6 +40,8 @@ pub struct FileConfig {
     pub window: Option<f64>,
     pub spool: Option<PathBuf>,
     pub queue_dir: Option<PathBuf>,
+    pub clickhouse: Option<String>,
+    pub clickhouse_retention: Option<u32>,
     pub spool_size: Option<String>,
     pub buffer_size: Option<String>,
     pub host: Option<String>,
@@ -68,6 +70,8 @@ pub struct AgentPlan {
     pub keep_spool: bool,
     pub spool_bytes: u64,
     pub host: String,
+    /// `--clickhouse URL` and the days its tables keep.
+    pub clickhouse: Option<(String, u32)>,
 }
 
 impl AgentPlan {
@@ -130,8 +134,13 @@ impl AgentPlan {
             off_cpu: false,
             off_cpu_min: 1.0,
         };
-        // Remote sinks come in the commits that add them.
-        let remote = false;
+        let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
+            .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);
+        if retention == 0 {
+            bail!("invalid clickhouse-retention 0: at least 1 day");
+        }
+        let clickhouse = args.clickhouse.or(file.clickhouse).map(|url| (url, retention));
+        let remote = clickhouse.is_some();
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),
             Some(h) => h,
@@ -146,6 +155,7 @@ impl AgentPlan {
                 .unwrap_or_else(|| DEFAULT_SPOOL.into()),
             spool_bytes,
             host,
+            clickhouse,
         })
     }
 }

@@ -73,6 +73,15 @@ pub struct AgentArgs {
     /// Memory for one window's samples [default: 16M].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub buffer_size: Option<u64>,
+    /// Also write every window to this ClickHouse server's HTTP interface (e.g.
+    /// `http://db:8123`, `?database=NAME` for another database than `default`); the tables are
+    /// created if missing.
+    #[arg(long, value_name = "URL")]
+    pub clickhouse: Option<String>,
+    /// Days ClickHouse keeps windows (a table TTL, or partitions dropped by the agent on
+    /// servers before 19.6) [default: 30].
+    #[arg(long, value_name = "DAYS")]
+    pub clickhouse_retention: Option<u32>,
     /// The `host` label [default: this host's name].
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,

@@ -16,6 +16,7 @@ use crate::{
         config::AgentPlan,
         sinks::{
             RemoteSink,
+            clickhouse::ClickHouseSink,
             forward::{Forwarders, Queue, SinkStats},
         },
         spool::Spool,
@@ -155,8 +156,12 @@ pub fn run(args: AgentArgs) -> Result<()> {
 }
 
 /// The remote sinks configured, in a fixed order (their index in the spool's markers).
-fn remote_sinks(_plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
-    Ok(Vec::new())
+fn remote_sinks(plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
+    let mut sinks: Vec<Box<dyn RemoteSink>> = Vec::new();
+    if let Some((url, days)) = &plan.clickhouse {
+        sinks.push(Box::new(ClickHouseSink::new(url, *days)?));
+    }
+    Ok(sinks)
 }
 
 /// One line of the exit summary per sink.

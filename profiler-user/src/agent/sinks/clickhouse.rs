@@ -209,7 +209,7 @@ fn schema(ttl_days: Option<u32>) -> [String; 3] {
     [
         format!(
             "CREATE TABLE IF NOT EXISTS rsprof_stacks (
-    day Date,
+    day DateTime,
     stack_hash UInt64,
     functions Array(String),
     modules Array(String),
@@ -511,15 +511,14 @@ impl ClickHouseSink {
             self.stats.already_stored += 1;
             return Ok(());
         }
+        // Midnight UTC as a DateTime: 18.16 reads a Date from JSON only as "YYYY-MM-DD".
         let day = labels.window_start / 86_400 * 86_400;
-        // ClickHouse's Date from JSON: "YYYY-MM-DD" or days since the epoch.
-        let day_number = day / 86_400;
         let mut used: Vec<u64> = w.rows.iter().map(|r| r.stack).filter(|&h| h != 0).collect();
         used.sort_unstable();
         used.dedup();
         let stack_rows = used
             .iter()
-            .filter_map(|h| Some(StackRow::of(day_number, *h, stacks.get(h)?)))
+            .filter_map(|h| Some(StackRow::of(day, *h, stacks.get(h)?)))
             .collect::<Vec<_>>();
         if !stack_rows.is_empty() {
             self.insert("rsprof_stacks", &json_lines(&stack_rows))?;
@@ -691,12 +690,252 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write as _;
+
     use super::*;
+    use crate::writers::{
+        Format,
+        testdata::{self, IDLE, MAIN, S_HOT, S_LABEL, S_SYSCALL, S_WORK, WORKER, sample},
+    };
 
     #[test]
     fn exception_codes_and_quoting() {
         assert_eq!(exception_code("Code: 117, e.displayText() = DB::Exception: x"), Some(117));
         assert_eq!(exception_code("no code"), None);
         assert_eq!(quote("a'b\\c\nd"), "'a\\'b\\\\c\nd'");
+    }
+
+    /// A spooled window: the writers' test recording as gzipped pprof, with `labels`.
+    fn window(start_ms: u64, labels: WindowLabels) -> (WindowMeta, Vec<u8>) {
+        let events = [
+            (MAIN, sample(1, 1_000_000, Some(S_HOT))),
+            (MAIN, sample(2, 1_000_000, Some(S_HOT))),
+            (MAIN, sample(3, 2_000_000, Some(S_SYSCALL))),
+            (WORKER, sample(4, 1_000_000, Some(S_WORK))),
+            (WORKER, sample(5, 1_000_000, Some(S_LABEL))),
+            (IDLE, sample(6, 1_000_000, None)),
+        ];
+        let pprof = testdata::write(Format::Pprof, &events);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&pprof).unwrap();
+        let window_id = format!("{start_ms:013}-{}-{:08x}", labels.pid, labels.host.len());
+        let meta =
+            WindowMeta { window_id, start_ms, end_ms: start_ms + 10_000, samples: 6, labels };
+        (meta, gz.finish().unwrap())
+    }
+
+    fn labels(host: &str, service: &str, process: &str, container: Option<&str>) -> WindowLabels {
+        WindowLabels {
+            service_name: service.into(),
+            host: host.into(),
+            pid: 100,
+            process: process.into(),
+            container_runtime: container.map(|_| "docker".into()),
+            container_id: container.map(str::to_owned),
+            systemd_unit: None,
+            pod_uid: None,
+            pod_qos: None,
+        }
+    }
+
+    fn server() -> ::tests::clickhouse::Server {
+        ::tests::clickhouse::Server::start().unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    fn now_ms() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+            as u64
+    }
+
+    fn all() -> Selection {
+        Selection { to_ms: u64::MAX, ..Default::default() }
+    }
+
+    /// The rows of a window as decoded from its pprof, in a comparable order.
+    fn sorted(mut rows: Vec<rows::StackRow>) -> Vec<rows::StackRow> {
+        rows.sort_by(|a, b| (a.tid, &a.thread, a.stack).cmp(&(b.tid, &b.thread, b.stack)));
+        rows
+    }
+
+    #[test]
+    fn clickhouse_sink_round_trip_is_exact_and_escapes_names() {
+        let server = server();
+        let mut sink = ClickHouseSink::new(&server.url(), 30).unwrap();
+        let t = now_ms() - 60_000;
+        // Quotes, a newline, a backslash, a tab, a control character, and what a non-UTF-8
+        // comm becomes (U+FFFD), in every label that is a string.
+        let odd = "we'ird \"name\"\nline2\\x\tq\u{1}\u{fffd}\u{1f600}";
+        let (meta, gz) = window(t, labels(odd, odd, odd, Some(odd)));
+        sink.deliver(&meta, &gz).unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+        assert_eq!(sink.stats.inserted, 1);
+
+        let (windows, stacks) = read_windows(&server.url(), &all()).unwrap();
+        assert_eq!(windows.len(), 1);
+        let got = &windows[0];
+        assert_eq!(got.meta.labels, meta.labels, "labels come back byte for byte");
+        assert_eq!((got.meta.start_ms, got.meta.end_ms), (meta.start_ms, meta.end_ms));
+        assert_eq!(got.meta.window_id, meta.window_id);
+        let mut want_stacks = Stacks::new();
+        let want =
+            rows::from_pprof(meta.clone(), &rows::read_pprof_gz(&gz).unwrap(), &mut want_stacks)
+                .unwrap();
+        assert_eq!(sorted(got.rows.clone()), sorted(want.rows.clone()));
+        assert_eq!(got.period_ns, want.period_ns);
+        assert_eq!(stacks, want_stacks, "frames (names, modules, file:line, inlining) kept");
+        assert!(stacks.values().any(|f| f.iter().any(|f| f.function == "a;b")));
+        assert!(stacks.values().any(|f| f.iter().any(|f| f.inlined && f.function == "inl")));
+        // Idle CPUs share tid 0: their rows stay apart by thread name.
+        assert!(got.rows.iter().any(|r| r.tid == 0));
+    }
+
+    #[test]
+    fn clickhouse_sink_redelivery_and_partial_insert_leave_no_duplicates() {
+        let server = server();
+        let url = server.url();
+        let mut sink = ClickHouseSink::new(&url, 30).unwrap();
+        let t = now_ms() - 60_000;
+        let (meta, gz) = window(t, labels("h1", "svc", "app", None));
+        let mut stacks = Stacks::new();
+        let w = rows::from_pprof(meta.clone(), &rows::read_pprof_gz(&gz).unwrap(), &mut stacks)
+            .unwrap();
+        let n = w.rows.len();
+
+        // A crash after the rows were inserted, before the commit record: rows without it.
+        let client = Client::new(&url, Duration::from_secs(30)).unwrap();
+        sink.ensure_schema().map_err(Failure::into_error).unwrap();
+        let labels = LabelRow::of(&meta);
+        let samples = w.rows.iter().map(|r| SampleRow {
+            labels: &labels,
+            tid: r.tid,
+            thread_name: &r.thread,
+            stack_hash: r.stack,
+            samples: r.samples,
+            cpu_ns: r.cpu_ns,
+            off_cpu_ns: r.off_cpu_ns,
+        });
+        let body = json_lines(samples);
+        client.run("INSERT INTO rsprof_samples FORMAT JSONEachRow", Some(&body)).ok().unwrap();
+        let (windows, _) = read_windows(&url, &all()).unwrap();
+        assert!(windows.is_empty(), "a window without its commit record is not shown");
+
+        // The forwarder retries: the window is inserted whole, its rows a second time.
+        sink.deliver(&meta, &gz).unwrap();
+        // And once more, as after a crash between the insert and the spool's delivery record.
+        sink.deliver(&meta, &gz).unwrap();
+        assert_eq!((sink.stats.inserted, sink.stats.already_stored), (1, 1));
+        let raw: usize =
+            server.query("SELECT count() FROM rsprof_samples").unwrap().trim().parse().unwrap();
+        assert_eq!(raw, 2 * n, "the partial insert's rows are stored twice (not merged yet)");
+        let (windows, _) = read_windows(&url, &all()).unwrap();
+        assert_eq!(windows.len(), 1);
+        assert_eq!(sorted(windows[0].rows.clone()), sorted(w.rows.clone()), "read once each");
+        // After merging, the table itself holds them once.
+        server.query("OPTIMIZE TABLE rsprof_samples FINAL").unwrap();
+        let raw: usize =
+            server.query("SELECT count() FROM rsprof_samples").unwrap().trim().parse().unwrap();
+        assert_eq!(raw, n);
+    }
+
+    #[test]
+    fn clickhouse_filters_select_the_right_windows() {
+        let server = server();
+        let url = server.url();
+        let mut sink = ClickHouseSink::new(&url, 30).unwrap();
+        let t = now_ms() - 3_600_000;
+        let specs = [
+            ("a", "web", "nginx", Some("3f2a9c1b0d4e"), 0),
+            ("b", "web", "nginx", Some("77aa00ff0011"), 0),
+            ("a", "db", "postgres", None, 0),
+            ("a", "web", "nginx", Some("3f2a9c1b0d4e"), 600_000),
+        ];
+        for (host, service, process, container, dt) in specs {
+            let (meta, gz) = window(t + dt, labels(host, service, process, container));
+            sink.deliver(&meta, &gz).unwrap();
+        }
+        let pick = |sel: Selection| -> Vec<(String, String, u64)> {
+            let (w, _) = read_windows(&url, &sel).unwrap();
+            w.into_iter()
+                .map(|w| (w.meta.labels.host, w.meta.labels.service_name, w.meta.start_ms - t))
+                .collect()
+        };
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let row = |h: &str, sv: &str, dt: u64| (h.to_owned(), sv.to_owned(), dt);
+        assert_eq!(pick(all()).len(), 4);
+        assert_eq!(pick(Selection { hosts: s(&["b"]), ..all() }), vec![row("b", "web", 0)]);
+        assert_eq!(pick(Selection { services: s(&["db"]), ..all() }), vec![row("a", "db", 0)]);
+        assert_eq!(
+            pick(Selection { processes: s(&["nginx"]), hosts: s(&["a"]), ..all() }),
+            vec![row("a", "web", 0), row("a", "web", 600_000)]
+        );
+        // A container id prefix.
+        assert_eq!(pick(Selection { containers: s(&["77aa"]), ..all() }), vec![row("b", "web", 0)]);
+        // Time: windows ending after `from` and starting before `to`.
+        assert_eq!(
+            pick(Selection { from_ms: t + 300_000, ..all() }),
+            vec![row("a", "web", 600_000)]
+        );
+        assert_eq!(pick(Selection { from_ms: t + 5_000, to_ms: t + 6_000, ..all() }).len(), 3);
+        assert!(pick(Selection { hosts: s(&["c"]), ..all() }).is_empty());
+    }
+
+    #[test]
+    fn clickhouse_errors_retry_when_down_and_reject_bad_data() {
+        let mut server = server();
+        let url = server.url();
+        let (meta, gz) = window(now_ms() - 60_000, labels("h", "s", "p", None));
+        // A table of another shape (an operator's, or an incompatible version): ClickHouse
+        // refuses the rows, with its message, and that is not retried.
+        server.query("CREATE DATABASE other").unwrap();
+        server
+            .query("CREATE TABLE other.rsprof_samples (x UInt8) ENGINE = MergeTree() ORDER BY x")
+            .unwrap();
+        let mut sink = ClickHouseSink::new(&format!("{url}?database=other"), 30).unwrap();
+        match sink.deliver(&meta, &gz) {
+            Err(SinkError::Reject(e)) => {
+                let e = format!("{e:#}");
+                assert!(e.contains("Code: ") && e.contains("ClickHouse HTTP"), "{e}");
+            }
+            other => panic!("want a rejection, got {other:?}"),
+        }
+        // A corrupt spool file is rejected before reaching the server.
+        assert!(matches!(sink.deliver(&meta, b"not gzip"), Err(SinkError::Reject(_))));
+
+        let mut sink = ClickHouseSink::new(&url, 30).unwrap();
+        server.kill();
+        match sink.deliver(&meta, &gz) {
+            Err(SinkError::Retry(e)) => assert!(format!("{e:#}").contains("unreachable"), "{e:#}"),
+            other => panic!("want a retry while the server is down, got {other:?}"),
+        }
+        server.resume().unwrap();
+        sink.deliver(&meta, &gz).unwrap();
+        // Tables dropped behind the agent's back are created again (after one retry).
+        server.query("DROP TABLE rsprof_windows").unwrap();
+        let (meta2, gz2) = window(now_ms() - 30_000, labels("h", "s", "p", None));
+        assert!(matches!(sink.deliver(&meta2, &gz2), Err(SinkError::Retry(_))));
+        sink.deliver(&meta2, &gz2).unwrap();
+        assert_eq!(read_windows(&url, &all()).unwrap().0.len(), 1);
+    }
+
+    #[test]
+    fn clickhouse_retention_without_ttl_drops_old_days() {
+        let server = server();
+        let url = server.url();
+        let version = Client::new(&url, Duration::from_secs(30)).unwrap().version().unwrap();
+        let mut sink = ClickHouseSink::new(&url, 7).unwrap();
+        let day = 86_400_000;
+        let (old, gz_old) = window(now_ms() - 20 * day, labels("h", "s", "p", None));
+        sink.deliver(&old, &gz_old).unwrap();
+        let (new, gz_new) = window(now_ms() - 60_000, labels("h", "s", "p", None));
+        sink.last_retention = None;
+        sink.deliver(&new, &gz_new).unwrap();
+        let (windows, _) = read_windows(&url, &all()).unwrap();
+        if version >= (19, 6) {
+            // TTL: the server deletes when it merges; the agent does not.
+            assert_eq!(sink.stats.partitions_dropped, 0);
+        } else {
+            assert_eq!(sink.stats.partitions_dropped, 3, "one old day in each table");
+            assert_eq!(windows.len(), 1, "only the recent window is left");
+            assert_eq!(windows[0].meta.window_id, new.window_id);
+        }
     }
 }
