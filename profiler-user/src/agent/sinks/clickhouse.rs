@@ -28,7 +28,7 @@
 //! retention itself, at most once an hour.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt::Write as _,
     time::{Duration, Instant},
 };
@@ -427,8 +427,14 @@ pub struct ClickHouseSink {
     /// Known to exist; `Some(ttl)`: whether the tables have a TTL.
     schema: Option<bool>,
     last_retention: Option<Instant>,
+    /// Stacks this sink stored (day, hash): not sent again, so a steady workload's windows
+    /// are one insert of samples and one of the commit record. Cleared with the schema.
+    sent_stacks: HashSet<(u64, u64)>,
     pub stats: ClickHouseStats,
 }
+
+/// Bound on `sent_stacks` (about 40 MB); it starts over beyond.
+const SENT_STACKS_MAX: usize = 1 << 20;
 
 impl ClickHouseSink {
     pub fn new(url: &str, retention_days: u32) -> Result<Self> {
@@ -440,6 +446,7 @@ impl ClickHouseSink {
             retention_days,
             schema: None,
             last_retention: None,
+            sent_stacks: HashSet::new(),
             stats: Default::default(),
         })
     }
@@ -513,7 +520,9 @@ impl ClickHouseSink {
         }
         // Midnight UTC as a DateTime: 18.16 reads a Date from JSON only as "YYYY-MM-DD".
         let day = labels.window_start / 86_400 * 86_400;
-        let mut used: Vec<u64> = w.rows.iter().map(|r| r.stack).filter(|&h| h != 0).collect();
+        let mut used: Vec<u64> = (w.rows.iter().map(|r| r.stack))
+            .filter(|&h| h != 0 && !self.sent_stacks.contains(&(day, h)))
+            .collect();
         used.sort_unstable();
         used.dedup();
         let stack_rows = used
@@ -522,6 +531,10 @@ impl ClickHouseSink {
             .collect::<Vec<_>>();
         if !stack_rows.is_empty() {
             self.insert("rsprof_stacks", &json_lines(&stack_rows))?;
+            if self.sent_stacks.len() + used.len() > SENT_STACKS_MAX {
+                self.sent_stacks.clear();
+            }
+            self.sent_stacks.extend(used.iter().map(|&h| (day, h)));
         }
         let samples = w.rows.iter().map(|r| SampleRow {
             labels: &labels,
@@ -553,6 +566,7 @@ impl ClickHouseSink {
         self.deliver_rows(w, stacks).map_err(|f| {
             if matches!(&f, Failure::Refused { code: Some(UNKNOWN_TABLE), .. }) {
                 self.schema = None;
+                self.sent_stacks.clear();
             }
             f.into_sink_error()
         })
@@ -910,10 +924,16 @@ mod tests {
         sink.deliver(&meta, &gz).unwrap();
         // Tables dropped behind the agent's back are created again (after one retry).
         server.query("DROP TABLE rsprof_windows").unwrap();
+        server.query("DROP TABLE rsprof_stacks").unwrap();
         let (meta2, gz2) = window(now_ms() - 30_000, labels("h", "s", "p", None));
         assert!(matches!(sink.deliver(&meta2, &gz2), Err(SinkError::Retry(_))));
         sink.deliver(&meta2, &gz2).unwrap();
-        assert_eq!(read_windows(&url, &all()).unwrap().0.len(), 1);
+        let (windows, stacks) = read_windows(&url, &all()).unwrap();
+        assert_eq!(windows.len(), 1);
+        // The stacks the sink had sent before are sent again to the new table.
+        let used: HashSet<u64> =
+            windows[0].rows.iter().map(|r| r.stack).filter(|&h| h != 0).collect();
+        assert!(!used.is_empty() && used.iter().all(|h| stacks.contains_key(h)));
     }
 
     #[test]
