@@ -108,7 +108,10 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
     let value_index = |name: &str| p.sample_type.iter().position(|t| s(t.r#type) == name);
     let Some(count_i) = value_index("samples") else { bail!("no `samples` value") };
     let (cpu_i, off_i) = (value_index("cpu"), value_index("off_cpu"));
-    let mut rows = Vec::with_capacity(p.sample.len());
+    // Two pprof samples can have the same frames (different addresses of a function without
+    // line information): one row, their values summed, as the row's key is the frames' hash.
+    let mut rows: Vec<StackRow> = Vec::with_capacity(p.sample.len());
+    let mut index: HashMap<(u32, String, u64), usize> = HashMap::new();
     for smp in &p.sample {
         let num = |k: &str| smp.label.iter().find(|x| s(x.key) == k && x.str == 0).map(|x| x.num);
         let string =
@@ -122,14 +125,22 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
         }
         let value =
             |i: Option<usize>| i.and_then(|i| smp.value.get(i)).copied().unwrap_or(0).max(0) as u64;
-        rows.push(StackRow {
-            tid: u32::try_from(num("tid").unwrap_or(0)).unwrap_or(0),
-            thread: string("thread").unwrap_or_default().to_owned(),
-            stack,
-            samples: value(Some(count_i)),
-            cpu_ns: value(cpu_i),
-            off_cpu_ns: value(off_i),
-        });
+        let tid = u32::try_from(num("tid").unwrap_or(0)).unwrap_or(0);
+        let thread = string("thread").unwrap_or_default().to_owned();
+        let (samples, cpu_ns, off_cpu_ns) = (value(Some(count_i)), value(cpu_i), value(off_i));
+        match index.entry((tid, thread, stack)) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let r = &mut rows[*e.get()];
+                r.samples += samples;
+                r.cpu_ns += cpu_ns;
+                r.off_cpu_ns += off_cpu_ns;
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let thread = e.key().1.clone();
+                e.insert(rows.len());
+                rows.push(StackRow { tid, thread, stack, samples, cpu_ns, off_cpu_ns });
+            }
+        }
     }
     Ok(WindowRows { meta, period_ns: p.period.max(0), rows })
 }
