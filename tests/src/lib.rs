@@ -1,4 +1,5 @@
 pub mod cgroups;
+pub mod clickhouse;
 pub mod firefox_import;
 pub mod fixtures;
 pub mod gecko_schema;

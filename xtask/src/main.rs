@@ -38,7 +38,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Install what is missing: nightly toolchain with rust-src, bpf-linker 0.10.4, the
-    /// Debian packages gcc, linux-perf, systemtap-sdt-dev, nodejs, npm, and the Firefox
+    /// Debian packages gcc, linux-perf, systemtap-sdt-dev, nodejs, npm, clickhouse-server and
+    /// clickhouse-client (18.16 on Debian 12, started by the ClickHouse tests), and the Firefox
     /// Profiler's CLI (npm @firefox-devtools/profiler-cli) in target/profiler-cli. Safe to run
     /// repeatedly.
     Setup,

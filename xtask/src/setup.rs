@@ -12,16 +12,19 @@ pub const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages: gcc builds the test fixtures, linux-perf is the benchmark's reference
 /// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures. `setup` (for the tests)
-/// adds those Go's pprof is built from (`tests::go_pprof::DEBIAN_PACKAGES`).
+/// adds those Go's pprof is built from (`tests::go_pprof::DEBIAN_PACKAGES`) and the ClickHouse
+/// server the ClickHouse sink's tests start (`tests::clickhouse::DEBIAN_PACKAGES`).
 pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
 
 /// `cargo xtask setup`: every check on its own line.
 pub fn setup() -> anyhow::Result<()> {
     step("setup: toolchains, bpf-linker, system packages, profiler-cli, Go's pprof");
     let mut present = Vec::new();
-    // The tests also need the packages Go's pprof is built from; `build` and `run` (`ensure`)
-    // do not install them.
-    install_missing(&mut present, tests::go_pprof::DEBIAN_PACKAGES)?;
+    // The tests also need the packages Go's pprof is built from and ClickHouse; `build` and
+    // `run` (`ensure`) do not install them.
+    let extra: Vec<&str> =
+        [tests::go_pprof::DEBIAN_PACKAGES, tests::clickhouse::DEBIAN_PACKAGES].concat();
+    install_missing(&mut present, &extra)?;
     for what in &present {
         println!("{what}: already installed");
     }

@@ -48,6 +48,9 @@ pub struct FileConfig {
     /// Seconds.
     pub window: Option<f64>,
     pub spool: Option<PathBuf>,
+    pub queue_dir: Option<PathBuf>,
+    pub clickhouse: Option<String>,
+    pub clickhouse_retention: Option<u32>,
     pub spool_size: Option<String>,
     pub buffer_size: Option<String>,
     pub off_cpu: Option<bool>,
@@ -72,9 +75,14 @@ impl FileConfig {
 pub struct AgentPlan {
     pub record: RecordPlan,
     pub window: Duration,
+    /// The spool, also the remote sinks' queue.
     pub spool: PathBuf,
+    /// Keep delivered windows: `--spool` was given, or there is no remote sink.
+    pub keep_spool: bool,
     pub spool_bytes: u64,
     pub host: String,
+    /// `--clickhouse URL` and the days its tables keep.
+    pub clickhouse: Option<(String, u32)>,
 }
 
 impl AgentPlan {
@@ -136,6 +144,13 @@ impl AgentPlan {
             off_cpu: args.off_cpu || file.off_cpu.unwrap_or(false),
             off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
         };
+        let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
+            .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);
+        if retention == 0 {
+            bail!("invalid clickhouse-retention 0: at least 1 day");
+        }
+        let clickhouse = args.clickhouse.or(file.clickhouse).map(|url| (url, retention));
+        let remote = clickhouse.is_some();
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),
             Some(h) => h,
@@ -144,9 +159,13 @@ impl AgentPlan {
         Ok(Self {
             record: RecordPlan::from_args(record)?,
             window: Duration::from_secs_f64(window),
-            spool: args.spool.or(file.spool).unwrap_or_else(|| DEFAULT_SPOOL.into()),
+            keep_spool: args.spool.is_some() || file.spool.is_some() || !remote,
+            spool: (args.spool.or(file.spool))
+                .or(args.queue_dir.or(file.queue_dir))
+                .unwrap_or_else(|| DEFAULT_SPOOL.into()),
             spool_bytes,
             host,
+            clickhouse,
         })
     }
 }

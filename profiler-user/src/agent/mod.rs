@@ -10,6 +10,7 @@
 pub mod config;
 pub mod labels;
 pub mod query;
+pub mod rows;
 pub mod sinks;
 pub mod spool;
 pub mod windows;

@@ -1,20 +1,23 @@
-//! `query`: reads spooled windows back and merges them into one profile for the existing
-//! writers. Each window's pprof is decoded into the model (frames, a stack tree, processes,
-//! samples); one process per host × service × process name, its samples spread over their
-//! window's time span so a timeline shows when each was hot.
+//! `query`: reads an agent's windows back and merges them into one profile for the existing
+//! writers. Two sources give the same windows-with-stacks (`agent::rows`): a spool directory,
+//! whose gzipped pprof files are decoded, and a ClickHouse database the agent wrote to. One
+//! process per host × service × process name, its samples spread over their window's time span
+//! so a timeline shows when each was hot.
 
 use std::{
     collections::HashMap,
-    io::Read as _,
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context as _, Result, bail};
-use prost::Message as _;
 
 use crate::{
-    agent::spool::{WindowMeta, read_windows},
+    agent::{
+        rows::{self, Stacks, WindowRows},
+        sinks::clickhouse,
+        spool::{WindowMeta, read_windows},
+    },
     cli::{args::QueryArgs, plan::output_format},
     export::output::PendingOutput,
     model::{
@@ -22,19 +25,83 @@ use crate::{
         ids::{Pid, StackId, ThreadKey, Tid},
         process::{ProcessMeta, ProcessesMeta},
         recording::RecordingInfo,
-        stacks::{Frame, FrameIndex, FrameKind, SymbolizedStacks},
+        stacks::{Frame, FrameIndex, SymbolizedStacks},
         time::MonoNs,
     },
-    symbolize::{KERNEL_MODULE, LABEL_MODULE},
-    writers::{Format, ProfileContext, pprof::proto},
+    writers::{Format, ProfileContext},
 };
+
+/// Which windows a query reads: a time range and label filters (each empty list: any).
+#[derive(Clone, Debug, Default)]
+pub struct Selection {
+    /// Wall-clock ms since the epoch: windows ending after `from_ms` and starting before
+    /// `to_ms`.
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub hosts: Vec<String>,
+    pub services: Vec<String>,
+    /// Container ids or unique prefixes of them.
+    pub containers: Vec<String>,
+    pub processes: Vec<String>,
+}
+
+impl Selection {
+    pub fn selects(&self, m: &WindowMeta) -> bool {
+        let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
+        let l = &m.labels;
+        m.end_ms > self.from_ms
+            && m.start_ms < self.to_ms
+            && any(&self.hosts, &l.host)
+            && any(&self.services, &l.service_name)
+            && any(&self.processes, &l.process)
+            && (self.containers.is_empty()
+                || l.container_id.as_deref().is_some_and(|id| {
+                    self.containers.iter().any(|c| !c.is_empty() && id.starts_with(c.as_str()))
+                }))
+    }
+}
+
+/// Where the windows come from.
+pub enum Source<'a> {
+    Spool(&'a Path),
+    ClickHouse(&'a str),
+}
+
+impl Source<'_> {
+    /// The selected windows, oldest first, and their stacks.
+    pub fn read(&self, sel: &Selection) -> Result<(Vec<WindowRows>, Stacks)> {
+        match self {
+            Self::Spool(dir) => {
+                let mut stacks = Stacks::new();
+                let mut out = Vec::new();
+                for (meta, path) in read_windows(dir)? {
+                    if !sel.selects(&meta) {
+                        continue;
+                    }
+                    let raw =
+                        std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
+                    let p =
+                        rows::read_pprof_gz(&raw).with_context(|| format!("{}", path.display()))?;
+                    out.push(rows::from_pprof(meta, &p, &mut stacks)?);
+                }
+                Ok((out, stacks))
+            }
+            Self::ClickHouse(url) => clickhouse::read_windows(url, sel),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Spool(dir) => dir.display().to_string(),
+            Self::ClickHouse(url) => url.to_string(),
+        }
+    }
+}
 
 pub struct Query<'a> {
     args: &'a QueryArgs,
     format: Format,
-    /// Wall-clock ms since the epoch.
-    from_ms: u64,
-    to_ms: u64,
+    selection: Selection,
 }
 
 pub struct QueryWritten {
@@ -70,36 +137,42 @@ impl<'a> Query<'a> {
             bail!("--from must be before --to");
         }
         let format = output_format(&args.output, args.format)?;
-        Ok(Self { args, format, from_ms, to_ms })
+        let selection = Selection {
+            from_ms,
+            to_ms,
+            hosts: args.host.clone(),
+            services: args.service.clone(),
+            containers: args.container.clone(),
+            processes: args.process.clone(),
+        };
+        Ok(Self { args, format, selection })
     }
 
-    fn selects(&self, m: &WindowMeta) -> bool {
-        let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
-        m.end_ms > self.from_ms
-            && m.start_ms < self.to_ms
-            && any(&self.args.host, &m.labels.host)
-            && any(&self.args.service, &m.labels.service_name)
-            && any(&self.args.process, &m.labels.process)
+    fn source(&self) -> Source<'_> {
+        match (&self.args.clickhouse, &self.args.spool) {
+            (Some(url), _) => Source::ClickHouse(url),
+            (None, Some(dir)) => Source::Spool(dir),
+            (None, None) => unreachable!("clap requires --spool or --clickhouse"),
+        }
     }
 
     pub fn run(&self) -> Result<QueryWritten> {
         let output = PendingOutput::create(&self.args.output)?;
-        let windows: Vec<_> =
-            read_windows(&self.args.spool)?.into_iter().filter(|(m, _)| self.selects(m)).collect();
+        let source = self.source();
+        let (windows, stacks) = source.read(&self.selection)?;
         if windows.is_empty() {
-            bail!("no window in {} matches", self.args.spool.display());
+            bail!("no window in {} matches", source.describe());
         }
         let mut merged = Merged::default();
-        for (meta, path) in &windows {
-            let profile = read_profile(path)?;
-            merged.add(meta, &profile).with_context(|| format!("window {}", path.display()))?;
+        for w in &windows {
+            merged.add(w, &stacks);
         }
         merged.events.sort_by_key(|(thread, s)| (s.time, *thread));
         let stacks = SymbolizedStacks::from_parts(merged.frames, merged.nodes);
-        let start_ms = windows.iter().map(|w| w.0.start_ms).min().unwrap_or(0);
-        let end_ms = windows.iter().map(|w| w.0.end_ms).max().unwrap_or(start_ms);
+        let start_ms = windows.iter().map(|w| w.meta.start_ms).min().unwrap_or(0);
+        let end_ms = windows.iter().map(|w| w.meta.end_ms).max().unwrap_or(start_ms);
         let hosts: std::collections::BTreeSet<_> =
-            windows.iter().map(|w| w.0.labels.host.as_str()).collect();
+            windows.iter().map(|w| w.meta.labels.host.as_str()).collect();
         let info = RecordingInfo {
             start: MonoNs(start_ms * 1_000_000),
             start_wall_ms: start_ms as f64,
@@ -137,21 +210,14 @@ impl<'a> Query<'a> {
     }
 }
 
-fn read_profile(path: &Path) -> Result<proto::Profile> {
-    let raw = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
-    let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(raw.as_slice())
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("gunzip {}", path.display()))?;
-    proto::Profile::decode(bytes.as_slice()).with_context(|| format!("decode {}", path.display()))
-}
-
 #[derive(Default)]
 struct Merged {
     frames: Vec<Frame>,
     frame_ids: HashMap<Frame, FrameIndex>,
     nodes: Vec<(Option<StackId>, Vec<FrameIndex>)>,
     node_ids: HashMap<(Option<StackId>, Vec<FrameIndex>), StackId>,
+    /// Stack hash → its leaf node.
+    stack_ids: HashMap<u64, Option<StackId>>,
     /// (host, service, process name) → its track's pid.
     tracks: HashMap<(String, String, String), Pid>,
     processes: ProcessesMeta,
@@ -160,12 +226,14 @@ struct Merged {
 }
 
 impl Merged {
-    fn frame(&mut self, f: Frame) -> FrameIndex {
+    fn frame(&mut self, f: &Frame) -> FrameIndex {
         let next = FrameIndex(self.frames.len() as u32);
-        *self.frame_ids.entry(f).or_insert_with_key(|f| {
-            self.frames.push(f.clone());
-            next
-        })
+        if let Some(&i) = self.frame_ids.get(f) {
+            return i;
+        }
+        self.frames.push(f.clone());
+        self.frame_ids.insert(f.clone(), next);
+        next
     }
 
     fn node(&mut self, parent: Option<StackId>, frames: Vec<FrameIndex>) -> StackId {
@@ -176,46 +244,26 @@ impl Merged {
         })
     }
 
-    fn add(&mut self, meta: &WindowMeta, p: &proto::Profile) -> Result<()> {
-        let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
-        if p.period > 0 {
-            self.frequency = self.frequency.max((1e9 / p.period as f64).round() as u64);
+    fn stack(&mut self, hash: u64, stacks: &Stacks) -> Option<StackId> {
+        if let Some(&id) = self.stack_ids.get(&hash) {
+            return id;
         }
-        let functions: HashMap<u64, &proto::Function> =
-            p.function.iter().map(|f| (f.id, f)).collect();
-        let mappings: HashMap<u64, &proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
-        // Each location's frames, outermost first (pprof lists the innermost inlined first).
-        let mut locations: HashMap<u64, Vec<FrameIndex>> = HashMap::new();
-        for loc in &p.location {
-            let module = mappings.get(&loc.mapping_id).map_or("[unknown]", |m| s(m.filename));
-            let kind = match module {
-                KERNEL_MODULE => FrameKind::Kernel,
-                LABEL_MODULE => FrameKind::Label,
-                _ => FrameKind::User,
-            };
-            let n = loc.line.len();
-            let frames = (loc.line.iter().rev().enumerate())
-                .map(|(i, l)| {
-                    let f = functions.get(&l.function_id);
-                    let file = f.map(|f| s(f.filename)).filter(|x| !x.is_empty());
-                    self.frame(Frame {
-                        kind,
-                        function: f.map_or("[unknown]", |f| s(f.name)).to_owned(),
-                        module: module.to_owned(),
-                        file: file.map(str::to_owned),
-                        line: u32::try_from(l.line).ok().filter(|&x| x > 0),
-                        column: u32::try_from(l.column).ok().filter(|&x| x > 0),
-                        inlined: i + 1 < n,
-                    })
-                })
-                .collect();
-            locations.insert(loc.id, frames);
+        let mut parent = None;
+        if let Some(frames) = stacks.get(&hash) {
+            for node in rows::nodes(frames) {
+                let ids = node.iter().map(|f| self.frame(f)).collect();
+                parent = Some(self.node(parent, ids));
+            }
         }
-        let value_index = |name: &str| p.sample_type.iter().position(|t| s(t.r#type) == name);
-        let (count_i, cpu_i) = (value_index("samples"), value_index("cpu"));
-        let Some(count_i) = count_i else { bail!("no `samples` value") };
+        self.stack_ids.insert(hash, parent);
+        parent
+    }
 
-        let l = &meta.labels;
+    fn add(&mut self, w: &WindowRows, stacks: &Stacks) {
+        if w.period_ns > 0 {
+            self.frequency = self.frequency.max((1e9 / w.period_ns as f64).round() as u64);
+        }
+        let (meta, l) = (&w.meta, &w.meta.labels);
         let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
         let next_pid = Pid(self.tracks.len() as u32 + 1);
         let pid = *self.tracks.entry(key).or_insert(next_pid);
@@ -229,27 +277,20 @@ impl Merged {
         });
         // Per thread: (stack, count, cpu ns) of this window.
         let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::new();
-        for smp in &p.sample {
-            let num =
-                |k: &str| smp.label.iter().find(|x| s(x.key) == k && x.str == 0).map(|x| x.num);
-            let string =
-                |k: &str| smp.label.iter().find(|x| s(x.key) == k && x.str != 0).map(|x| s(x.str));
-            let tid = Tid(num("tid").unwrap_or(0) as u32);
-            let name = string("thread").unwrap_or_default();
+        for r in &w.rows {
+            let tid = Tid(r.tid);
             let process = self.processes.get_mut(&pid).expect("inserted above");
-            process.threads.entry(tid).or_default().observe_name(name);
-            let mut parent = None;
-            for loc in smp.location_id.iter().rev() {
-                let frames = locations.get(loc).cloned().unwrap_or_default();
-                parent = Some(self.node(parent, frames));
-            }
-            let n = smp.value.get(count_i).copied().unwrap_or(0).max(0) as u64;
-            let cpu = cpu_i.and_then(|i| smp.value.get(i)).copied().unwrap_or(0).max(0) as u64;
-            by_thread.entry(tid).or_default().push((parent, n, cpu));
+            process.threads.entry(tid).or_default().observe_name(&r.thread);
+            let stack = if r.stack == 0 { None } else { self.stack(r.stack, stacks) };
+            by_thread.entry(tid).or_default().push((stack, r.samples, r.cpu_ns));
         }
-        let (start, span) =
-            (meta.start_ms * 1_000_000, (meta.end_ms - meta.start_ms).max(1) * 1_000_000);
-        for (tid, stacks) in by_thread {
+        let (start, span) = (
+            meta.start_ms * 1_000_000,
+            meta.end_ms.saturating_sub(meta.start_ms).max(1) * 1_000_000,
+        );
+        let mut threads: Vec<_> = by_thread.into_iter().collect();
+        threads.sort_by_key(|t| t.0);
+        for (tid, stacks) in threads {
             // Each stack's samples evenly over the window, interleaved with the others'.
             let mut placed: Vec<(u64, Sample)> = Vec::new();
             for (stack, n, cpu) in stacks {
@@ -268,7 +309,6 @@ impl Merged {
             let thread = ThreadKey::Task { pid, tid };
             self.events.extend(placed.into_iter().map(|(_, s)| (thread, s)));
         }
-        Ok(())
     }
 }
 

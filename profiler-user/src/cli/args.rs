@@ -59,9 +59,14 @@ pub struct AgentArgs {
     /// Seconds per window: each window gives one profile per process [default: 10].
     #[arg(long, value_name = "SECS")]
     pub window: Option<f64>,
-    /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool].
+    /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool]. With remote
+    /// sinks, windows stay there after delivery (bounded by --spool-size).
     #[arg(long, value_name = "DIR")]
     pub spool: Option<PathBuf>,
+    /// Where windows wait for the remote sinks when --spool is not given; deleted once
+    /// delivered [default: /var/lib/rsprof-bpf/spool].
+    #[arg(long, value_name = "DIR")]
+    pub queue_dir: Option<PathBuf>,
     /// Most bytes the spool holds; the oldest windows are deleted beyond it [default: 256M].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub spool_size: Option<u64>,
@@ -75,6 +80,15 @@ pub struct AgentArgs {
     /// Off-CPU blocks shorter than this (ms) are summed per thread [default: 1].
     #[arg(long, value_name = "MS")]
     pub off_cpu_min: Option<f64>,
+    /// Also write every window to this ClickHouse server's HTTP interface (e.g.
+    /// `http://db:8123`, `?database=NAME` for another database than `default`); the tables are
+    /// created if missing.
+    #[arg(long, value_name = "URL")]
+    pub clickhouse: Option<String>,
+    /// Days ClickHouse keeps windows (a table TTL, or partitions dropped by the agent on
+    /// servers before 19.6) [default: 30].
+    #[arg(long, value_name = "DAYS")]
+    pub clickhouse_retention: Option<u32>,
     /// The `host` label [default: this host's name].
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,
@@ -86,8 +100,13 @@ pub struct AgentArgs {
 #[derive(Args, Debug, Clone)]
 pub struct QueryArgs {
     /// The agent's spool directory to read.
-    #[arg(long, value_name = "DIR", required = true)]
-    pub spool: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "clickhouse")]
+    #[arg(conflicts_with = "clickhouse")]
+    pub spool: Option<PathBuf>,
+    /// A ClickHouse server the agents write to (`--clickhouse`), e.g. `http://db:8123`; a
+    /// `?database=NAME` parameter picks the database.
+    #[arg(long, value_name = "URL")]
+    pub clickhouse: Option<String>,
     /// Windows ending after this time: RFC 3339 (`2026-11-23T14:00:00Z`) or relative to now
     /// (`-1h`, `-30m`) [default: all].
     #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
@@ -104,6 +123,9 @@ pub struct QueryArgs {
     /// Only processes of these names. Repeatable.
     #[arg(long, value_name = "NAME")]
     pub process: Vec<String>,
+    /// Only containers with this id (or a prefix of it; LXC: name). Repeatable.
+    #[arg(long, value_name = "ID")]
+    pub container: Vec<String>,
     /// Output file; its name picks the format as for `record`.
     #[arg(short = 'o', long, value_name = "PATH")]
     pub output: PathBuf,

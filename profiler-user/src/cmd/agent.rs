@@ -1,14 +1,27 @@
 //! `rsprof-bpf agent`: samples until SIGTERM/SIGINT and, every window, hands the window's
 //! events to a writer thread that symbolizes them and spools one pprof profile per process.
 //! Sampling and draining go on while a window is written; the last window is written before
-//! exit.
+//! exit. Remote sinks each have a forwarder thread delivering spooled windows
+//! (`agent::sinks::forward`); on stop they get what is left of the exit budget.
 
-use std::sync::mpsc;
+use std::{
+    sync::mpsc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 
 use crate::{
-    agent::{config::AgentPlan, spool::Spool, windows},
+    agent::{
+        config::AgentPlan,
+        sinks::{
+            RemoteSink,
+            clickhouse::ClickHouseSink,
+            forward::{Forwarders, Queue, SinkStats},
+        },
+        spool::Spool,
+        windows,
+    },
     cli::args::AgentArgs,
     export::ExportJob,
     session::{Recorder, Signals, messages::Messages},
@@ -19,6 +32,8 @@ use crate::{
 /// Windows waiting for the writer thread; more are dropped (and counted) rather than let
 /// memory grow while symbolizing falls behind.
 const QUEUED_WINDOWS: usize = 2;
+/// From the stop signal to the end of the last deliveries: SIGTERM must exit within 5 s.
+const EXIT_BUDGET: Duration = Duration::from_millis(4500);
 
 struct Window {
     job: ExportJob,
@@ -29,13 +44,22 @@ struct Window {
 pub fn run(args: AgentArgs) -> Result<()> {
     let plan = AgentPlan::from_args(args)?;
     let msgs = Messages::new(plan.record.quiet);
-    let mut spool = Spool::open(&plan.spool, plan.spool_bytes)?;
+    let sinks = remote_sinks(&plan)?;
+    let spool = Spool::open(&plan.spool, plan.spool_bytes)?;
     host::check_privileges()?;
-    let (held, bytes) = spool.held();
+    let names: Vec<&'static str> = sinks.iter().map(|s| s.name()).collect();
+    let queue = Queue::new(spool, &names, plan.keep_spool)?;
+    let (held, bytes, incomplete) =
+        queue.with_spool(|s| (s.held().0, s.held().1, s.stats.incomplete_removed));
     msgs.info(format_args!(
-        "spool {}: {held} windows ({bytes} bytes) kept from earlier runs, {} incomplete removed",
+        "spool {}: {held} windows ({bytes} bytes) kept from earlier runs, {incomplete} \
+         incomplete removed{}",
         plan.spool.display(),
-        spool.stats.incomplete_removed
+        match (names.is_empty(), plan.keep_spool) {
+            (true, _) => "",
+            (false, true) => "; remote sinks are sent what they lack",
+            (false, false) => "; a queue for the remote sinks, delivered windows deleted",
+        }
     ));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _guard = rt.enter();
@@ -45,7 +69,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
     let symbolizer = Service::start()?;
+    let forwarders = Forwarders::start(&queue, sinks, msgs)?;
+    let wq = queue.clone();
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
+        let queue = wq;
         let mut samples = 0u64;
         for w in rx {
             match windows::profiles(w.job, &host, &symbolizer) {
@@ -56,36 +83,39 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     for c in report.corrupt {
                         msgs.warn(format_args!("corrupt storage skipped: {c}"));
                     }
-                    let before = spool.stats.deleted_for_size;
+                    let before = queue.with_spool(|s| s.stats.deleted_for_size);
                     let n: u64 = profiles.iter().map(|p| p.samples).sum();
                     samples += n;
                     for p in &profiles {
-                        if let Err(e) = spool.write(p) {
+                        if let Err(e) = queue.write(p) {
                             msgs.warn(format_args!("spool write failed: {e:#}"));
                         }
                     }
-                    let deleted = spool.stats.deleted_for_size - before;
+                    let (deleted, held) =
+                        queue.with_spool(|s| (s.stats.deleted_for_size - before, s.held().0));
                     msgs.info(format_args!(
                         "window: {} profiles, {n} samples, {} lost (buffer full); spool {} \
                          windows, {deleted} oldest deleted for --spool-size",
                         profiles.len(),
                         w.lost,
-                        spool.held().0
+                        held
                     ));
                 }
                 Err(e) => msgs.warn(format_args!("window failed: {e:#}")),
             }
         }
-        (spool.stats, samples)
+        samples
     })?;
 
     let mut cursor = None;
     let mut start = recorder.started();
     let mut dropped = 0u64;
+    let mut stopped_at = Instant::now();
     let stop_reason = loop {
         let until = tokio::time::Instant::now() + plan.window;
         let stop = rt.block_on(recorder.run_until(&mut signals, Some(until)))?;
         if stop.is_some() {
+            stopped_at = Instant::now();
             recorder.stop();
         }
         let (job, w) = recorder.window(cursor, start);
@@ -107,8 +137,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
         }
     };
     drop(tx);
-    let (stats, samples) =
-        writer.join().map_err(|_| anyhow::anyhow!("agent writer thread panicked"))?;
+    let samples = writer.join().map_err(|_| anyhow::anyhow!("agent writer thread panicked"))?;
+    // The last window is spooled: deliver what the budget allows, leave the rest spooled.
+    forwarders.finish(stopped_at + EXIT_BUDGET);
+    let stats = queue.with_spool(|s| s.stats);
     let counters = recorder.counters()?;
     msgs.notice(format_args!(
         "agent stopped by {stop_reason}: {} windows written ({} bytes, {samples} samples), {} \
@@ -119,5 +151,34 @@ pub fn run(args: AgentArgs) -> Result<()> {
         stats.deleted_for_size,
         counters.lost_samples()
     ));
+    for s in queue.stats() {
+        msgs.notice(format_args!("{}", sink_summary(&s)));
+    }
     Ok(())
+}
+
+/// The remote sinks configured, in a fixed order (their index in the spool's markers).
+fn remote_sinks(plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
+    let mut sinks: Vec<Box<dyn RemoteSink>> = Vec::new();
+    if let Some((url, days)) = &plan.clickhouse {
+        sinks.push(Box::new(ClickHouseSink::new(url, *days)?));
+    }
+    Ok(sinks)
+}
+
+/// One line of the exit summary per sink.
+fn sink_summary(s: &SinkStats) -> String {
+    let latency = match s.last_latency {
+        Some(l) if s.latency.count > 0 => format!(
+            ", latency last {:.1} ms mean {:.1} ms",
+            l.as_secs_f64() * 1e3,
+            s.latency.sum_secs * 1e3 / s.latency.count as f64
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "sink {}: {} windows delivered, {} rejected, {} dropped (--spool-size), {} attempts, {} \
+         retries{latency}",
+        s.name, s.delivered, s.rejected, s.dropped, s.attempts, s.retries
+    )
 }

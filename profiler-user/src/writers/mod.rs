@@ -11,7 +11,7 @@ pub mod gecko;
 pub mod pprof;
 pub mod summary;
 #[cfg(test)]
-mod testdata;
+pub(crate) mod testdata;
 
 use std::{
     fmt,
