@@ -147,6 +147,7 @@ impl Service {
             .name("symbolizer".into())
             .spawn(move || {
                 let mut cache: Symbols = HashMap::new();
+                let mut ksym = Some(new_symbolizer());
                 for req in rx {
                     let mut st = ServiceStats::default();
                     if cache.len() > SERVICE_CACHE_ENTRIES {
@@ -156,14 +157,16 @@ impl Service {
                     // A new blazesym `Symbolizer` per call: it keeps every file it parsed
                     // (whole DWARF sections of big libraries), which grew an agent to 190 MiB
                     // on a busy build host; with names cached here, a steady window parses
-                    // only the few files that have new addresses.
-                    let mut worker = SymbolizerThread::new();
+                    // only the few files that have new addresses. Kernel symbols are kept.
+                    let mut worker =
+                        SymbolizerThread::with_kernel(ksym.take().unwrap_or_else(new_symbolizer));
                     let missing: Vec<FrameAddr> =
                         req.addrs.iter().copied().filter(|a| !cache.contains_key(a)).collect();
                     st.asked = req.addrs.len() as u64;
                     st.cached = st.asked - missing.len() as u64;
                     let errors = worker.run(&missing, &req.modules);
                     cache.extend(worker.out.drain());
+                    ksym = Some(worker.ksym);
                     if let Ok(mut total) = shared.lock() {
                         total.asked += st.asked;
                         total.cached += st.cached;
@@ -200,19 +203,30 @@ impl Service {
 }
 
 struct SymbolizerThread {
+    /// For files.
     sym: Symbolizer,
+    /// For kernel addresses: its parsed kallsyms (a few MiB) is worth keeping, reading
+    /// /proc/kallsyms again costs ~100 ms of CPU.
+    ksym: Symbolizer,
     out: Symbols,
     errors: SymbolizeErrors,
 }
 
+fn new_symbolizer() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build()
+}
+
 impl SymbolizerThread {
     fn new() -> Self {
-        let sym = Symbolizer::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
-        Self { sym, out: HashMap::new(), errors: SymbolizeErrors::default() }
+        Self::with_kernel(new_symbolizer())
+    }
+
+    fn with_kernel(ksym: Symbolizer) -> Self {
+        Self { sym: new_symbolizer(), ksym, out: HashMap::new(), errors: Default::default() }
     }
 
     /// Names `addrs` into `self.out`; returns what failed on the way.
@@ -250,7 +264,7 @@ impl SymbolizerThread {
             debug_syms: false,
             ..Default::default()
         });
-        let results = match self.sym.symbolize(&src, Input::AbsAddr(addrs)) {
+        let results = match self.ksym.symbolize(&src, Input::AbsAddr(addrs)) {
             Ok(r) => Some(r),
             Err(e) => {
                 self.errors.kernel = Some(e.to_string());
