@@ -21,7 +21,10 @@ pub fn setup() -> anyhow::Result<()> {
     let mut present = Vec::new();
     // The tests also need the packages Go's pprof is built from; `build` and `run` (`ensure`)
     // do not install them.
-    install_missing(&mut present, tests::go_pprof::DEBIAN_PACKAGES)?;
+    // protobuf-compiler: protoc decodes the agent's Pyroscope pushes independently of its
+    // own structs.
+    let packages = [tests::go_pprof::DEBIAN_PACKAGES, &["protobuf-compiler"]].concat();
+    install_missing(&mut present, &packages)?;
     for what in &present {
         println!("{what}: already installed");
     }

@@ -7,6 +7,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use crate::{
+    agent::sinks::pyroscope::PyroscopeAuth,
     cli::args::Mode,
     cli::{
         args::{AgentArgs, RecordArgs, parse_size},
@@ -44,6 +45,10 @@ pub struct FileConfig {
     pub buffer_size: Option<String>,
     pub host: Option<String>,
     pub quiet: Option<bool>,
+    pub pyroscope: Option<String>,
+    pub pyroscope_basic_auth_file: Option<PathBuf>,
+    pub pyroscope_token_file: Option<PathBuf>,
+    pub pyroscope_tenant_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -68,6 +73,8 @@ pub struct AgentPlan {
     pub keep_spool: bool,
     pub spool_bytes: u64,
     pub host: String,
+    /// Grafana Pyroscope's URL and credentials (read from their files at start).
+    pub pyroscope: Option<(String, PyroscopeAuth)>,
 }
 
 impl AgentPlan {
@@ -130,8 +137,19 @@ impl AgentPlan {
             off_cpu: false,
             off_cpu_min: 1.0,
         };
-        // Remote sinks come in the commits that add them.
-        let remote = false;
+        let pyroscope = match args.pyroscope.or(file.pyroscope) {
+            Some(url) => {
+                let or = |a: Option<PathBuf>, b: Option<PathBuf>| a.or(b);
+                let auth = PyroscopeAuth::from_files(
+                    or(args.pyroscope_basic_auth_file, file.pyroscope_basic_auth_file).as_deref(),
+                    or(args.pyroscope_token_file, file.pyroscope_token_file).as_deref(),
+                    or(args.pyroscope_tenant_file, file.pyroscope_tenant_file).as_deref(),
+                )?;
+                Some((url, auth))
+            }
+            None => None,
+        };
+        let remote = pyroscope.is_some();
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),
             Some(h) => h,
@@ -146,6 +164,7 @@ impl AgentPlan {
                 .unwrap_or_else(|| DEFAULT_SPOOL.into()),
             spool_bytes,
             host,
+            pyroscope,
         })
     }
 }

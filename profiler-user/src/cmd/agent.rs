@@ -17,6 +17,7 @@ use crate::{
         sinks::{
             RemoteSink,
             forward::{Forwarders, Queue, SinkStats},
+            pyroscope::PyroscopeSink,
         },
         spool::Spool,
         windows,
@@ -155,8 +156,12 @@ pub fn run(args: AgentArgs) -> Result<()> {
 }
 
 /// The remote sinks configured, in a fixed order (their index in the spool's markers).
-fn remote_sinks(_plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
-    Ok(Vec::new())
+fn remote_sinks(plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
+    let mut sinks: Vec<Box<dyn RemoteSink>> = Vec::new();
+    if let Some((url, auth)) = &plan.pyroscope {
+        sinks.push(Box::new(PyroscopeSink::new(url, auth.clone())?));
+    }
+    Ok(sinks)
 }
 
 /// One line of the exit summary per sink.

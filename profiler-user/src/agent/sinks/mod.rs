@@ -6,6 +6,7 @@
 //! between delivery and its acknowledgement being recorded) without storing it twice.
 
 pub mod forward;
+pub mod pyroscope;
 
 use crate::agent::spool::WindowMeta;
 
