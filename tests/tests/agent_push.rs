@@ -218,7 +218,7 @@ fn unescape(s: &str) -> Vec<u8> {
             }
             b'0'..=b'7' => {
                 let n = b[i..].iter().take(3).take_while(|c| (b'0'..=b'7').contains(c)).count();
-                out.push(u8::from_str_radix(&s[i..i + n], 8).unwrap() as u8);
+                out.push(u8::from_str_radix(&s[i..i + n], 8).unwrap());
                 i += n - 1;
             }
             c => out.push(c),
