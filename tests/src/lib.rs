@@ -1,3 +1,4 @@
+pub mod agent;
 pub mod cgroups;
 pub mod clickhouse;
 pub mod firefox_import;

@@ -20,10 +20,15 @@ pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"]
 pub fn setup() -> anyhow::Result<()> {
     step("setup: toolchains, bpf-linker, system packages, profiler-cli, Go's pprof");
     let mut present = Vec::new();
-    // The tests also need the packages Go's pprof is built from and ClickHouse; `build` and
+    // The tests also need the packages Go's pprof is built from, ClickHouse, and protoc
+    // (decodes the agent's Pyroscope pushes independently of its own structs); `build` and
     // `run` (`ensure`) do not install them.
-    let extra: Vec<&str> =
-        [tests::go_pprof::DEBIAN_PACKAGES, tests::clickhouse::DEBIAN_PACKAGES].concat();
+    let extra: Vec<&str> = [
+        tests::go_pprof::DEBIAN_PACKAGES,
+        tests::clickhouse::DEBIAN_PACKAGES,
+        &["protobuf-compiler"],
+    ]
+    .concat();
     install_missing(&mut present, &extra)?;
     for what in &present {
         println!("{what}: already installed");

@@ -7,6 +7,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use crate::{
+    agent::sinks::pyroscope::PyroscopeAuth,
     cli::args::Mode,
     cli::{
         args::{AgentArgs, RecordArgs, parse_size},
@@ -57,6 +58,10 @@ pub struct FileConfig {
     pub off_cpu_min: Option<f64>,
     pub host: Option<String>,
     pub quiet: Option<bool>,
+    pub pyroscope: Option<String>,
+    pub pyroscope_basic_auth_file: Option<PathBuf>,
+    pub pyroscope_token_file: Option<PathBuf>,
+    pub pyroscope_tenant_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -83,6 +88,8 @@ pub struct AgentPlan {
     pub host: String,
     /// `--clickhouse URL` and the days its tables keep.
     pub clickhouse: Option<(String, u32)>,
+    /// Grafana Pyroscope's URL and credentials (read from their files at start).
+    pub pyroscope: Option<(String, PyroscopeAuth)>,
 }
 
 impl AgentPlan {
@@ -150,7 +157,19 @@ impl AgentPlan {
             bail!("invalid clickhouse-retention 0: at least 1 day");
         }
         let clickhouse = args.clickhouse.or(file.clickhouse).map(|url| (url, retention));
-        let remote = clickhouse.is_some();
+        let pyroscope = match args.pyroscope.or(file.pyroscope) {
+            Some(url) => {
+                let or = |a: Option<PathBuf>, b: Option<PathBuf>| a.or(b);
+                let auth = PyroscopeAuth::from_files(
+                    or(args.pyroscope_basic_auth_file, file.pyroscope_basic_auth_file).as_deref(),
+                    or(args.pyroscope_token_file, file.pyroscope_token_file).as_deref(),
+                    or(args.pyroscope_tenant_file, file.pyroscope_tenant_file).as_deref(),
+                )?;
+                Some((url, auth))
+            }
+            None => None,
+        };
+        let remote = pyroscope.is_some() || clickhouse.is_some();
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),
             Some(h) => h,
@@ -166,6 +185,7 @@ impl AgentPlan {
             spool_bytes,
             host,
             clickhouse,
+            pyroscope,
         })
     }
 }

@@ -316,3 +316,92 @@ pub fn read_windows(dir: &Path) -> Result<Vec<(WindowMeta, PathBuf)>> {
 pub fn mode_of(path: &Path) -> Option<u32> {
     fs::metadata(path).ok().map(|m| m.permissions().mode() & 0o777)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(start_ms: u64, bytes: usize) -> WindowProfile {
+        WindowProfile {
+            labels: WindowLabels {
+                service_name: "s".into(),
+                host: "h".into(),
+                pid: 7,
+                process: "p".into(),
+                container_runtime: None,
+                container_id: None,
+                systemd_unit: None,
+                pod_uid: None,
+                pod_qos: None,
+            },
+            start_ms,
+            end_ms: start_ms + 1000,
+            samples: 1,
+            // Incompressible, so the gzipped file keeps about `bytes`.
+            pprof: (0..bytes).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8).collect(),
+        }
+    }
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rsprof-spool-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn queue_markers_survive_reopen_and_evictions_count_per_sink() {
+        let d = dir("queue");
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], true).unwrap();
+        let w1 = s.write(&window(1000, 100)).unwrap();
+        let w2 = s.write(&window(2000, 100)).unwrap();
+        assert_eq!(s.next_pending(0).as_deref(), Some(w1.as_str()));
+        s.finish(0, &w1, true).unwrap();
+        assert_eq!(s.next_pending(0).as_deref(), Some(w2.as_str()), "oldest not done first");
+        // Reopened (a restart): a's delivery of w1 is remembered, b has both to do.
+        drop(s);
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], true).unwrap();
+        assert_eq!(s.next_pending(0).as_deref(), Some(w2.as_str()));
+        assert_eq!(s.next_pending(1).as_deref(), Some(w1.as_str()));
+        // b's in-flight w1 deleted for size: counted by its forwarder, not twice.
+        let mut s = Spool { limit: s.total + 10, ..s };
+        s.write(&window(3000, 100)).unwrap();
+        assert!(!s.contains(&w1));
+        assert_eq!((s.dropped(0), s.dropped(1)), (0, 0), "a had w1; b's is in flight");
+        s.finish(1, &w1, false).unwrap();
+        assert_eq!(s.dropped(1), 1);
+        s.write(&window(4000, 100)).unwrap();
+        assert!(!s.contains(&w2));
+        assert_eq!((s.dropped(0), s.dropped(1)), (0, 2), "a's w2 in flight, b's pending");
+        s.finish(0, &w2, false).unwrap();
+        assert_eq!(s.dropped(0), 1);
+        assert!(!d.join(format!("{w1}.sent-a")).exists(), "markers go with their window");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn queue_mode_deletes_windows_every_sink_is_done_with() {
+        let d = dir("drain");
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], false).unwrap();
+        let w = s.write(&window(1000, 100)).unwrap();
+        s.next_pending(0);
+        s.finish(0, &w, true).unwrap();
+        assert!(s.contains(&w) && d.join(format!("{w}.sent-a")).exists());
+        s.next_pending(1);
+        s.finish(1, &w, true).unwrap();
+        assert!(!s.contains(&w));
+        let left: Vec<_> = fs::read_dir(&d).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        // A window done with before a restart is deleted at the next start.
+        let w = s.write(&window(2000, 100)).unwrap();
+        fs::write(d.join(format!("{w}.sent-b")), b"").unwrap();
+        fs::write(d.join(format!("{w}.sent-a")), b"").unwrap();
+        drop(s);
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], false).unwrap();
+        assert_eq!(s.held().0, 0);
+        let _ = fs::remove_dir_all(&d);
+    }
+}

@@ -89,6 +89,18 @@ pub struct AgentArgs {
     /// servers before 19.6) [default: 30].
     #[arg(long, value_name = "DAYS")]
     pub clickhouse_retention: Option<u32>,
+    /// Push every window to Grafana Pyroscope at URL (e.g. http://pyroscope:4040).
+    #[arg(long, value_name = "URL")]
+    pub pyroscope: Option<String>,
+    /// File holding `user:password` for the Pyroscope server's basic auth.
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_basic_auth_file: Option<PathBuf>,
+    /// File holding a bearer token for the Pyroscope server.
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_token_file: Option<PathBuf>,
+    /// File holding the tenant id sent as `X-Scope-OrgID` (multi-tenant Pyroscope).
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_tenant_file: Option<PathBuf>,
     /// The `host` label [default: this host's name].
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,

@@ -18,6 +18,7 @@ use crate::{
             RemoteSink,
             clickhouse::ClickHouseSink,
             forward::{Forwarders, Queue, SinkStats},
+            pyroscope::PyroscopeSink,
         },
         spool::Spool,
         windows,
@@ -162,6 +163,9 @@ fn remote_sinks(plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
     let mut sinks: Vec<Box<dyn RemoteSink>> = Vec::new();
     if let Some((url, days)) = &plan.clickhouse {
         sinks.push(Box::new(ClickHouseSink::new(url, *days)?));
+    }
+    if let Some((url, auth)) = &plan.pyroscope {
+        sinks.push(Box::new(PyroscopeSink::new(url, auth.clone())?));
     }
     Ok(sinks)
 }

@@ -173,6 +173,8 @@ fn forward(q: &Queue, idx: usize, mut sink: Box<dyn RemoteSink>, msgs: Messages)
     let name = sink.name();
     let mut logged: HashSet<String> = HashSet::new();
     let mut failing_since: Option<u64> = None;
+    // Kept across windows: a server that is down stays backed off from.
+    let mut backoff = MIN_BACKOFF;
     loop {
         let stem = {
             let mut st = q.lock();
@@ -201,7 +203,6 @@ fn forward(q: &Queue, idx: usize, mut sink: Box<dyn RemoteSink>, msgs: Messages)
                 continue;
             }
         };
-        let mut backoff = MIN_BACKOFF;
         loop {
             let t = Instant::now();
             let r = sink.deliver(&meta, &pprof_gz);
@@ -211,6 +212,7 @@ fn forward(q: &Queue, idx: usize, mut sink: Box<dyn RemoteSink>, msgs: Messages)
             stats.attempts += 1;
             let done = match r {
                 Ok(()) => {
+                    backoff = MIN_BACKOFF;
                     stats.delivered += 1;
                     stats.last_latency = Some(took);
                     stats.latency.observe(took);

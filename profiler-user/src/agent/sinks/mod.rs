@@ -7,6 +7,7 @@
 
 pub mod clickhouse;
 pub mod forward;
+pub mod pyroscope;
 
 use crate::agent::spool::WindowMeta;
 
