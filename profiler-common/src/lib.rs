@@ -233,6 +233,9 @@ pub const OFF_CPU_LONG_SITES: usize = 4;
 pub const TRACK_WALKED: u32 = 1 << 0;
 /// The thread's last ended block was long.
 pub const TRACK_PREV_LONG: u32 = 1 << 1;
+/// The frames hold the stack of a block in the pending sum (what a sum sent at the thread's
+/// exit carries; without it, the sum goes without a stack).
+pub const TRACK_SUM_HAS_STACK: u32 = 1 << 2;
 
 pub const OFF_CPU_RECORD_FIXED: usize = core::mem::size_of::<OffCpuHeader>();
 

@@ -31,7 +31,7 @@ use aya_ebpf::{
 use profiler_common::{
     Config, EVENT_OFF_CPU, MAX_STACK_DEPTH, OFF_CPU_LONG_SITES, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
     OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR,
-    SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_WALKED, counter,
+    SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK, TRACK_WALKED, counter,
 };
 
 use crate::{CONFIG, cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
@@ -170,7 +170,8 @@ unsafe fn switch_out(
             t.flags &= !TRACK_WALKED;
             return;
         }
-        t.flags |= TRACK_WALKED;
+        // The frames are about to hold this block's stack.
+        t.flags = (t.flags | TRACK_WALKED) & !TRACK_SUM_HAS_STACK;
         count(counter::OFF_CPU_WALKS);
         // What the sent record says of the thread, refreshed with each stack (a record without
         // a stack keeps those of the last walk).
@@ -272,10 +273,13 @@ unsafe fn switch_in(cfg: &Config, now: u64, next: u64) {
         t.short_max_ns = if d > decayed { d } else { decayed };
         r.pending_ns += d;
         r.pending_blocks += 1;
-        // Not walked: stays pending, and the next block is walked to carry it.
-        if walked && r.pending_ns >= cfg.off_cpu_min_ns {
-            send_pending(e);
+        if walked {
+            t.flags |= TRACK_SUM_HAS_STACK;
+            if r.pending_ns >= cfg.off_cpu_min_ns {
+                send_pending(e);
+            }
         }
+        // Not walked: stays pending, and the next block is walked to carry it.
     }
 }
 
@@ -290,6 +294,7 @@ unsafe fn send_pending(e: *mut OffCpuRecord) {
         if send(e) {
             r.pending_ns = 0;
             r.pending_blocks = 0;
+            (*e).track.flags &= !TRACK_SUM_HAS_STACK;
             count(counter::OFF_CPU_SUMS_SENT);
         } else {
             count(counter::OFF_CPU_SUMS_DEFERRED);
@@ -318,9 +323,11 @@ pub fn thread_exit(tid: u32) {
     unsafe {
         if (*e).off.pending_ns > 0 {
             (*e).off.block_ns = 0;
-            // The last walked block's stack, unless a long block without one came since.
-            if (*e).off.kernel_frames == 0 && (*e).off.user_frames == 0 {
-                (*e).off.flags |= OFF_CPU_STACK_NOT_CAPTURED;
+            // With the stack of a block in the sum if the frames hold one, else none.
+            if (*e).track.flags & TRACK_SUM_HAS_STACK == 0 {
+                (*e).off.kernel_frames = 0;
+                (*e).off.user_frames = 0;
+                (*e).off.flags = OFF_CPU_STACK_NOT_CAPTURED;
             }
             send_pending(e);
         }

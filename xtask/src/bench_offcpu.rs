@@ -1,10 +1,17 @@
 //! `cargo xtask bench-offcpu`: what off-CPU recording costs a context-switch-heavy program.
 //!
-//! The `offcpu pingpong SECONDS` fixture (two threads passing a byte over two pipes, every
-//! pass a block and a wakeup) prints how many blocking reads it did and how long it took; its
-//! rate is measured alone and while a profiler records the whole machine, in turn, `--runs`
-//! times each (medians reported):
+//! Two workloads from the `offcpu` fixture, each run alone and while a profiler records the
+//! whole machine, in turn, `--runs` times (configurations interleaved; each run's slowdown is
+//! against that run's unprofiled measurement, the median and the range reported):
 //!
+//! * `pingpong SECONDS`: two threads passing a byte over two pipes as fast as they can, every
+//!   read a block and a wakeup (the maximum rate); slowdown = 1 − rate / rate alone.
+//! * `pingwork ROUND_TRIPS ITERS`: the same with ITERS iterations of work by each side before
+//!   passing the byte on, ITERS calibrated first so that it runs at about `--paced-rate`
+//!   blocking reads per second alone, ROUND_TRIPS so that it takes `--seconds` alone;
+//!   slowdown = completion time / completion time alone − 1.
+//!
+//! Configurations:
 //! 1. no profiler;
 //! 2. `rsprof-bpf -a` (CPU samples; its sched_switch hook only keeps CPU time current);
 //! 3. `rsprof-bpf -a --off-cpu`;
@@ -12,9 +19,8 @@
 //!    `perf record --off-cpu` (which needs a perf built with BUILD_BPF_SKEL=1; Debian's is not:
 //!    the option is ignored with a warning, checked at run time and said in the table).
 //!
-//! Slowdown = 1 − rate / rate alone. Profiler CPU is the user+sys time of the profiler process
-//! (`wait4`) over the fixture's run; BPF time is charged to the switching tasks, so it shows
-//! in the slowdown.
+//! Profiler CPU is the user+sys time of the profiler process (`wait4`) over the fixture's run;
+//! BPF time is charged to the switching tasks, so it shows in the slowdown.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -36,9 +42,12 @@ const SECTION_END: &str = "<!-- END cargo xtask bench-offcpu -->";
 
 #[derive(clap::Args)]
 pub struct BenchOffCpuArgs {
-    /// Length of each ping-pong run.
-    #[arg(long, default_value_t = 5.0)]
+    /// Length of each ping-pong run (alone, for the paced one).
+    #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Blocking reads per second of the paced ping-pong alone.
+    #[arg(long, default_value_t = 100_000.0)]
+    paced_rate: f64,
     /// Repetitions of each configuration; the median is reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -58,10 +67,25 @@ struct Run {
     fixture_s: f64,
 }
 
+/// What the fixture runs.
+#[derive(Clone, Copy, Debug)]
+enum Workload {
+    /// `pingpong SECONDS`.
+    MaxRate(f64),
+    /// `pingwork ROUND_TRIPS ITERS`.
+    Paced { round_trips: u64, iters: u64 },
+}
+
 /// (blocking reads per second, seconds) printed by the fixture.
-fn pingpong(fixture: &Path, secs: f64) -> anyhow::Result<(f64, f64)> {
-    let out = Command::new(fixture)
-        .args(["pingpong", &secs.to_string()])
+fn pingpong(fixture: &Path, w: Workload) -> anyhow::Result<(f64, f64)> {
+    let mut cmd = Command::new(fixture);
+    match w {
+        Workload::MaxRate(secs) => cmd.args(["pingpong", &secs.to_string()]),
+        Workload::Paced { round_trips, iters } => {
+            cmd.args(["pingwork", &round_trips.to_string(), &iters.to_string()])
+        }
+    };
+    let out = cmd
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
@@ -77,6 +101,31 @@ fn pingpong(fixture: &Path, secs: f64) -> anyhow::Result<(f64, f64)> {
     };
     let (n, s) = (get("switches")?, get("seconds")?);
     Ok((n / s, s))
+}
+
+/// The paced workload: work per pass so that it runs at `rate` blocking reads per second
+/// alone, from the time per pass measured with and without work (the best of 3 each).
+fn calibrate(fixture: &Path, rate: f64, secs: f64) -> anyhow::Result<Workload> {
+    const PROBE_ITERS: u64 = 4000;
+    let pass = |iters: u64| -> anyhow::Result<f64> {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let (r, _) = pingpong(fixture, Workload::Paced { round_trips: 20_000, iters })?;
+            best = best.min(1.0 / r);
+        }
+        Ok(best)
+    };
+    let (bare, worked) = (pass(0)?, pass(PROBE_ITERS)?);
+    let per_iter = (worked - bare) / PROBE_ITERS as f64;
+    if per_iter <= 0.0 || 1.0 / rate <= bare {
+        bail!(
+            "cannot pace the ping-pong to {rate:.0}/s: a pass takes {:.2} us bare, {:.2} us with {PROBE_ITERS} iterations",
+            bare * 1e6,
+            worked * 1e6
+        );
+    }
+    let iters = ((1.0 / rate - bare) / per_iter).round() as u64;
+    Ok(Workload::Paced { round_trips: (rate * secs / 2.0) as u64, iters })
 }
 
 fn cpu_seconds(ru: &libc::rusage) -> f64 {
@@ -112,7 +161,7 @@ fn under_rsprof(
     profiler: &Path,
     extra: &[&str],
     fixture: &Path,
-    secs: f64,
+    w: Workload,
     out: &Path,
 ) -> anyhow::Result<Run> {
     let mut cmd = Command::new(profiler);
@@ -136,7 +185,7 @@ fn under_rsprof(
             break;
         }
     }
-    let (rate, fixture_s) = pingpong(fixture, secs)?;
+    let (rate, fixture_s) = pingpong(fixture, w)?;
     let (text, cpu) = stop(child, lines)?;
     if let Some(l) = text.lines().find(|l| l.contains("off-CPU: ")) {
         println!("  {l}");
@@ -159,7 +208,7 @@ fn perf_has_off_cpu(dir: &Path) -> bool {
     }
 }
 
-fn under_perf(args: &[&str], fixture: &Path, secs: f64, out: &Path) -> anyhow::Result<Run> {
+fn under_perf(args: &[&str], fixture: &Path, w: Workload, out: &Path) -> anyhow::Result<Run> {
     let mut cmd = Command::new("perf");
     cmd.arg("record").args(args).arg("-o").arg(out);
     println!("$ {}", display(&cmd));
@@ -172,7 +221,7 @@ fn under_perf(args: &[&str], fixture: &Path, secs: f64, out: &Path) -> anyhow::R
     let stderr = child.stderr.take().expect("piped stderr");
     // perf says nothing when it starts recording; give it a moment to set up its events.
     std::thread::sleep(Duration::from_secs(1));
-    let (rate, fixture_s) = pingpong(fixture, secs)?;
+    let (rate, fixture_s) = pingpong(fixture, w)?;
     let (_, cpu) = stop(child, stderr)?;
     Ok(Run { rate, profiler_cpu_s: cpu, fixture_s })
 }
@@ -196,28 +245,41 @@ pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
     }
     let out = tmp.join("bench.json");
     let data = tmp.join("perf.data");
-    let secs = args.seconds;
-    let mut results: Vec<Vec<Run>> = vec![Vec::new(); 4];
+    step(&format!("bench-offcpu: pacing the ping-pong to {:.0} blocking reads/s", args.paced_rate));
+    let paced = calibrate(&fixture, args.paced_rate, args.seconds)?;
+    println!("  {paced:?}");
+    let workloads = [Workload::MaxRate(args.seconds), paced];
+    // results[workload][configuration]
+    let mut results: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); 4]; 2];
     for run in 0..args.runs {
         step(&format!("bench-offcpu: run {}/{}", run + 1, args.runs));
-        let (rate, fixture_s) = pingpong(&fixture, secs)?;
-        println!("  alone: {rate:.0} blocking reads/s");
-        results[0].push(Run { rate, fixture_s, ..Run::default() });
-        let r = under_rsprof(&profiler, &[], &fixture, secs, &out)?;
-        println!("  rsprof-bpf -a: {:.0}/s, profiler CPU {:.2} s", r.rate, r.profiler_cpu_s);
-        results[1].push(r);
-        let r = under_rsprof(&profiler, &["--off-cpu"], &fixture, secs, &out)?;
-        println!(
-            "  rsprof-bpf -a --off-cpu: {:.0}/s, profiler CPU {:.2} s",
-            r.rate, r.profiler_cpu_s
-        );
-        results[2].push(r);
-        let r = under_perf(&perf_args, &fixture, secs, &data)?;
-        println!("  perf: {:.0}/s, perf CPU {:.2} s", r.rate, r.profiler_cpu_s);
-        results[3].push(r);
+        for (wi, &w) in workloads.iter().enumerate() {
+            let r = &mut results[wi];
+            let (rate, fixture_s) = pingpong(&fixture, w)?;
+            println!("  {w:?} alone: {rate:.0} blocking reads/s, {fixture_s:.3} s");
+            r[0].push(Run { rate, fixture_s, ..Run::default() });
+            let x = under_rsprof(&profiler, &[], &fixture, w, &out)?;
+            println!(
+                "  rsprof-bpf -a: {:.0}/s, {:.3} s, profiler CPU {:.2} s",
+                x.rate, x.fixture_s, x.profiler_cpu_s
+            );
+            r[1].push(x);
+            let x = under_rsprof(&profiler, &["--off-cpu"], &fixture, w, &out)?;
+            println!(
+                "  rsprof-bpf -a --off-cpu: {:.0}/s, {:.3} s, profiler CPU {:.2} s",
+                x.rate, x.fixture_s, x.profiler_cpu_s
+            );
+            r[2].push(x);
+            let x = under_perf(&perf_args, &fixture, w, &data)?;
+            println!(
+                "  perf: {:.0}/s, {:.3} s, perf CPU {:.2} s",
+                x.rate, x.fixture_s, x.profiler_cpu_s
+            );
+            r[3].push(x);
+        }
     }
     let _ = fs::remove_dir_all(&tmp);
-    let table = render(&args, &perf_args, perf_off_cpu, &results);
+    let table = render(&args, &perf_args, perf_off_cpu, paced, &results);
     println!("{table}");
     if !args.no_write {
         crate::bench::update_section(
@@ -231,14 +293,20 @@ pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Median and range of `v`.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let (lo, hi) = (v.first().copied().unwrap_or(f64::NAN), v.last().copied().unwrap_or(f64::NAN));
+    (median_f64(v), lo, hi)
+}
+
 fn render(
     args: &BenchOffCpuArgs,
     perf_args: &[&str],
     perf_off_cpu: bool,
-    results: &[Vec<Run>],
+    paced: Workload,
+    results: &[Vec<Vec<Run>>],
 ) -> String {
-    let med = |i: usize, f: fn(&Run) -> f64| median_f64(results[i].iter().map(f).collect());
-    let base = med(0, |r| r.rate);
     let mut t = String::new();
     let _ = writeln!(
         t,
@@ -248,16 +316,25 @@ fn render(
     let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let _ = writeln!(t, "- Date: {}; {cpus} CPUs; kernel {}", utc_now(), kernel.trim());
     let mut cmd = "cargo xtask bench-offcpu".to_owned();
-    if args.seconds != 5.0 {
+    if args.seconds != 3.0 {
         let _ = write!(cmd, " --seconds {}", args.seconds);
+    }
+    if args.paced_rate != 100_000.0 {
+        let _ = write!(cmd, " --paced-rate {}", args.paced_rate);
     }
     if args.runs != 3 {
         let _ = write!(cmd, " --runs {}", args.runs);
     }
+    let Workload::Paced { round_trips, iters } = paced else { unreachable!() };
     let _ = writeln!(
         t,
-        "- Command: `{cmd}`; workload `tests/fixtures/offcpu.c pingpong {}` (two threads passing a byte over two pipes; every read blocks), medians of {} runs, configurations interleaved",
-        args.seconds, args.runs
+        "- Command: `{cmd}`; {} runs, configurations interleaved; slowdowns are per run against that run's unprofiled measurement, shown as median (min – max)",
+        args.runs
+    );
+    let _ = writeln!(
+        t,
+        "- Workloads (`tests/fixtures/offcpu.c`): **max rate** `pingpong {}` (two threads passing a byte over two pipes as fast as they can; every read blocks), slowdown = 1 − rate / rate alone; **paced** `pingwork {round_trips} {iters}` (the same with {iters} iterations of work by each side per pass, calibrated to ~{:.0} blocking reads/s alone), slowdown = completion time / time alone − 1",
+        args.seconds, args.paced_rate
     );
     let _ = writeln!(
         t,
@@ -271,25 +348,52 @@ fn render(
     );
     let _ = writeln!(
         t,
-        "- Slowdown = 1 − rate / rate alone ({base:.0} blocking reads/s alone). Profiler CPU = user+sys of the profiler process / run length; BPF time is charged to the switching tasks (it is in the slowdown).\n"
+        "- Profiler CPU = user+sys of the profiler process / run length (median); BPF time is charged to the switching tasks (it is in the slowdown).\n"
     );
-    let _ = writeln!(t, "| Configuration | Blocking reads/s | Slowdown | Profiler CPU |");
-    let _ = writeln!(t, "|---|---:|---:|---:|");
     let names = [
         "no profiler".to_owned(),
         "`rsprof-bpf -a -F 999`".to_owned(),
         "`rsprof-bpf -a -F 999 --off-cpu`".to_owned(),
         format!("`perf record {}`", perf_args.join(" ")),
     ];
+    let _ = writeln!(
+        t,
+        "| Configuration | Max rate: reads/s | Max rate: slowdown | Max rate: profiler CPU | Paced: reads/s | Paced: slowdown | Paced: profiler CPU |"
+    );
+    let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|");
     for (i, name) in names.iter().enumerate() {
-        let rate = med(i, |r| r.rate);
-        let cpu = med(i, |r| r.profiler_cpu_s / r.fixture_s.max(1e-9));
-        let (slow, cpu) = if i == 0 {
-            ("–".to_owned(), "–".to_owned())
-        } else {
-            (format!("{:.1}%", 100.0 * (1.0 - rate / base)), format!("{:.1}%", 100.0 * cpu))
-        };
-        let _ = writeln!(t, "| {name} | {rate:.0} | {slow} | {cpu} |");
+        let _ = write!(t, "| {name} |");
+        for (wi, runs) in results.iter().enumerate() {
+            let rate = median_f64(runs[i].iter().map(|r| r.rate).collect());
+            if i == 0 {
+                let _ = write!(t, " {rate:.0} | – | – |");
+                continue;
+            }
+            let slow: Vec<f64> = runs[i]
+                .iter()
+                .zip(&runs[0])
+                .map(|(r, alone)| {
+                    if wi == 0 {
+                        1.0 - r.rate / alone.rate
+                    } else {
+                        r.fixture_s / alone.fixture_s - 1.0
+                    }
+                })
+                .collect();
+            let (m, lo, hi) = spread(slow);
+            let cpu = median_f64(
+                runs[i].iter().map(|r| r.profiler_cpu_s / r.fixture_s.max(1e-9)).collect(),
+            );
+            let _ = write!(
+                t,
+                " {rate:.0} | {:.1}% ({:.1} – {:.1}) | {:.1}% |",
+                100.0 * m,
+                100.0 * lo,
+                100.0 * hi,
+                100.0 * cpu
+            );
+        }
+        let _ = writeln!(t);
     }
     t
 }
