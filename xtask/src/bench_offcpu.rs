@@ -65,6 +65,19 @@ struct Run {
     rate: f64,
     profiler_cpu_s: f64,
     fixture_s: f64,
+    /// The fixture's own user+sys time (other load on the machine adds little to it).
+    fixture_cpu_s: f64,
+    /// Run time of all the profiler's BPF programs over the fixture's run, per blocking read
+    /// (rsprof-bpf only).
+    bpf_ns_per_read: Option<f64>,
+}
+
+/// What the fixture printed and used.
+struct Done {
+    rate: f64,
+    seconds: f64,
+    reads: f64,
+    cpu_s: f64,
 }
 
 /// What the fixture runs.
@@ -76,8 +89,12 @@ enum Workload {
     Paced { round_trips: u64, iters: u64 },
 }
 
-/// (blocking reads per second, seconds) printed by the fixture.
-fn pingpong(fixture: &Path, w: Workload) -> anyhow::Result<(f64, f64)> {
+/// Runs the fixture pinned to the last CPU: both threads on one CPU make every pass a direct
+/// switch between them, and spare the runs the wakeup latency of an idle (virtual) CPU, which
+/// otherwise dominates and varies with what else keeps the CPUs awake (a profiler's timer
+/// included: unpinned, the ping-pong ran faster under a profiler than alone).
+fn pingpong(fixture: &Path, w: Workload) -> anyhow::Result<Done> {
+    use std::os::unix::process::CommandExt as _;
     let mut cmd = Command::new(fixture);
     match w {
         Workload::MaxRate(secs) => cmd.args(["pingpong", &secs.to_string()]),
@@ -85,22 +102,96 @@ fn pingpong(fixture: &Path, w: Workload) -> anyhow::Result<(f64, f64)> {
             cmd.args(["pingwork", &round_trips.to_string(), &iters.to_string()])
         }
     };
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("run the pingpong fixture")?;
-    if !out.status.success() {
-        bail!("pingpong fixture failed: {}", out.status);
+    let cpu = std::thread::available_parallelism().map_or(0, |n| n.get() - 1);
+    // SAFETY: only sched_setaffinity, async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("run the pingpong fixture")?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().expect("piped"), &mut text)?;
+    let (status, ru) = wait4(&mut child)?;
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("pingpong fixture failed ({status:#x})");
+    }
     let get = |key: &str| -> anyhow::Result<f64> {
         text.lines()
             .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
             .with_context(|| format!("no {key:?} in the fixture's output {text:?}"))
     };
     let (n, s) = (get("switches")?, get("seconds")?);
-    Ok((n / s, s))
+    Ok(Done { rate: n / s, seconds: s, reads: n, cpu_s: cpu_seconds(&ru) })
+}
+
+/// Reaps `child`, returning its wait status and resource usage.
+fn wait4(child: &mut Child) -> anyhow::Result<(i32, libc::rusage)> {
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it in.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to locals; `pid` is our unreaped child.
+    if unsafe { libc::wait4(pid, &mut status, 0, &mut ru) } != pid {
+        bail!("wait4: {}", std::io::Error::last_os_error());
+    }
+    let _ = child.try_wait();
+    Ok((status, ru))
+}
+
+/// Sum of `run_time_ns` over the BPF programs `pid` holds (from /proc/PID/fdinfo; counted
+/// while BPF run-time statistics are on).
+fn bpf_run_time_ns(pid: u32) -> u64 {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return 0 };
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    for e in dir.flatten() {
+        let Ok(info) = fs::read_to_string(e.path()) else { continue };
+        let field =
+            |k: &str| info.lines().find_map(|l| l.strip_prefix(k)?.trim().parse::<u64>().ok());
+        if let (Some(id), Some(ns)) = (field("prog_id:"), field("run_time_ns:"))
+            && seen.insert(id)
+        {
+            total += ns;
+        }
+    }
+    total
+}
+
+/// Holds BPF run-time statistics on while alive (`BPF_ENABLE_STATS`: reference-counted, so it
+/// neither needs nor disturbs the `kernel.bpf_stats_enabled` sysctl).
+struct BpfStats {
+    _fd: std::os::fd::OwnedFd,
+}
+
+impl BpfStats {
+    fn enable() -> anyhow::Result<Self> {
+        use std::os::fd::FromRawFd as _;
+        const BPF_ENABLE_STATS: libc::c_long = 32;
+        const BPF_STATS_RUN_TIME: u32 = 0;
+        // union bpf_attr's enable_stats: { __u32 type; }, zero-padded.
+        let mut attr = [0u8; 128];
+        attr[..4].copy_from_slice(&BPF_STATS_RUN_TIME.to_ne_bytes());
+        // SAFETY: the bpf syscall reads `attr` (valid, 128 bytes) and returns a new fd.
+        let fd = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_ptr(), attr.len() as u32)
+        };
+        if fd < 0 {
+            bail!("BPF_ENABLE_STATS: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: a new fd we own.
+        Ok(Self { _fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) } })
+    }
 }
 
 /// The paced workload: work per pass so that it runs at `rate` blocking reads per second
@@ -110,8 +201,8 @@ fn calibrate(fixture: &Path, rate: f64, secs: f64) -> anyhow::Result<Workload> {
     let pass = |iters: u64| -> anyhow::Result<f64> {
         let mut best = f64::INFINITY;
         for _ in 0..3 {
-            let (r, _) = pingpong(fixture, Workload::Paced { round_trips: 20_000, iters })?;
-            best = best.min(1.0 / r);
+            let d = pingpong(fixture, Workload::Paced { round_trips: 20_000, iters })?;
+            best = best.min(1.0 / d.rate);
         }
         Ok(best)
     };
@@ -140,14 +231,7 @@ fn stop(mut child: Child, mut stderr: impl std::io::Read) -> anyhow::Result<(Str
     unsafe { libc::kill(pid, libc::SIGINT) };
     let mut text = String::new();
     stderr.read_to_string(&mut text)?;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it in.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to locals; `pid` is our unreaped child.
-    if unsafe { libc::wait4(pid, &mut status, 0, &mut ru) } != pid {
-        bail!("wait4: {}", std::io::Error::last_os_error());
-    }
-    let _ = child.try_wait();
+    let (status, ru) = wait4(&mut child)?;
     // perf re-raises the SIGINT it stopped on.
     let interrupted = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
     if !(interrupted || libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
@@ -185,12 +269,20 @@ fn under_rsprof(
             break;
         }
     }
-    let (rate, fixture_s) = pingpong(fixture, w)?;
+    let bpf0 = bpf_run_time_ns(child.id());
+    let d = pingpong(fixture, w)?;
+    let bpf_ns = bpf_run_time_ns(child.id()).saturating_sub(bpf0);
     let (text, cpu) = stop(child, lines)?;
-    if let Some(l) = text.lines().find(|l| l.contains("off-CPU: ")) {
-        println!("  {l}");
+    for l in text.lines().filter(|l| l.contains("off-CPU: ") || l.contains("stacks walked")) {
+        println!("  {}", l.trim());
     }
-    Ok(Run { rate, profiler_cpu_s: cpu, fixture_s })
+    Ok(Run {
+        rate: d.rate,
+        profiler_cpu_s: cpu,
+        fixture_s: d.seconds,
+        fixture_cpu_s: d.cpu_s,
+        bpf_ns_per_read: Some(bpf_ns as f64 / d.reads.max(1.0)),
+    })
 }
 
 /// Whether this perf honours `--off-cpu` (built with BPF skeletons).
@@ -221,9 +313,15 @@ fn under_perf(args: &[&str], fixture: &Path, w: Workload, out: &Path) -> anyhow:
     let stderr = child.stderr.take().expect("piped stderr");
     // perf says nothing when it starts recording; give it a moment to set up its events.
     std::thread::sleep(Duration::from_secs(1));
-    let (rate, fixture_s) = pingpong(fixture, w)?;
+    let d = pingpong(fixture, w)?;
     let (_, cpu) = stop(child, stderr)?;
-    Ok(Run { rate, profiler_cpu_s: cpu, fixture_s })
+    Ok(Run {
+        rate: d.rate,
+        profiler_cpu_s: cpu,
+        fixture_s: d.seconds,
+        fixture_cpu_s: d.cpu_s,
+        bpf_ns_per_read: None,
+    })
 }
 
 pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
@@ -247,6 +345,7 @@ pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
     let data = tmp.join("perf.data");
     step(&format!("bench-offcpu: pacing the ping-pong to {:.0} blocking reads/s", args.paced_rate));
     let paced = calibrate(&fixture, args.paced_rate, args.seconds)?;
+    let _stats = BpfStats::enable()?;
     println!("  {paced:?}");
     let workloads = [Workload::MaxRate(args.seconds), paced];
     // results[workload][configuration]
@@ -255,9 +354,14 @@ pub fn bench_offcpu(args: BenchOffCpuArgs) -> anyhow::Result<()> {
         step(&format!("bench-offcpu: run {}/{}", run + 1, args.runs));
         for (wi, &w) in workloads.iter().enumerate() {
             let r = &mut results[wi];
-            let (rate, fixture_s) = pingpong(&fixture, w)?;
-            println!("  {w:?} alone: {rate:.0} blocking reads/s, {fixture_s:.3} s");
-            r[0].push(Run { rate, fixture_s, ..Run::default() });
+            let d = pingpong(&fixture, w)?;
+            println!("  {w:?} alone: {:.0} blocking reads/s, {:.3} s", d.rate, d.seconds);
+            r[0].push(Run {
+                rate: d.rate,
+                fixture_s: d.seconds,
+                fixture_cpu_s: d.cpu_s,
+                ..Run::default()
+            });
             let x = under_rsprof(&profiler, &[], &fixture, w, &out)?;
             println!(
                 "  rsprof-bpf -a: {:.0}/s, {:.3} s, profiler CPU {:.2} s",
@@ -348,7 +452,7 @@ fn render(
     );
     let _ = writeln!(
         t,
-        "- Profiler CPU = user+sys of the profiler process / run length (median); BPF time is charged to the switching tasks (it is in the slowdown).\n"
+        "- The fixture runs pinned to one CPU (both threads: every pass is a switch between them). Fixture CPU per read = its user+sys / blocking reads (change against alone): little affected by other load on the machine, unlike the wall-clock slowdown. BPF time per read = `run_time_ns` of all rsprof-bpf's BPF programs (BPF run-time statistics on for the whole benchmark, which adds ~20–40 ns to every program run) / the fixture's blocking reads, machine-wide during its run. Profiler CPU = user+sys of the profiler process / run length (median); BPF time is charged to the switching tasks, not to it.\n"
     );
     let names = [
         "no profiler".to_owned(),
@@ -356,22 +460,31 @@ fn render(
         "`rsprof-bpf -a -F 999 --off-cpu`".to_owned(),
         format!("`perf record {}`", perf_args.join(" ")),
     ];
-    let _ = writeln!(
-        t,
-        "| Configuration | Max rate: reads/s | Max rate: slowdown | Max rate: profiler CPU | Paced: reads/s | Paced: slowdown | Paced: profiler CPU |"
-    );
-    let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|");
-    for (i, name) in names.iter().enumerate() {
-        let _ = write!(t, "| {name} |");
-        for (wi, runs) in results.iter().enumerate() {
+    let titles = [
+        "Max rate (`pingpong`): slowdown = 1 − rate / rate alone",
+        "Paced to ~100k blocking reads/s (`pingwork`): slowdown = completion time / time alone − 1",
+    ];
+    for (wi, runs) in results.iter().enumerate() {
+        let _ = writeln!(t, "{}\n", titles[wi]);
+        let _ = writeln!(
+            t,
+            "| Configuration | Blocking reads/s | Slowdown | Fixture CPU per read | BPF time per read | Profiler CPU |"
+        );
+        let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|");
+        let cpu_per_read = |r: &Run| r.fixture_cpu_s / (r.rate * r.fixture_s).max(1.0);
+        for (i, name) in names.iter().enumerate() {
             let rate = median_f64(runs[i].iter().map(|r| r.rate).collect());
             if i == 0 {
-                let _ = write!(t, " {rate:.0} | – | – |");
+                let c = median_f64(runs[0].iter().map(cpu_per_read).collect());
+                let _ = writeln!(t, "| {name} | {rate:.0} | – | {:.2} µs | – | – |", c * 1e6);
                 continue;
             }
-            let slow: Vec<f64> = runs[i]
-                .iter()
-                .zip(&runs[0])
+            let pct = |v: Vec<f64>| {
+                let (m, lo, hi) = spread(v);
+                format!("{:+.1}% ({:+.1} – {:+.1})", 100.0 * m, 100.0 * lo, 100.0 * hi)
+            };
+            let pairs = || runs[i].iter().zip(&runs[0]);
+            let slow = pct(pairs()
                 .map(|(r, alone)| {
                     if wi == 0 {
                         1.0 - r.rate / alone.rate
@@ -379,18 +492,24 @@ fn render(
                         r.fixture_s / alone.fixture_s - 1.0
                     }
                 })
-                .collect();
-            let (m, lo, hi) = spread(slow);
-            let cpu = median_f64(
+                .collect());
+            let cpu = pct(pairs()
+                .map(|(r, alone)| cpu_per_read(r) / cpu_per_read(alone) - 1.0)
+                .collect());
+            let bpf = if runs[i].iter().all(|r| r.bpf_ns_per_read.is_some()) {
+                let (m, lo, hi) =
+                    spread(runs[i].iter().filter_map(|r| r.bpf_ns_per_read).collect());
+                format!("{m:.0} ns ({lo:.0} – {hi:.0})")
+            } else {
+                "n/a".to_owned()
+            };
+            let prof = median_f64(
                 runs[i].iter().map(|r| r.profiler_cpu_s / r.fixture_s.max(1e-9)).collect(),
             );
-            let _ = write!(
+            let _ = writeln!(
                 t,
-                " {rate:.0} | {:.1}% ({:.1} – {:.1}) | {:.1}% |",
-                100.0 * m,
-                100.0 * lo,
-                100.0 * hi,
-                100.0 * cpu
+                "| {name} | {rate:.0} | {slow} | {cpu} | {bpf} | {:.1}% |",
+                100.0 * prof
             );
         }
         let _ = writeln!(t);
