@@ -195,14 +195,16 @@ impl BpfStats {
 }
 
 /// The paced workload: work per pass so that it runs at `rate` blocking reads per second
-/// alone, from the time per pass measured with and without work (the best of 3 each).
+/// alone on an otherwise idle CPU, from the fixture's CPU time per pass (one CPU: a pass's
+/// wall time when nothing else runs there) measured with and without work, the best of 3
+/// each; CPU time, as wall time on a shared machine varies with the other load.
 fn calibrate(fixture: &Path, rate: f64, secs: f64) -> anyhow::Result<Workload> {
     const PROBE_ITERS: u64 = 4000;
     let pass = |iters: u64| -> anyhow::Result<f64> {
         let mut best = f64::INFINITY;
         for _ in 0..3 {
             let d = pingpong(fixture, Workload::Paced { round_trips: 20_000, iters })?;
-            best = best.min(1.0 / d.rate);
+            best = best.min(d.cpu_s / d.reads.max(1.0));
         }
         Ok(best)
     };
@@ -315,6 +317,10 @@ fn under_perf(args: &[&str], fixture: &Path, w: Workload, out: &Path) -> anyhow:
     std::thread::sleep(Duration::from_secs(1));
     let d = pingpong(fixture, w)?;
     let (_, cpu) = stop(child, stderr)?;
+    // perf.data is hundreds of MB here: written back now, not during the next measurement.
+    let _ = fs::remove_file(out);
+    // SAFETY: plain syscall.
+    unsafe { libc::sync() };
     Ok(Run {
         rate: d.rate,
         profiler_cpu_s: cpu,
