@@ -47,6 +47,9 @@ pub const SAMPLE_USER_STACK_ERROR: u32 = 1 << 1;
 /// The interrupted instruction was in user mode (the kernel stack is then empty).
 pub const SAMPLE_USER_MODE: u32 = 1 << 2;
 pub const SAMPLE_CPU_TIME_ERROR: u32 = 1 << 3;
+/// Off-CPU record of a long block whose stacks were not walked (see [`OffCpuTrack`]): it has
+/// no frames, and is flagged so that it shows as not captured rather than under no stack.
+pub const OFF_CPU_STACK_NOT_CAPTURED: u32 = 1 << 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -191,13 +194,48 @@ pub struct OffCpuHeader {
 }
 
 /// [`OffCpuHeader`] plus `kernel_frames` kernel then `user_frames` user addresses, leaf first,
-/// taken at the switch-out; only that prefix is sent.
+/// taken at the switch-out; only that prefix is sent (`track` never is).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct OffCpuRecord {
     pub off: OffCpuHeader,
     pub frames: [u64; 2 * MAX_STACK_DEPTH],
+    pub track: OffCpuTrack,
 }
+
+/// Kernel-side state deciding whether a thread's next block gets its stacks walked (about
+/// 2 µs for both, most of what off-CPU recording costs a switch). A block's stack is used
+/// only if it is long (sent alone) or it brings the pending short-block sum to
+/// `off_cpu_min_ns` (it carries the sum: one stack per `off_cpu_min_ns` off-CPU, as CPU
+/// sampling takes one per interval). So the walk is taken when the thread is new, its last
+/// block was long (long blocks come in runs), the last block at this blocking site (the user
+/// address the syscall returns to) was long, or the sum is within the recent short
+/// blocks' length of the threshold. A long block that was not walked is sent with no stack
+/// and `OFF_CPU_STACK_NOT_CAPTURED` (never another block's stack), and its site is remembered.
+/// A sum that reached the threshold in a block that was not walked stays pending: the next
+/// block is walked and carries it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuTrack {
+    /// Decaying maximum of the thread's recent short blocks.
+    pub short_max_ns: u64,
+    /// The current block's site (0: unknown).
+    pub site: u64,
+    /// Sites whose last block was long (0: free), replaced round-robin.
+    pub long_sites: [u64; OFF_CPU_LONG_SITES],
+    pub next_long_site: u32,
+    /// `TRACK_*`.
+    pub flags: u32,
+}
+
+pub const OFF_CPU_LONG_SITES: usize = 4;
+/// [`OffCpuTrack::flags`]: the current block's stacks were walked.
+pub const TRACK_WALKED: u32 = 1 << 0;
+/// The thread's last ended block was long.
+pub const TRACK_PREV_LONG: u32 = 1 << 1;
+/// The frames hold the stack of a block in the pending sum (what a sum sent at the thread's
+/// exit carries; without it, the sum goes without a stack).
+pub const TRACK_SUM_HAS_STACK: u32 = 1 << 2;
 
 pub const OFF_CPU_RECORD_FIXED: usize = core::mem::size_of::<OffCpuHeader>();
 
@@ -256,6 +294,9 @@ pub struct Config {
     /// Blocks shorter than this are summed per thread (see [`OffCpuHeader`]); 8-aligned after
     /// an even number of u32 fields.
     pub off_cpu_min_ns: u64,
+    /// Offset of the user instruction pointer in `struct pt_regs` (an off-CPU block's site).
+    pub pt_regs_ip: u32,
+    pub _pad: u32,
 }
 
 impl Config {
@@ -291,6 +332,8 @@ impl Config {
         fdtable_max_fds: 0,
         off_cpu: 0,
         off_cpu_min_ns: 0,
+        pt_regs_ip: 0,
+        _pad: 0,
     };
 }
 
@@ -360,8 +403,9 @@ pub mod counter {
     /// seen on its CPU since attaching), not current at the sample.
     pub const CPU_TIME_STALE: u32 = 22;
     // Off-CPU: every switch-out the off-CPU tracker takes (a selected task blocking, or with
-    // `OFF_CPU_WALL` any switch-out) ends, once the task runs again, in exactly one of the
-    // next four; a task that never runs again before the end ends in none.
+    // `OFF_CPU_WALL` any switch-out) ends, once the task runs again, in exactly one of
+    // `OFF_CPU_SENT`, `OFF_CPU_SUMMED`, `OFF_CPU_LOST_RINGBUF_FULL`, `OFF_CPU_LOST_MAP_FULL`
+    // and `OFF_CPU_NOT_CAPTURED`; a task that never runs again before the end ends in none.
     /// A block at least `off_cpu_min_ns` long, sent as its own record.
     pub const OFF_CPU_SENT: u32 = 23;
     /// A shorter block, added to its thread's pending sum (sent by a later record).
@@ -384,7 +428,11 @@ pub mod counter {
     pub const MAP_EVENTS_LOST: u32 = 31;
     /// Mapped files whose path could not be walked to the root (cut, too deep, unreadable).
     pub const MAP_PATH_INCOMPLETE: u32 = 32;
-    pub const COUNT: u32 = 33;
+    /// A long block whose stacks were not walked (see `OffCpuTrack`), sent with no stack.
+    pub const OFF_CPU_NOT_CAPTURED: u32 = 33;
+    /// Off-CPU switch-outs whose stacks were walked (not a block count: a cost).
+    pub const OFF_CPU_WALKS: u32 = 34;
+    pub const COUNT: u32 = 35;
 }
 
 /// Size of the `USDT_SPECS` array: probe sites attached at once.

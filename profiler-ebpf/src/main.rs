@@ -28,7 +28,7 @@ use profiler_common::{
 };
 
 #[unsafe(no_mangle)]
-static CONFIG: Config = Config::ZERO;
+pub(crate) static CONFIG: Config = Config::ZERO;
 
 /// Size is set by the loader (`--ring-buffer-size`).
 #[map]

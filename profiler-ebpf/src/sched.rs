@@ -1,7 +1,8 @@
 //! The `sched_switch` hook: remembers, per CPU, which task was switched in, when, and its CPU
 //! time then, so the sampler can report CPU time that is current at the sample; and, with
-//! off-CPU recording on, takes a blocking thread's stacks at its switch-out and sends its
-//! off-CPU time when it is switched in again (see `profiler_common::OffCpuHeader`).
+//! off-CPU recording on, notes when a thread blocks (taking its stacks when they may be used,
+//! see `profiler_common::OffCpuTrack`) and sends its off-CPU time when it is switched in again
+//! (see `profiler_common::OffCpuHeader`).
 //!
 //! Why: the kernel adds to `se.sum_exec_runtime` only in `update_curr` (scheduler ticks,
 //! context switches), so a busy thread reads 0, 0, 0, then a tick's worth (4 ms at HZ=250)
@@ -18,18 +19,22 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        generated::{bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id},
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_current_task_btf,
+            bpf_get_smp_processor_id, bpf_task_pt_regs,
+        },
     },
     macros::{map, raw_tracepoint},
     maps::{HashMap, PerCpuArray},
     programs::RawTracePointContext,
 };
 use profiler_common::{
-    Config, EVENT_OFF_CPU, EventHeader, MAX_STACK_DEPTH, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
-    OFF_CPU_WALL, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR, counter,
+    Config, EVENT_OFF_CPU, MAX_STACK_DEPTH, OFF_CPU_LONG_SITES, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
+    OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR,
+    SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK, TRACK_WALKED, counter,
 };
 
-use crate::{cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
+use crate::{CONFIG, cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
 
 /// Threads tracked off-CPU at once (every selected thread that has blocked and not exited).
 const OFF_CPU_MAX_THREADS: u32 = 65536;
@@ -68,25 +73,34 @@ static OFF_CPU_ZERO: PerCpuArray<OffCpuRecord> = PerCpuArray::with_max_entries(1
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn on_sched_switch(ctx: RawTracePointContext) -> i32 {
     let next: u64 = ctx.arg(2);
-    let cfg = config();
-    if cfg.off_cpu != OFF_CPU_NONE {
+    // Field by field: a volatile read of the whole config copies all of it on every switch.
+    // SAFETY: read-only globals patched by the loader.
+    let (off_cpu, runtime_off) = unsafe {
+        (
+            core::ptr::read_volatile(core::ptr::addr_of!(CONFIG.off_cpu)),
+            core::ptr::read_volatile(core::ptr::addr_of!(CONFIG.task_sum_exec_runtime)),
+        )
+    };
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if off_cpu != OFF_CPU_NONE {
+        let cfg = config();
         let preempt: u64 = ctx.arg(0);
         let prev_state: u64 = ctx.arg(3);
         // SAFETY: runs in the tracepoint with its context.
         unsafe {
-            switch_out(&ctx, &cfg, preempt & 0xff != 0, prev_state as u32);
-            switch_in(&cfg, next);
+            switch_out(&ctx, &cfg, now, preempt & 0xff != 0, prev_state as u32);
+            switch_in(&cfg, now, next);
         }
     }
     let Some(e) = SWITCH_IN.get_ptr_mut(0) else { return 0 };
-    let off = config().task_sum_exec_runtime as u64;
     // SAFETY: `e` is this CPU's slot; `next` is the tracepoint's task pointer, read
     // fault-checked.
     unsafe {
-        match read_kernel_u64(next + off) {
+        match read_kernel_u64(next + runtime_off as u64) {
             Some(runtime) => {
                 (*e).task = next;
-                (*e).ktime_ns = bpf_ktime_get_ns();
+                (*e).ktime_ns = now;
                 (*e).runtime_ns = runtime;
             }
             // Unreadable: let the sampler fall back to the raw counter for this task.
@@ -96,11 +110,18 @@ pub fn on_sched_switch(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// Takes the stacks of the task leaving the CPU (the current one) when it blocks: not when
-/// it was preempted or its state is still `TASK_RUNNING` (a yield, or a sleep cut short by a
-/// signal), both runnable, unless `OFF_CPU_WALL` asks for waits for a CPU too.
+/// Starts a block for the task leaving the CPU (the current one) when it blocks: not when it
+/// was preempted or its state is still `TASK_RUNNING` (a yield, or a sleep cut short by a
+/// signal), both runnable, unless `OFF_CPU_WALL` asks for waits for a CPU too. Takes its
+/// stacks only when they may be used (see `profiler_common::OffCpuTrack`).
 #[inline(always)]
-unsafe fn switch_out(ctx: &RawTracePointContext, cfg: &Config, preempt: bool, state: u32) {
+unsafe fn switch_out(
+    ctx: &RawTracePointContext,
+    cfg: &Config,
+    now: u64,
+    preempt: bool,
+    state: u32,
+) {
     if state & TASK_DEAD != 0 {
         return;
     }
@@ -113,6 +134,7 @@ unsafe fn switch_out(ctx: &RawTracePointContext, cfg: &Config, preempt: bool, st
     if tid == 0 || !selected(cfg, tgid) || !cgroup::selected() {
         return;
     }
+    let mut fresh = false;
     let e = match OFF_CPU.get_ptr_mut(tid) {
         Some(e) => e,
         None => {
@@ -126,6 +148,7 @@ unsafe fn switch_out(ctx: &RawTracePointContext, cfg: &Config, preempt: bool, st
                 count(counter::OFF_CPU_LOST_MAP_FULL);
                 return;
             };
+            fresh = true;
             e
         }
     };
@@ -133,17 +156,31 @@ unsafe fn switch_out(ctx: &RawTracePointContext, cfg: &Config, preempt: bool, st
     // one CPU at a time) and its exit touch it.
     unsafe {
         let r = &mut (*e).off;
-        r.header = EventHeader {
-            kind: EVENT_OFF_CPU,
-            cpu: bpf_get_smp_processor_id(),
-            time_ns: bpf_ktime_get_ns(),
-            pid: tgid,
-            tid,
-        };
+        let t = &mut (*e).track;
+        r.header.time_ns = now;
         r.state = if blocking { state } else { 0 };
+        r.off_cpu = 1;
+        let site = user_site(cfg);
+        t.site = site;
+        let walk = fresh
+            || t.flags & TRACK_PREV_LONG != 0
+            || r.pending_ns.saturating_add(t.short_max_ns) >= cfg.off_cpu_min_ns
+            || (site != 0 && t.long_sites.contains(&site));
+        if !walk {
+            t.flags &= !TRACK_WALKED;
+            return;
+        }
+        // The frames are about to hold this block's stack.
+        t.flags = (t.flags | TRACK_WALKED) & !TRACK_SUM_HAS_STACK;
+        count(counter::OFF_CPU_WALKS);
+        // What the sent record says of the thread, refreshed with each stack (a record without
+        // a stack keeps those of the last walk).
+        r.header.kind = EVENT_OFF_CPU;
+        r.header.cpu = bpf_get_smp_processor_id();
+        r.header.pid = tgid;
+        r.header.tid = tid;
         r.cgroup_id = bpf_get_current_cgroup_id();
         r.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-        r.flags = 0;
         let frames = (*e).frames.as_mut_ptr();
         // Skips this program's frame and the tracepoint's `bpf_trace_run4`: the stack starts
         // at `__schedule`, like the thread's own view of where it blocked.
@@ -157,13 +194,27 @@ unsafe fn switch_out(ctx: &RawTracePointContext, cfg: &Config, preempt: bool, st
         }
         r.kernel_frames = w.kernel_frames;
         r.user_frames = w.user_frames;
-        r.off_cpu = 1;
+    }
+}
+
+/// Where the current task blocked, cheaply: the user address its system call returns to (0
+/// for a kernel thread or when unreadable). Tells a thread's blocking places apart well enough
+/// to predict which blocks are long.
+#[inline(always)]
+unsafe fn user_site(cfg: &Config) -> u64 {
+    // SAFETY: helpers on the current task; the read is fault-checked.
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf());
+        if regs == 0 {
+            return 0;
+        }
+        read_kernel_u64(regs as u64 + cfg.pt_regs_ip as u64).unwrap_or(0)
     }
 }
 
 /// The task coming on the CPU: if it is tracked off-CPU, its block ends now.
 #[inline(always)]
-unsafe fn switch_in(cfg: &Config, next: u64) {
+unsafe fn switch_in(cfg: &Config, now: u64, next: u64) {
     // SAFETY: the tracepoint's task pointer, read fault-checked.
     let Some(tid) = (unsafe { read_kernel_u32(next + cfg.task_pid as u64) }) else { return };
     if tid == 0 {
@@ -173,33 +224,67 @@ unsafe fn switch_in(cfg: &Config, next: u64) {
     // SAFETY: this thread's entry (see `switch_out`).
     unsafe {
         let r = &mut (*e).off;
+        let t = &mut (*e).track;
         if r.off_cpu == 0 {
             return;
         }
         r.off_cpu = 0;
-        let d = bpf_ktime_get_ns().saturating_sub(r.header.time_ns);
+        let d = now.saturating_sub(r.header.time_ns);
         r.block_ns = d;
+        let walked = t.flags & TRACK_WALKED != 0;
         if d >= cfg.off_cpu_min_ns {
+            t.flags |= TRACK_PREV_LONG;
+            let site = t.site;
+            if site != 0 && !t.long_sites.contains(&site) {
+                let i = t.next_long_site as usize % OFF_CPU_LONG_SITES;
+                t.long_sites[i] = site;
+                t.next_long_site = (i as u32 + 1) % OFF_CPU_LONG_SITES as u32;
+            }
             r.weight_ns = d;
             r.blocks = 1;
-            if send(e) {
+            if !walked {
+                // Never another block's stack: none, flagged.
+                r.kernel_frames = 0;
+                r.user_frames = 0;
+                r.flags = OFF_CPU_STACK_NOT_CAPTURED;
+            }
+            if !send(e) {
+                count(counter::OFF_CPU_LOST_RINGBUF_FULL);
+            } else if walked {
                 count(counter::OFF_CPU_SENT);
             } else {
-                count(counter::OFF_CPU_LOST_RINGBUF_FULL);
+                count(counter::OFF_CPU_NOT_CAPTURED);
             }
             return;
         }
         count(counter::OFF_CPU_SUMMED);
+        t.flags &= !TRACK_PREV_LONG;
+        // A site stays in the list while its last block was long: one long block among many
+        // short ones there (a ping-pong thread preempted for a while) must not make every
+        // later block at that site pay for a walk.
+        if t.site != 0 {
+            for i in 0..OFF_CPU_LONG_SITES {
+                if t.long_sites[i] == t.site {
+                    t.long_sites[i] = 0;
+                }
+            }
+        }
+        let decayed = t.short_max_ns - t.short_max_ns / 8;
+        t.short_max_ns = if d > decayed { d } else { decayed };
         r.pending_ns += d;
         r.pending_blocks += 1;
-        if r.pending_ns >= cfg.off_cpu_min_ns {
-            send_pending(e);
+        if walked {
+            t.flags |= TRACK_SUM_HAS_STACK;
+            if r.pending_ns >= cfg.off_cpu_min_ns {
+                send_pending(e);
+            }
         }
+        // Not walked: stays pending, and the next block is walked to carry it.
     }
 }
 
-/// Sends the thread's pending sum with its last block's stack; kept pending if it does not
-/// fit in the ring buffer.
+/// Sends the thread's pending sum with its last walked block's stack; kept pending if it does
+/// not fit in the ring buffer.
 #[inline(always)]
 unsafe fn send_pending(e: *mut OffCpuRecord) {
     unsafe {
@@ -209,6 +294,7 @@ unsafe fn send_pending(e: *mut OffCpuRecord) {
         if send(e) {
             r.pending_ns = 0;
             r.pending_blocks = 0;
+            (*e).track.flags &= !TRACK_SUM_HAS_STACK;
             count(counter::OFF_CPU_SUMS_SENT);
         } else {
             count(counter::OFF_CPU_SUMS_DEFERRED);
@@ -237,6 +323,12 @@ pub fn thread_exit(tid: u32) {
     unsafe {
         if (*e).off.pending_ns > 0 {
             (*e).off.block_ns = 0;
+            // With the stack of a block in the sum if the frames hold one, else none.
+            if (*e).track.flags & TRACK_SUM_HAS_STACK == 0 {
+                (*e).off.kernel_frames = 0;
+                (*e).off.user_frames = 0;
+                (*e).off.flags = OFF_CPU_STACK_NOT_CAPTURED;
+            }
             send_pending(e);
         }
     }

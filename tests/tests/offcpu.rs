@@ -16,6 +16,8 @@ use tests::{
 };
 
 const OFF_CPU: &str = "Off-CPU";
+/// The frame standing for an off-CPU stack the kernel did not take.
+const NOT_CAPTURED: &str = "[off-CPU: stack not captured]";
 
 /// Records with `args` while the `offcpu` fixture runs with `fixture_args` (it is started after
 /// the profiler says "sampling"); returns the recording, the profile and the fixture's stdout.
@@ -192,15 +194,121 @@ fn offcpu_context_switch_storm_is_summed_and_attributed() {
         .unwrap_or_else(|| panic!("no summed count in {line:?}"));
     assert!(summed as f64 >= 0.5 * switches, "{summed} blocks summed for {switches} switches");
     assert!(!summary.contains("off-CPU records but"), "records went missing:\n{summary}");
-    // Each thread's off-CPU samples carry its own blocking stack, never the other's.
+    // Each thread's off-CPU samples carry its own blocking stack, never the other's. Blocks
+    // that turn long without warning (the other thread preempted for a while on a loaded
+    // machine) have no stack taken: they show as not captured, never under another stack.
     for (tid, own, other) in [(ping, "ping_loop", "pong_loop"), (pong, "pong_loop", "ping_loop")] {
         let t = thread(&profile, tid);
         let off: Vec<_> = samples(&profile, &t).into_iter().filter(|(_, o)| *o).collect();
         let own_n = off.iter().filter(|(s, _)| contains_path(s, &[own])).count();
         let wrong = off.iter().filter(|(s, _)| contains_path(s, &[other])).count();
-        eprintln!("storm: {tid} ({own}) {} off-CPU samples, {own_n} under {own}", off.len());
+        let not_captured = off
+            .iter()
+            .filter(|(s, _)| s.len() == 1 && function_name(&s[0]) == NOT_CAPTURED)
+            .count();
+        eprintln!(
+            "storm: {tid} ({own}) {} off-CPU samples, {own_n} under {own}, {not_captured} not \
+             captured",
+            off.len()
+        );
         assert!(off.len() > 100, "thread {tid}: only {} off-CPU samples", off.len());
         assert_eq!(wrong, 0, "thread {tid} has {wrong} off-CPU samples under {other}");
-        assert!(own_n * 10 >= off.len() * 9, "thread {tid}: {own_n} of {} under {own}", off.len());
+        assert!(
+            (own_n + not_captured) * 10 >= off.len() * 9,
+            "thread {tid}: {own_n} of {} under {own}, {not_captured} not captured",
+            off.len()
+        );
     }
+    let not_captured = summary_count(summary, "long sent without a stack (not walked)");
+    let walks = summary
+        .lines()
+        .find_map(|l| {
+            l.split("stacks walked ").nth(1)?.split(',').next()?.trim().parse::<f64>().ok()
+        })
+        .expect("stacks walked in the summary");
+    eprintln!("storm: {walks} stack walks, {not_captured} long blocks not captured");
+    // Stacks are walked for a small share of the blocks, not for each.
+    assert!(walks < 0.2 * switches, "{walks} stack walks for {switches} blocking reads");
+}
+
+/// Count `what` from the summary's "off-CPU:" line, e.g. "long sent without a stack".
+fn summary_count(summary: &str, what: &str) -> u64 {
+    let line = summary.lines().find(|l| l.starts_with("off-CPU:")).expect("off-CPU summary line");
+    line.split(", ")
+        .find_map(|p| p.trim().strip_suffix(what)?.trim().rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {what:?} count in {line:?}"))
+}
+
+#[test]
+fn offcpu_long_block_not_walked_is_flagged_not_given_another_stack() {
+    let exe = fixtures::build("offcpu").expect("build fixture");
+    let exe = exe.to_str().expect("UTF-8 path");
+    let out = output_path("offcpu_not_captured", "json");
+    let o = out.to_str().expect("UTF-8 path");
+    // Each round: 1000 short sleeps in tiny_wait, then a 200 ms one in late_wait, whose site's
+    // last block was short. With --off-cpu-min 50 the short sleeps' sum is rarely within a
+    // short block of the threshold when the long sleep starts, so its stack is rarely walked.
+    let (rounds, long_ms) = (4.0, 200.0);
+    let mut done = run(&[
+        "--off-cpu",
+        "--off-cpu-min",
+        "50",
+        "-o",
+        o,
+        "--",
+        exe,
+        "tinylong",
+        "4",
+        "1000",
+        "200",
+    ])
+    .expect("record");
+    done.output = out.clone();
+    let profile = done.profile().expect("profile written");
+    let tid = tids(&done.stdout, "tinylong")[0];
+    let (tiny_ms, fixture_long_ms) =
+        (value(&done.stdout, "tiny_ms"), value(&done.stdout, "long_ms"));
+    let t = thread(&profile, tid);
+    let off: Vec<_> = samples(&profile, &t).into_iter().filter(|(_, o)| *o).collect();
+    let iv = interval_ms(&profile);
+    let ms =
+        |f: &dyn Fn(&Vec<String>) -> bool| off.iter().filter(|(s, _)| f(s)).count() as f64 * iv;
+    let is_placeholder = |s: &Vec<String>| s.iter().any(|f| function_name(f) == NOT_CAPTURED);
+    let placeholder_ms = ms(&is_placeholder);
+    let late_ms = ms(&|s| contains_path(s, &["late_wait"]));
+    let tiny_wait_ms = ms(&|s| contains_path(s, &["tiny_wait"]));
+    let not_captured = summary_count(&done.stderr, "long sent without a stack (not walked)");
+    eprintln!(
+        "tinylong: fixture tiny {tiny_ms:.0} ms, long {fixture_long_ms:.0} ms; off-CPU under \
+         late_wait {late_ms:.0} ms, tiny_wait {tiny_wait_ms:.0} ms, not captured \
+         {placeholder_ms:.0} ms; {not_captured} blocks not captured"
+    );
+    // The not-captured path is taken, counted, and shows as such: its frame alone.
+    assert!(not_captured >= 1, "no long block went without a walk:\n{}", done.stderr);
+    assert!(
+        off.iter().filter(|(s, _)| is_placeholder(s)).all(|(s, _)| s.len() == 1),
+        "a not-captured block has other frames: {:?}",
+        off.iter().find(|(s, _)| is_placeholder(s) && s.len() > 1)
+    );
+    // Each such block's time, plus at most the short blocks' sum still pending at the exit
+    // (sent without a stack when none of its blocks was walked).
+    let expected = not_captured as f64 * long_ms;
+    assert!(
+        placeholder_ms >= 0.95 * expected - 2.0 * iv
+            && placeholder_ms <= 1.05 * expected + 50.0 + 2.0 * iv,
+        "{placeholder_ms:.0} ms not captured for {not_captured} blocks of {long_ms} ms"
+    );
+    // Not attributed elsewhere: the long sleeps are all under late_wait or not captured, and
+    // tiny_wait carries no more than the short sleeps (plus one unsent sum).
+    let long_total = late_ms + placeholder_ms;
+    assert!(
+        long_total >= 0.9 * rounds * long_ms && long_total <= 1.1 * rounds * long_ms + 50.0,
+        "long sleeps: {late_ms:.0} ms under late_wait + {placeholder_ms:.0} ms not captured, \
+         want ~{}",
+        rounds * long_ms
+    );
+    assert!(
+        tiny_wait_ms <= 1.1 * tiny_ms + 50.0 + 2.0 * iv,
+        "{tiny_wait_ms:.0} ms under tiny_wait for {tiny_ms:.0} ms of short sleeps"
+    );
 }

@@ -27,6 +27,8 @@ pub fn fill_offsets(path: &Path, config: &mut Config) -> Result<()> {
     config.task_mm = offset_of(&btf, "task_struct", &["mm"])?;
     config.mm_arg_start = offset_of(&btf, "mm_struct", &["arg_start"])?;
     config.mm_arg_end = offset_of(&btf, "mm_struct", &["arg_end"])?;
+    // x86-64's name; an off-CPU block's site is then unknown (0) elsewhere.
+    config.pt_regs_ip = offset_of(&btf, "pt_regs", &["ip"]).unwrap_or(0);
     fill_maptrack_offsets(&btf, config)
 }
 

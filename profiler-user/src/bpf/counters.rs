@@ -133,6 +133,16 @@ pub const COUNTERS: &[CounterDef] = &[
         "map_path_incomplete",
         "Mapped files whose path the kernel could not walk to the root",
     ),
+    def(
+        counter::OFF_CPU_NOT_CAPTURED,
+        "off_cpu_blocks_not_captured",
+        "Off-CPU blocks at least --off-cpu-min long sent without a stack (not walked)",
+    ),
+    def(
+        counter::OFF_CPU_WALKS,
+        "off_cpu_stack_walks",
+        "Off-CPU switch-outs whose stacks were walked",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

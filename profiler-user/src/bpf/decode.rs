@@ -466,6 +466,13 @@ mod tests {
                 off_cpu: 0,
             },
             frames: [0; 2 * MAX_STACK_DEPTH],
+            track: profiler_common::OffCpuTrack {
+                short_max_ns: 0,
+                site: 0,
+                long_sites: [0; profiler_common::OFF_CPU_LONG_SITES],
+                next_long_site: 0,
+                flags: 0,
+            },
         };
         r.frames[..3].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401]);
         let b = bytes_of(&r, OFF_CPU_RECORD_FIXED + 3 * 8);

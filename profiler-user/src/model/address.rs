@@ -20,4 +20,7 @@ pub enum FrameAddr {
         pid: Pid,
         label: LabelId,
     },
+    /// Stands for the stack of an off-CPU block whose stack the kernel did not take (see
+    /// `profiler_common::OffCpuTrack`), so its time shows as such, never under no frame.
+    OffCpuNotCaptured,
 }

@@ -244,6 +244,9 @@ impl SymbolizerThread {
                 }
                 // Named from the process's label texts, see `name_labels`.
                 FrameAddr::Label { .. } => {}
+                FrameAddr::OffCpuNotCaptured => {
+                    self.out.insert(a, vec![off_cpu_not_captured()]);
+                }
             }
         }
         self.kernel(&kernel);
@@ -340,6 +343,21 @@ impl SymbolizerThread {
 }
 
 /// A frame that could not be named keeps its module and address.
+/// Name of the frame standing for an off-CPU stack the kernel did not take.
+pub const OFF_CPU_NOT_CAPTURED: &str = "[off-CPU: stack not captured]";
+
+fn off_cpu_not_captured() -> Frame {
+    Frame {
+        kind: FrameKind::User,
+        function: OFF_CPU_NOT_CAPTURED.into(),
+        module: "rsprof-bpf".into(),
+        file: None,
+        line: None,
+        column: None,
+        inlined: false,
+    }
+}
+
 fn unknown(kind: FrameKind, addr: u64, module: &str) -> Frame {
     Frame {
         kind,

@@ -175,15 +175,18 @@ pub fn render(i: &SummaryInput) -> String {
     );
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)
+        + c.get(counter::OFF_CPU_NOT_CAPTURED)
         + c.get(counter::OFF_CPU_LOST_RINGBUF_FULL)
         + c.get(counter::OFF_CPU_LOST_MAP_FULL);
     if tracked > 0 || i.stats.off_cpu_samples > 0 {
         let _ = writeln!(
             s,
             "off-CPU: {tracked} blocks ended: {} sent one by one, {} shorter than --off-cpu-min \
-             summed per thread, {} lost (ring buffer full {}, thread map full {})",
+             summed per thread, {} long sent without a stack (not walked), {} lost (ring buffer \
+             full {}, thread map full {})",
             c.get(counter::OFF_CPU_SENT),
             c.get(counter::OFF_CPU_SUMMED),
+            c.get(counter::OFF_CPU_NOT_CAPTURED),
             c.lost_off_cpu(),
             c.get(counter::OFF_CPU_LOST_RINGBUF_FULL),
             c.get(counter::OFF_CPU_LOST_MAP_FULL),
@@ -191,15 +194,18 @@ pub fn render(i: &SummaryInput) -> String {
         let _ = writeln!(
             s,
             "  {} records arrived ({} of summed blocks; {} sums deferred, ring buffer full) \
-             carrying {:.1} ms off-CPU in {} blocks; stack errors {}",
+             carrying {:.1} ms off-CPU in {} blocks; stacks walked {}, stack errors {}",
             i.stats.off_cpu_samples,
             c.get(counter::OFF_CPU_SUMS_SENT),
             c.get(counter::OFF_CPU_SUMS_DEFERRED),
             i.stats.off_cpu_ns as f64 / 1e6,
             i.stats.off_cpu_blocks,
+            c.get(counter::OFF_CPU_WALKS),
             c.get(counter::OFF_CPU_STACK_ERRORS),
         );
-        let sent = c.get(counter::OFF_CPU_SENT) + c.get(counter::OFF_CPU_SUMS_SENT);
+        let sent = c.get(counter::OFF_CPU_SENT)
+            + c.get(counter::OFF_CPU_SUMS_SENT)
+            + c.get(counter::OFF_CPU_NOT_CAPTURED);
         if sent != i.stats.off_cpu_samples {
             let _ = writeln!(
                 s,
