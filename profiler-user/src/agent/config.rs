@@ -1,12 +1,13 @@
 //! The agent's options: a TOML file (`--config`) and flags set the same ones, flags winning.
 //! Validated once into an [`AgentPlan`].
 
-use std::{path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use crate::{
+    agent::metrics,
     cli::args::Mode,
     cli::{
         args::{AgentArgs, RecordArgs, parse_size},
@@ -42,6 +43,8 @@ pub struct FileConfig {
     pub spool_size: Option<String>,
     pub buffer_size: Option<String>,
     pub host: Option<String>,
+    /// `IP:PORT` or `off`.
+    pub metrics: Option<String>,
     pub quiet: Option<bool>,
 }
 
@@ -64,6 +67,8 @@ pub struct AgentPlan {
     pub spool: PathBuf,
     pub spool_bytes: u64,
     pub host: String,
+    /// Where to serve Prometheus metrics; None: not served.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl AgentPlan {
@@ -131,7 +136,11 @@ impl AgentPlan {
             Some(h) => h,
             None => hostname(),
         };
+        let metrics = parse_metrics_addr(
+            args.metrics.or(file.metrics).as_deref().unwrap_or(metrics::DEFAULT_ADDR),
+        )?;
         Ok(Self {
+            metrics,
             record: RecordPlan::from_args(record)?,
             window: Duration::from_secs_f64(window),
             spool: args.spool.or(file.spool).unwrap_or_else(|| DEFAULT_SPOOL.into()),
@@ -139,6 +148,19 @@ impl AgentPlan {
             host,
         })
     }
+}
+
+/// `IP:PORT` or `off`. A name such as `localhost:9749` is refused: what it resolves to could
+/// change, and the metrics must not end up on another interface by surprise.
+fn parse_metrics_addr(text: &str) -> Result<Option<SocketAddr>> {
+    if text == "off" {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        anyhow::anyhow!(
+            "invalid metrics address {text:?}: expected IP:PORT (e.g. 127.0.0.1:9749) or off"
+        )
+    })
 }
 
 /// This host's name (the kernel's nodename).
@@ -166,6 +188,14 @@ mod tests {
         let e = FileConfig::parse("frequency = 49\nwindoww = 3\n").unwrap_err().to_string();
         assert!(e.starts_with("line 2: unknown field `windoww`"), "{e}");
         assert!(!e.contains('\n'), "one line: {e}");
+        let c = FileConfig::parse("metrics = \"off\"").unwrap();
+        assert_eq!(parse_metrics_addr(c.metrics.as_deref().unwrap()).unwrap(), None);
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:0").unwrap(),
+            Some("127.0.0.1:0".parse().unwrap())
+        );
+        assert!(parse_metrics_addr("localhost:9749").is_err());
+        assert!(parse_metrics_addr(metrics::DEFAULT_ADDR).unwrap().unwrap().ip().is_loopback());
         let e = FileConfig::parse("frequency = \"fast\"").unwrap_err().to_string();
         assert!(e.starts_with("line 1: invalid type"), "{e}");
     }

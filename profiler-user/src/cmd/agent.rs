@@ -3,12 +3,12 @@
 //! Sampling and draining go on while a window is written; the last window is written before
 //! exit.
 
-use std::sync::mpsc;
+use std::{sync::mpsc, time::Instant};
 
 use anyhow::Result;
 
 use crate::{
-    agent::{config::AgentPlan, spool::Spool, windows},
+    agent::{config::AgentPlan, metrics::AgentMetrics, spool::Spool, windows},
     cli::args::AgentArgs,
     export::ExportJob,
     session::{Recorder, Signals, messages::Messages},
@@ -36,16 +36,33 @@ pub fn run(args: AgentArgs) -> Result<()> {
         plan.spool.display(),
         spool.stats.incomplete_removed
     ));
+    let metrics = AgentMetrics::new(&plan.host);
+    metrics.spool.incomplete_removed.inc_by(spool.stats.incomplete_removed);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _guard = rt.enter();
     let mut signals = Signals::install()?;
+    // Bound before loading BPF so a taken port fails the start at once.
+    let listener = match plan.metrics {
+        Some(addr) => Some(rt.block_on(crate::agent::metrics::bind(addr))?),
+        None => None,
+    };
+    ignore_sighup(msgs)?;
     let mut recorder = Recorder::start(&plan.record, msgs)?;
+    if let Some(listener) = listener {
+        let (req_tx, req_rx) = tokio::sync::mpsc::channel(4);
+        recorder.serve(req_rx);
+        msgs.info(format_args!("metrics on http://{}/metrics", listener.local_addr()?));
+        rt.spawn(crate::agent::metrics::serve(listener, metrics.clone(), req_tx));
+    }
 
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
+    let m = metrics.clone();
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
         let mut samples = 0u64;
         for w in rx {
+            let began = Instant::now();
+            m.windows.events_lost.inc_by(w.lost);
             match windows::profiles(w.job, &host) {
                 Ok((profiles, report)) => {
                     for (module, why) in report.symbolize_errors {
@@ -54,15 +71,26 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     for c in report.corrupt {
                         msgs.warn(format_args!("corrupt storage skipped: {c}"));
                     }
-                    let before = spool.stats.deleted_for_size;
+                    let before = spool.stats;
                     let n: u64 = profiles.iter().map(|p| p.samples).sum();
                     samples += n;
                     for p in &profiles {
+                        m.windows.samples(&p.labels.service_name, p.samples);
                         if let Err(e) = spool.write(p) {
+                            m.spool.write_errors.inc();
                             msgs.warn(format_args!("spool write failed: {e:#}"));
                         }
                     }
-                    let deleted = spool.stats.deleted_for_size - before;
+                    let deleted = spool.stats.deleted_for_size - before.deleted_for_size;
+                    let (held, bytes) = spool.held();
+                    m.windows.produced.inc();
+                    m.windows.profiles.inc_by(profiles.len() as u64);
+                    m.spool.deleted.inc_by(deleted);
+                    m.spool.written.inc_by(spool.stats.written - before.written);
+                    m.spool.written_bytes.inc_by(spool.stats.bytes_written - before.bytes_written);
+                    m.spool.windows.set(held as i64);
+                    m.spool.bytes.set(bytes as i64);
+                    m.windows.write_seconds.observe(began.elapsed().as_secs_f64());
                     msgs.info(format_args!(
                         "window: {} profiles, {n} samples, {} lost (buffer full); spool {} \
                          windows, {deleted} oldest deleted for --spool-size",
@@ -71,7 +99,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
                         spool.held().0
                     ));
                 }
-                Err(e) => msgs.warn(format_args!("window failed: {e:#}")),
+                Err(e) => {
+                    m.windows.failed.inc();
+                    msgs.warn(format_args!("window failed: {e:#}"));
+                }
             }
         }
         (spool.stats, samples)
@@ -93,6 +124,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             Ok(()) => {}
             Err(mpsc::TrySendError::Full(_)) => {
                 dropped += 1;
+                metrics.windows.dropped.inc();
                 msgs.warn(format_args!(
                     "window dropped: the writer is {QUEUED_WINDOWS} windows behind ({dropped} \
                      dropped so far)"
@@ -117,5 +149,20 @@ pub fn run(args: AgentArgs) -> Result<()> {
         stats.deleted_for_size,
         counters.lost_samples()
     ));
+    Ok(())
+}
+
+/// SIGHUP (a closed terminal, or `systemctl reload` habits) must not end the agent. The
+/// configuration is read once at start; say so rather than pretend to reload.
+fn ignore_sighup(msgs: Messages) -> Result<()> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            msgs.warn(format_args!(
+                "SIGHUP ignored: the configuration is read only at start; restart the agent to \
+                 apply changes"
+            ));
+        }
+    });
     Ok(())
 }
