@@ -1,3 +1,4 @@
+pub mod agent_proc;
 pub mod cgroups;
 pub mod firefox_import;
 pub mod fixtures;
@@ -5,3 +6,4 @@ pub mod gecko_schema;
 pub mod go_pprof;
 pub mod harness;
 pub mod profile_query;
+pub mod prometheus;

@@ -21,7 +21,10 @@ pub fn setup() -> anyhow::Result<()> {
     let mut present = Vec::new();
     // The tests also need the packages Go's pprof is built from; `build` and `run` (`ensure`)
     // do not install them.
-    install_missing(&mut present, tests::go_pprof::DEBIAN_PACKAGES)?;
+    // and Prometheus, which the dashboards test runs against the agent.
+    let test_packages =
+        [tests::go_pprof::DEBIAN_PACKAGES, tests::prometheus::DEBIAN_PACKAGES].concat();
+    install_missing(&mut present, &test_packages)?;
     for what in &present {
         println!("{what}: already installed");
     }

@@ -152,6 +152,18 @@ pub struct SinkMetrics {
 }
 
 impl SinkMetrics {
+    /// Creates `sink`'s series at zero, so a first failure shows as a rate rather than as a
+    /// series appearing from nothing (which `rate()` cannot see).
+    pub fn register(&self, sink: &str) {
+        for outcome in [PushOutcome::Ok, PushOutcome::Retry, PushOutcome::Reject] {
+            let _ = self.attempts.get_or_create(&SinkOutcomeLabels {
+                sink: sink.to_owned(),
+                outcome: outcome.as_str().to_owned(),
+            });
+        }
+        let _ = self.latency.get_or_create(&SinkLabel { sink: sink.to_owned() });
+    }
+
     /// One push to `sink` (`RemoteSink::name`), how it ended and how long it took.
     pub fn attempt(&self, sink: &str, outcome: PushOutcome, latency: Duration) {
         self.attempts

@@ -8,7 +8,12 @@ use std::{sync::mpsc, time::Instant};
 use anyhow::Result;
 
 use crate::{
-    agent::{config::AgentPlan, metrics::AgentMetrics, spool::Spool, windows},
+    agent::{
+        config::AgentPlan,
+        metrics::{AgentMetrics, PushOutcome},
+        spool::Spool,
+        windows,
+    },
     cli::args::AgentArgs,
     export::ExportJob,
     session::{Recorder, Signals, messages::Messages},
@@ -58,6 +63,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
     let m = metrics.clone();
+    // The spool is the first sink: each window's write is a push that cannot be retried.
+    m.sinks.register("spool");
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
         let mut samples = 0u64;
         for w in rx {
@@ -76,7 +83,12 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     samples += n;
                     for p in &profiles {
                         m.windows.samples(&p.labels.service_name, p.samples);
-                        if let Err(e) = spool.write(p) {
+                        let t = Instant::now();
+                        let written = spool.write(p);
+                        let outcome =
+                            if written.is_ok() { PushOutcome::Ok } else { PushOutcome::Reject };
+                        m.sinks.attempt("spool", outcome, t.elapsed());
+                        if let Err(e) = written {
                             m.spool.write_errors.inc();
                             msgs.warn(format_args!("spool write failed: {e:#}"));
                         }
