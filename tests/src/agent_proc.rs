@@ -11,7 +11,11 @@ use std::{
 
 use anyhow::{Result, bail};
 
-use crate::harness::command;
+use crate::{fixtures, harness::command};
+
+/// Debian packages the agent's operation tests use: `systemd-analyze` (systemd) and `setpriv`
+/// (util-linux).
+pub const DEBIAN_PACKAGES: &[&str] = &["systemd", "util-linux"];
 
 pub struct AgentProc {
     pub child: Child,
@@ -29,7 +33,21 @@ impl Drop for AgentProc {
 impl AgentProc {
     /// Starts `rsprof-bpf agent ARGS` and waits for its "sampling" line.
     pub fn start(args: &[&str]) -> Result<Self> {
-        let mut child = command()?
+        Self::start_wrapped(&[], args)
+    }
+
+    /// Starts `WRAPPER... rsprof-bpf agent ARGS` (e.g. `setpriv --bounding-set=...`).
+    pub fn start_wrapped(wrapper: &[String], args: &[&str]) -> Result<Self> {
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                fixtures::require_root()?;
+                let mut c = std::process::Command::new(first);
+                c.args(rest).arg(fixtures::rsprof_bin()?);
+                c
+            }
+            None => command()?,
+        };
+        let mut child = cmd
             .arg("agent")
             .args(args)
             .stdin(Stdio::null())

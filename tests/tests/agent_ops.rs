@@ -1,6 +1,7 @@
 //! Operating the agent: its Prometheus metrics scraped by a real Prometheus (Debian's package)
 //! and every query of the Grafana dashboards in dashboards/ evaluated there; the dashboards'
-//! structure. Needs root (the agent loads BPF programs).
+//! structure; the systemd unit in deploy/ (verified, and its capabilities enough). Needs root
+//! (the agent loads BPF programs).
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -225,4 +226,164 @@ fn ops_dashboards_queries_return_data_from_a_real_prometheus() {
         .unwrap();
     assert_eq!(bpf.len(), 1, "sampler run time: {bpf:?}");
     drop(agent);
+}
+
+fn unit_path() -> PathBuf {
+    repo().join("deploy/rsprof-bpf-agent.service")
+}
+
+/// `systemd-analyze verify` on `unit`: its whole output (empty when the unit is clean; verify
+/// exits 0 after "ignoring" a setting it cannot parse, so the output is what tells).
+fn verify(unit: &Path) -> (bool, String) {
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(unit)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "systemd-analyze cannot run ({e}): install Debian's systemd package (`cargo \
+                 xtask setup` does)"
+            )
+        });
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn ops_service_unit_verifies() {
+    let bin = tests::fixtures::rsprof_bin().unwrap();
+    let unit = fs::read_to_string(unit_path()).unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/rsprof-bpf agent"), "{unit}");
+    let dir = output_path("ops_service", "d");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    // The unit's name must be kept: verify checks the file name too.
+    let copy = dir.join("rsprof-bpf-agent.service");
+    let real = unit.replace("/usr/local/bin/rsprof-bpf", &bin.display().to_string());
+    fs::write(&copy, &real).unwrap();
+    let (ok, text) = verify(&copy);
+    assert!(ok && text.trim().is_empty(), "systemd-analyze verify:\n{text}");
+    // And it does notice a bad setting (so a clean result above means something).
+    fs::write(&copy, real.replace("ProtectSystem=strict", "ProtectSystem=strictly")).unwrap();
+    let (_, text) = verify(&copy);
+    assert!(text.contains("ProtectSystem") || text.contains("protect system"), "{text}");
+    for needle in [
+        "ProtectSystem=strict",
+        "StateDirectory=rsprof-bpf",
+        "Restart=on-failure",
+        "NoNewPrivileges=yes",
+    ] {
+        assert!(unit.contains(needle), "unit lacks {needle}");
+    }
+}
+
+/// The unit's `CapabilityBoundingSet`, as setpriv's `-all,+bpf,+perfmon,...`.
+fn unit_capabilities() -> String {
+    let unit = fs::read_to_string(unit_path()).unwrap();
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("CapabilityBoundingSet");
+    let caps: Vec<String> = line
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert!(caps.contains(&"+bpf".to_owned()) && caps.contains(&"+perfmon".to_owned()));
+    format!("-all,{}", caps.join(","))
+}
+
+/// Samples of `pid` in collapsed stacks, and how many of them are in `func`.
+fn samples_of(folded: &str, pid: u32, func: &str) -> (u64, u64) {
+    let tag = format!("-{pid};");
+    let mut all = (0, 0);
+    for l in folded.lines().filter(|l| l.contains(&tag)) {
+        let n: u64 = l.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        all.0 += n;
+        if l.split(';').any(|f| f.starts_with(func)) {
+            all.1 += n;
+        }
+    }
+    all
+}
+
+/// The agent with only the unit's capabilities (setpriv bounds them as systemd would for a
+/// root service) still does everything they were chosen for: loads and samples, names kernel
+/// frames (CAP_SYSLOG), symbolizes an executable only its owner (nobody) can read
+/// (CAP_DAC_READ_SEARCH) and a deleted executable of a root process, read through
+/// /proc/PID/map_files (CAP_CHECKPOINT_RESTORE, CAP_SYS_PTRACE). Each of those four was
+/// measured: with it removed from the unit, this test fails on the check named.
+#[test]
+fn ops_service_capabilities_are_enough() {
+    use std::os::unix::fs::{PermissionsExt as _, chown};
+    let split = tests::fixtures::build("split").unwrap();
+    let dir = output_path("ops_caps", "d");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    let private_dir = dir.join("private");
+    fs::create_dir(&private_dir).unwrap();
+    let private = private_dir.join("split_private");
+    fs::copy(&split, &private).unwrap();
+    for p in [&private, &private_dir] {
+        chown(p, Some(65534), Some(65534)).unwrap();
+        fs::set_permissions(p, fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let deleted = dir.join("split_deleted");
+    fs::copy(&split, &deleted).unwrap();
+    let run = |cmd: &mut std::process::Command| {
+        tests::harness::Background(cmd.stdout(std::process::Stdio::null()).spawn().unwrap())
+    };
+    let as_nobody = run(std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&private)
+        .arg("60"));
+    let as_root = run(std::process::Command::new(&deleted).arg("60"));
+    // Wait until both run their code, then delete the root one's executable.
+    std::thread::sleep(Duration::from_millis(300));
+    fs::remove_file(&deleted).unwrap();
+    let spool = dir.join("spool");
+    let spool_arg = spool.display().to_string();
+    let wrapper =
+        ["setpriv".to_owned(), format!("--bounding-set={}", unit_capabilities()), "--".into()];
+    let mut agent = AgentProc::start_wrapped(
+        &wrapper,
+        &["--metrics", "off", "--window", "1", "-F", "99", "--spool", &spool_arg],
+    )
+    .unwrap();
+    let status = fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
+    let bound = status.lines().find(|l| l.starts_with("CapBnd:")).unwrap().to_owned();
+    for _ in 0..4 {
+        agent.wait_for("window:", Duration::from_secs(30)).unwrap();
+        agent.seen.retain(|l| !l.contains("window:"));
+    }
+    agent.signal(libc::SIGTERM);
+    let _ = agent.child.wait();
+    let folded = dir.join("all.folded");
+    let out = tests::harness::command()
+        .unwrap()
+        .args(["query", "--spool", &spool_arg, "-o"])
+        .arg(&folded)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "query: {}", String::from_utf8_lossy(&out.stderr));
+    let text = fs::read_to_string(&folded).unwrap();
+    let mut problems = Vec::new();
+    for (what, pid) in
+        [("nobody's 0700 executable", as_nobody.0.id()), ("a deleted executable", as_root.0.id())]
+    {
+        let (n, hot) = samples_of(&text, pid, "hot_");
+        if n == 0 || hot * 2 < n {
+            problems.push(format!("{what} (pid {pid}): {hot} of {n} samples in hot_a/hot_b"));
+        }
+    }
+    let kernel: Vec<&str> = text.split([';', ' ']).filter(|f| f.ends_with("_[k]")).collect();
+    if kernel.is_empty() || kernel.iter().all(|f| f.contains("+0x")) {
+        problems.push(format!("no kernel frame named ({} kernel frames)", kernel.len()));
+    }
+    assert!(
+        problems.is_empty(),
+        "with {bound}:\n{}\n{}",
+        problems.join("\n"),
+        agent.seen.join("\n")
+    );
 }

@@ -21,7 +21,7 @@ pub fn setup() -> anyhow::Result<()> {
     let mut present = Vec::new();
     // The tests also need the packages Go's pprof is built from; `build` and `run` (`ensure`)
     // do not install them.
-    // and Prometheus, which the dashboards test runs against the agent.
+    // Prometheus, which the dashboards test runs against the agent, and the service test's tools.
     let test_packages =
         [tests::go_pprof::DEBIAN_PACKAGES, tests::prometheus::DEBIAN_PACKAGES].concat();
     install_missing(&mut present, &test_packages)?;
