@@ -21,10 +21,17 @@ pub fn setup() -> anyhow::Result<()> {
     let mut present = Vec::new();
     // The tests also need the packages Go's pprof is built from; `build` and `run` (`ensure`)
     // do not install them.
-    // Prometheus, which the dashboards test runs against the agent, and the service test's tools.
-    let test_packages =
-        [tests::go_pprof::DEBIAN_PACKAGES, tests::prometheus::DEBIAN_PACKAGES].concat();
-    install_missing(&mut present, &test_packages)?;
+    // protobuf-compiler: protoc decodes the agent's Pyroscope pushes independently of its
+    // own structs; Prometheus scrapes the agent in the dashboards test; systemd-analyze and
+    // setpriv check the service unit.
+    let packages = [
+        tests::go_pprof::DEBIAN_PACKAGES,
+        &["protobuf-compiler"],
+        tests::prometheus::DEBIAN_PACKAGES,
+        tests::agent_proc::DEBIAN_PACKAGES,
+    ]
+    .concat();
+    install_missing(&mut present, &packages)?;
     for what in &present {
         println!("{what}: already installed");
     }

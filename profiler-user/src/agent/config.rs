@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::{
     agent::metrics,
+    agent::sinks::pyroscope::PyroscopeAuth,
     cli::args::Mode,
     cli::{
         args::{AgentArgs, RecordArgs, parse_size},
@@ -40,12 +41,17 @@ pub struct FileConfig {
     /// Seconds.
     pub window: Option<f64>,
     pub spool: Option<PathBuf>,
+    pub queue_dir: Option<PathBuf>,
     pub spool_size: Option<String>,
     pub buffer_size: Option<String>,
     pub host: Option<String>,
     /// `IP:PORT` or `off`.
     pub metrics: Option<String>,
     pub quiet: Option<bool>,
+    pub pyroscope: Option<String>,
+    pub pyroscope_basic_auth_file: Option<PathBuf>,
+    pub pyroscope_token_file: Option<PathBuf>,
+    pub pyroscope_tenant_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -64,11 +70,16 @@ impl FileConfig {
 pub struct AgentPlan {
     pub record: RecordPlan,
     pub window: Duration,
+    /// The spool, also the remote sinks' queue.
     pub spool: PathBuf,
+    /// Keep delivered windows: `--spool` was given, or there is no remote sink.
+    pub keep_spool: bool,
     pub spool_bytes: u64,
     pub host: String,
     /// Where to serve Prometheus metrics; None: not served.
     pub metrics: Option<SocketAddr>,
+    /// Grafana Pyroscope's URL and credentials (read from their files at start).
+    pub pyroscope: Option<(String, PyroscopeAuth)>,
 }
 
 impl AgentPlan {
@@ -131,6 +142,19 @@ impl AgentPlan {
             off_cpu: false,
             off_cpu_min: 1.0,
         };
+        let pyroscope = match args.pyroscope.or(file.pyroscope) {
+            Some(url) => {
+                let or = |a: Option<PathBuf>, b: Option<PathBuf>| a.or(b);
+                let auth = PyroscopeAuth::from_files(
+                    or(args.pyroscope_basic_auth_file, file.pyroscope_basic_auth_file).as_deref(),
+                    or(args.pyroscope_token_file, file.pyroscope_token_file).as_deref(),
+                    or(args.pyroscope_tenant_file, file.pyroscope_tenant_file).as_deref(),
+                )?;
+                Some((url, auth))
+            }
+            None => None,
+        };
+        let remote = pyroscope.is_some();
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),
             Some(h) => h,
@@ -143,9 +167,13 @@ impl AgentPlan {
             metrics,
             record: RecordPlan::from_args(record)?,
             window: Duration::from_secs_f64(window),
-            spool: args.spool.or(file.spool).unwrap_or_else(|| DEFAULT_SPOOL.into()),
+            keep_spool: args.spool.is_some() || file.spool.is_some() || !remote,
+            spool: (args.spool.or(file.spool))
+                .or(args.queue_dir.or(file.queue_dir))
+                .unwrap_or_else(|| DEFAULT_SPOOL.into()),
             spool_bytes,
             host,
+            pyroscope,
         })
     }
 }

@@ -5,7 +5,8 @@
 //! counters table, ring fill, BPF run times, tracked processes, the sample store) is read
 //! when a scrape asks for it (`session::Request::Stats`, answered between drains); what the
 //! writer thread and the sinks do is counted per window or per push in atomics
-//! ([`WindowMetrics`], [`SpoolMetrics`], [`SinkMetrics`]).
+//! ([`WindowMetrics`], [`SpoolMetrics`]); remote sinks' push counters are their forwarders',
+//! read on scrape too.
 //!
 //! Every series carries a `host` label: the agent listens on loopback, so whatever scrapes
 //! it runs on the same host and its `instance` label would not tell hosts apart.
@@ -21,7 +22,8 @@ use std::{
 use prometheus_client::{
     collector::Collector,
     encoding::{
-        DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, EncodeMetric, text,
+        DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, EncodeMetric,
+        NoLabelSet, text,
     },
     metrics::{
         MetricType,
@@ -40,6 +42,7 @@ use tokio::{
 };
 
 use crate::{
+    agent::sinks::forward::{LATENCY_BUCKETS, Queue, SinkStats},
     session::{LiveStats, Request},
     system::procfs,
 };
@@ -57,17 +60,6 @@ const LIVE_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServiceLabel {
     service: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SinkLabel {
-    sink: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SinkOutcomeLabels {
-    sink: String,
-    outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,71 +109,63 @@ pub struct SpoolMetrics {
     pub incomplete_removed: Counter,
 }
 
-/// How one push to a remote sink ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PushOutcome {
-    Ok,
-    /// Failed, will be retried (`SinkError::Retry`).
-    Retry,
-    /// Refused by the server, not retried (`SinkError::Reject`).
-    Reject,
+/// Push metrics of every sink, read on scrape: the remote sinks' counters kept by their
+/// forwarders (`Queue::stats_and_backlog`), and the spool's own writes as sink `spool` (each
+/// window's write is a push that is not retried).
+struct SinkCollector {
+    spool: Arc<Mutex<SinkStats>>,
+    queue: Option<Arc<Queue>>,
 }
 
-impl PushOutcome {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Retry => "retry",
-            Self::Reject => "reject",
+impl std::fmt::Debug for SinkCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SinkCollector")
+    }
+}
+
+impl Collector for SinkCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let spool = self.spool.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut sinks = vec![(spool, None)];
+        if let Some(q) = &self.queue {
+            sinks.extend(q.stats_and_backlog().into_iter().map(|(s, b)| (s, Some(b))));
         }
-    }
-}
-
-fn push_histogram() -> Histogram {
-    // 5 ms to ~20 s.
-    Histogram::new(exponential_buckets(0.005, 2.0, 12))
-}
-
-/// Per-sink push attempts, failures and latency, for the forwarder of remote sinks.
-#[derive(Clone)]
-pub struct SinkMetrics {
-    attempts: Family<SinkOutcomeLabels, Counter>,
-    latency: Family<SinkLabel, Histogram, fn() -> Histogram>,
-    /// Windows waiting in the spool for each sink.
-    backlog: Family<SinkLabel, Gauge>,
-}
-
-impl SinkMetrics {
-    /// Creates `sink`'s series at zero, so a first failure shows as a rate rather than as a
-    /// series appearing from nothing (which `rate()` cannot see).
-    pub fn register(&self, sink: &str) {
-        for outcome in [PushOutcome::Ok, PushOutcome::Retry, PushOutcome::Reject] {
-            let _ = self.attempts.get_or_create(&SinkOutcomeLabels {
-                sink: sink.to_owned(),
-                outcome: outcome.as_str().to_owned(),
-            });
+        let e = &mut enc;
+        let help = "Pushes to sinks by outcome: ok, retry (failed, sent again later), reject \
+                    (refused by the server, not sent again).";
+        let mut m = e.encode_descriptor("sink_pushes", help, None, MetricType::Counter)?;
+        for (s, _) in &sinks {
+            let ok = s.delivered;
+            for (outcome, n) in [("ok", ok), ("retry", s.retries), ("reject", s.rejected)] {
+                ConstCounter::new(n)
+                    .encode(m.encode_family(&[("sink", s.name), ("outcome", outcome)])?)?;
+            }
         }
-        let _ = self.latency.get_or_create(&SinkLabel { sink: sink.to_owned() });
-    }
-
-    /// One push to `sink` (`RemoteSink::name`), how it ended and how long it took.
-    pub fn attempt(&self, sink: &str, outcome: PushOutcome, latency: Duration) {
-        self.attempts
-            .get_or_create(&SinkOutcomeLabels {
-                sink: sink.to_owned(),
-                outcome: outcome.as_str().to_owned(),
-            })
-            .inc();
-        self.latency
-            .get_or_create(&SinkLabel { sink: sink.to_owned() })
-            .observe(latency.as_secs_f64());
-    }
-
-    /// Windows spooled and not yet delivered to `sink`.
-    pub fn backlog(&self, sink: &str, windows: u64) {
-        self.backlog
-            .get_or_create(&SinkLabel { sink: sink.to_owned() })
-            .set(windows.min(i64::MAX as u64) as i64);
+        let help = "Time of successful pushes to sinks.";
+        let unit = Unit::Seconds;
+        let mut m =
+            e.encode_descriptor("sink_push_duration", help, Some(&unit), MetricType::Histogram)?;
+        for (s, _) in &sinks {
+            let h = &s.latency;
+            let mut buckets: Vec<(f64, u64)> =
+                LATENCY_BUCKETS.iter().copied().zip(h.counts.iter().copied()).collect();
+            buckets.push((f64::INFINITY, h.counts[LATENCY_BUCKETS.len()]));
+            m.encode_family(&[("sink", s.name)])?
+                .encode_histogram::<NoLabelSet>(h.sum_secs, h.count, &buckets, None)?;
+        }
+        let help = "Windows a sink never had: deleted for --spool-size first, or unreadable.";
+        let mut m = e.encode_descriptor("sink_windows_dropped", help, None, MetricType::Counter)?;
+        for (s, _) in &sinks {
+            ConstCounter::new(s.dropped).encode(m.encode_family(&[("sink", s.name)])?)?;
+        }
+        let help = "Windows spooled that a remote sink has yet to be sent.";
+        let mut m = e.encode_descriptor("sink_backlog_windows", help, None, MetricType::Gauge)?;
+        for (s, backlog) in &sinks {
+            if let Some(b) = backlog {
+                ConstGauge::new(*b as u64).encode(m.encode_family(&[("sink", s.name)])?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -191,7 +175,7 @@ pub struct AgentMetrics {
     host: String,
     pub windows: Arc<WindowMetrics>,
     pub spool: Arc<SpoolMetrics>,
-    pub sinks: SinkMetrics,
+    spool_sink: Arc<Mutex<SinkStats>>,
 }
 
 fn host_labels(host: &str) -> impl Iterator<Item = (Cow<'static, str>, Cow<'static, str>)> {
@@ -199,7 +183,9 @@ fn host_labels(host: &str) -> impl Iterator<Item = (Cow<'static, str>, Cow<'stat
 }
 
 impl AgentMetrics {
-    pub fn new(host: &str) -> Arc<Self> {
+    /// `queue`: the spool shared with the remote sinks' forwarders, whose counters are read on
+    /// each scrape.
+    pub fn new(host: &str, queue: Option<Arc<Queue>>) -> Arc<Self> {
         let windows = Arc::new(WindowMetrics {
             produced: Counter::default(),
             profiles: Counter::default(),
@@ -212,11 +198,7 @@ impl AgentMetrics {
             services: Mutex::new(HashSet::new()),
         });
         let spool = Arc::new(SpoolMetrics::default());
-        let sinks = SinkMetrics {
-            attempts: Family::default(),
-            latency: Family::new_with_constructor(push_histogram),
-            backlog: Family::default(),
-        };
+        let spool_sink = Arc::new(Mutex::new(SinkStats { name: "spool", ..Default::default() }));
         let mut registry = Registry::with_labels(host_labels(host));
         registry.register_collector(Box::new(ProcessCollector));
         let r = registry.sub_registry_with_prefix("rsprof");
@@ -267,19 +249,21 @@ impl AgentMetrics {
             "Half-written windows of a killed run removed at start",
             s.incomplete_removed.clone(),
         );
-        r.register(
-            "sink_pushes",
-            "Pushes to remote sinks, by outcome (ok, retry, reject)",
-            sinks.attempts.clone(),
-        );
-        r.register_with_unit(
-            "sink_push_duration",
-            "Time of pushes to remote sinks",
-            Unit::Seconds,
-            sinks.latency.clone(),
-        );
-        r.register("sink_backlog_windows", "Windows waiting for a sink", sinks.backlog.clone());
-        Arc::new(Self { registry, host: host.to_owned(), windows, spool, sinks })
+        r.register_collector(Box::new(SinkCollector { spool: spool_sink.clone(), queue }));
+        Arc::new(Self { registry, host: host.to_owned(), windows, spool, spool_sink })
+    }
+
+    /// One window written to the spool (or not), and how long it took.
+    pub fn spool_write(&self, ok: bool, took: Duration) {
+        let mut s = self.spool_sink.lock().unwrap_or_else(|e| e.into_inner());
+        s.attempts += 1;
+        if ok {
+            s.delivered += 1;
+            s.latency.observe(took);
+        } else {
+            s.rejected += 1;
+            self.spool.write_errors.inc();
+        }
     }
 
     /// The exposition: the atomics, then what the recording loop reports (if it answered).
@@ -574,9 +558,10 @@ mod tests {
 
     #[test]
     fn exposition_names_every_kernel_counter_and_the_host() {
-        let m = AgentMetrics::new("h\"1");
+        let m = AgentMetrics::new("h\"1", None);
         m.windows.samples("svc", 5);
-        m.sinks.attempt("pyroscope", PushOutcome::Retry, Duration::from_millis(30));
+        m.spool_write(true, Duration::from_millis(30));
+        m.spool_write(false, Duration::from_millis(1));
         let live = LiveStats {
             bpf_programs: vec![("on_cpu_clock".into(), 10, Duration::from_micros(20))],
             ..Default::default()
@@ -588,8 +573,11 @@ mod tests {
         }
         for needle in [
             "rsprof_window_samples_total{host=\"h\\\"1\",service=\"svc\"} 5",
-            "rsprof_sink_pushes_total{host=\"h\\\"1\",sink=\"pyroscope\",outcome=\"retry\"} 1",
-            "rsprof_sink_push_duration_seconds_count{host=\"h\\\"1\",sink=\"pyroscope\"} 1",
+            "rsprof_sink_pushes_total{host=\"h\\\"1\",sink=\"spool\",outcome=\"reject\"} 1",
+            "rsprof_sink_pushes_total{host=\"h\\\"1\",sink=\"spool\",outcome=\"ok\"} 1",
+            "rsprof_sink_push_duration_seconds_bucket{host=\"h\\\"1\",le=\"0.05\",sink=\"spool\"} 1",
+            "rsprof_sink_push_duration_seconds_bucket{host=\"h\\\"1\",le=\"0.025\",sink=\"spool\"} 0",
+            "rsprof_spool_write_errors_total{host=\"h\\\"1\"} 1",
             "rsprof_bpf_program_runs_total{host=\"h\\\"1\",program=\"on_cpu_clock\"} 10",
             "rsprof_bpf_program_run_seconds_total{host=\"h\\\"1\",program=\"on_cpu_clock\"} 0.00002",
             "rsprof_build_info{host=\"h\\\"1\",version=\"",
@@ -607,7 +595,7 @@ mod tests {
 
     #[test]
     fn services_beyond_the_limit_share_other() {
-        let m = AgentMetrics::new("h");
+        let m = AgentMetrics::new("h", None);
         for i in 0..MAX_SERVICES + 10 {
             m.windows.samples(&format!("s{i}"), 1);
         }

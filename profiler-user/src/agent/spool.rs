@@ -4,11 +4,17 @@
 //! profile without labels, which the next start deletes (and counts). Bounded by a size: the
 //! oldest windows (stems sort by time) are deleted first, and counted. Files are 0600, the
 //! directory 0700: profiles show what every process on the host runs.
+//!
+//! With remote sinks the spool is also their queue (`sinks::forward`): a window delivered to
+//! (or rejected by) sink NAME gets an empty marker `STEM.sent-NAME`, created after the server
+//! answered, so a restarted agent resends only what was not acknowledged. Without `--spool`
+//! (queue mode) a window is deleted once every sink is done with it. A window deleted for
+//! size before a sink had it is counted as dropped for that sink.
 
 use std::{
     collections::VecDeque,
     fs,
-    os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -22,6 +28,7 @@ use crate::{
 
 const PROFILE_EXT: &str = ".pb.gz";
 const LABELS_EXT: &str = ".json";
+const SENT_EXT: &str = ".sent-";
 
 /// A window's labels file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -45,12 +52,33 @@ pub struct SpoolStats {
     pub incomplete_removed: u64,
 }
 
+struct Entry {
+    stem: String,
+    /// Bytes of both files.
+    bytes: u64,
+    /// Bit i: sink i is done with it (delivered or rejected).
+    done: u64,
+}
+
+/// A remote sink's view of the spool.
+struct SinkSlot {
+    name: &'static str,
+    /// The window its forwarder is delivering: deleting it for size is counted by the
+    /// forwarder (as delivered, or dropped if the delivery fails).
+    inflight: Option<String>,
+    /// Windows deleted for size before this sink had them.
+    dropped: u64,
+}
+
 pub struct Spool {
     dir: PathBuf,
     limit: u64,
-    /// (stem, bytes of both files), oldest first.
-    entries: VecDeque<(String, u64)>,
+    /// Oldest first.
+    entries: VecDeque<Entry>,
     total: u64,
+    sinks: Vec<SinkSlot>,
+    /// Keep delivered windows (`--spool` given) rather than use the spool as a queue only.
+    keep: bool,
     pub stats: SpoolStats,
 }
 
@@ -67,6 +95,8 @@ impl Spool {
             limit,
             entries: VecDeque::new(),
             total: 0,
+            sinks: Vec::new(),
+            keep: true,
             stats: Default::default(),
         };
         let mut stems = Vec::new();
@@ -88,9 +118,127 @@ impl Spool {
         for stem in stems {
             let bytes = spool.bytes_of(&stem);
             spool.total += bytes;
-            spool.entries.push_back((stem, bytes));
+            spool.entries.push_back(Entry { stem, bytes, done: 0 });
         }
         Ok(spool)
+    }
+
+    /// Makes the spool the queue of remote sinks `names` (at most 64): reads their delivery
+    /// markers, and when `keep` is false deletes the windows all of them are done with.
+    pub fn attach_sinks(&mut self, names: &[&'static str], keep: bool) -> Result<()> {
+        anyhow::ensure!(names.len() <= 64, "at most 64 remote sinks");
+        self.sinks =
+            names.iter().map(|&name| SinkSlot { name, inflight: None, dropped: 0 }).collect();
+        self.keep = keep;
+        let index: std::collections::HashMap<&str, usize> =
+            self.entries.iter().enumerate().map(|(i, e)| (e.stem.as_str(), i)).collect();
+        let mut marks = Vec::new();
+        let mut orphans = Vec::new();
+        for e in fs::read_dir(&self.dir)? {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            let Some((stem, sink)) = name.split_once(SENT_EXT) else { continue };
+            match (index.get(stem), names.iter().position(|n| *n == sink)) {
+                (Some(&i), Some(s)) => marks.push((i, s)),
+                // A marker of a deleted window (killed while deleting it).
+                (None, _) => orphans.push(name),
+                // A sink no longer configured: its marker goes with its window.
+                (Some(_), None) => {}
+            }
+        }
+        for (i, s) in marks {
+            self.entries[i].done |= 1 << s;
+        }
+        for name in orphans {
+            let _ = fs::remove_file(self.dir.join(name));
+        }
+        if !keep {
+            let all = self.all_done_mask();
+            let done: Vec<String> = (self.entries.iter())
+                .filter(|e| e.done & all == all)
+                .map(|e| e.stem.clone())
+                .collect();
+            for stem in done {
+                self.remove(&stem);
+            }
+        }
+        Ok(())
+    }
+
+    fn all_done_mask(&self) -> u64 {
+        if self.sinks.len() >= 64 { u64::MAX } else { (1u64 << self.sinks.len()) - 1 }
+    }
+
+    /// The oldest window sink `sink` is not done with, now its in-flight window.
+    pub fn next_pending(&mut self, sink: usize) -> Option<String> {
+        let stem = self.entries.iter().find(|e| e.done & (1 << sink) == 0)?.stem.clone();
+        self.sinks[sink].inflight = Some(stem.clone());
+        Some(stem)
+    }
+
+    /// Whether window `stem` is still spooled.
+    pub fn contains(&self, stem: &str) -> bool {
+        self.entries.iter().any(|e| e.stem == stem)
+    }
+
+    /// The paths of window `stem`'s labels and profile.
+    pub fn paths(&self, stem: &str) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join(format!("{stem}{LABELS_EXT}")),
+            self.dir.join(format!("{stem}{PROFILE_EXT}")),
+        )
+    }
+
+    /// Sink `sink` is done with its in-flight window `stem`: `delivered` (or rejected: not to
+    /// be sent again), else dropped (unreadable, or deleted for size while being retried) and
+    /// counted. A done window is marked, or deleted in queue mode once every sink is done.
+    pub fn finish(&mut self, sink: usize, stem: &str, delivered: bool) -> Result<()> {
+        self.sinks[sink].inflight = None;
+        if !delivered {
+            self.sinks[sink].dropped += 1;
+        }
+        let Some(i) = self.entries.iter().position(|e| e.stem == stem) else { return Ok(()) };
+        self.entries[i].done |= 1 << sink;
+        let all = self.all_done_mask();
+        if !self.keep && self.entries[i].done & all == all {
+            self.remove(stem);
+            return Ok(());
+        }
+        let marker = self.dir.join(format!("{stem}{SENT_EXT}{}", self.sinks[sink].name));
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&marker)
+            .with_context(|| format!("create {}", marker.display()))?;
+        // The marker must survive a crash, or the window is sent again.
+        fs::File::open(&self.dir).and_then(|d| d.sync_all()).ok();
+        Ok(())
+    }
+
+    /// Windows spooled that sink `sink` is not done with.
+    pub fn backlog(&self, sink: usize) -> usize {
+        self.entries.iter().filter(|e| e.done & (1 << sink) == 0).count()
+    }
+
+    /// Windows deleted for size before sink `sink` had them.
+    pub fn dropped(&self, sink: usize) -> u64 {
+        self.sinks.get(sink).map_or(0, |s| s.dropped)
+    }
+
+    /// Deletes window `stem` (labels first: a window without them is never read, and its
+    /// profile is removed at the next start should this stop halfway), then its markers.
+    fn remove(&mut self, stem: &str) {
+        let Some(i) = self.entries.iter().position(|e| e.stem == stem) else { return };
+        let e = self.entries.remove(i).expect("index found");
+        let _ = fs::remove_file(self.dir.join(format!("{stem}{LABELS_EXT}")));
+        let _ = fs::remove_file(self.dir.join(format!("{stem}{PROFILE_EXT}")));
+        for (i, s) in self.sinks.iter().enumerate() {
+            if e.done & (1 << i) != 0 {
+                let _ = fs::remove_file(self.dir.join(format!("{stem}{SENT_EXT}{}", s.name)));
+            }
+        }
+        self.total -= e.bytes;
     }
 
     /// Windows and bytes held.
@@ -106,8 +254,8 @@ impl Spool {
             .sum()
     }
 
-    /// Writes a window, then deletes the oldest ones beyond the size limit.
-    pub fn write(&mut self, w: &WindowProfile) -> Result<()> {
+    /// Writes a window, then deletes the oldest ones beyond the size limit. Returns its stem.
+    pub fn write(&mut self, w: &WindowProfile) -> Result<String> {
         let meta = WindowMeta {
             window_id: window_id(w),
             start_ms: w.start_ms,
@@ -127,17 +275,19 @@ impl Spool {
         self.stats.written += 1;
         self.stats.bytes_written += bytes;
         self.total += bytes;
-        self.entries.push_back((stem.clone(), bytes));
+        self.entries.push_back(Entry { stem: stem.clone(), bytes, done: 0 });
         while self.total > self.limit {
-            let Some((old, b)) = self.entries.pop_front() else { break };
-            // Labels first: a window without them is never read, and its profile is removed
-            // at the next start should this stop halfway.
-            let _ = fs::remove_file(self.dir.join(format!("{old}{LABELS_EXT}")));
-            let _ = fs::remove_file(self.dir.join(format!("{old}{PROFILE_EXT}")));
-            self.total -= b;
+            let Some(old) = self.entries.front() else { break };
+            let (old, done) = (old.stem.clone(), old.done);
+            for (i, s) in self.sinks.iter_mut().enumerate() {
+                if done & (1 << i) == 0 && s.inflight.as_deref() != Some(old.as_str()) {
+                    s.dropped += 1;
+                }
+            }
+            self.remove(&old);
             self.stats.deleted_for_size += 1;
         }
-        Ok(())
+        Ok(stem.clone())
     }
 }
 
@@ -170,4 +320,93 @@ pub fn read_windows(dir: &Path) -> Result<Vec<(WindowMeta, PathBuf)>> {
 /// Whether the spool's files are private (for tests and a start-up check).
 pub fn mode_of(path: &Path) -> Option<u32> {
     fs::metadata(path).ok().map(|m| m.permissions().mode() & 0o777)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(start_ms: u64, bytes: usize) -> WindowProfile {
+        WindowProfile {
+            labels: WindowLabels {
+                service_name: "s".into(),
+                host: "h".into(),
+                pid: 7,
+                process: "p".into(),
+                container_runtime: None,
+                container_id: None,
+                systemd_unit: None,
+                pod_uid: None,
+                pod_qos: None,
+            },
+            start_ms,
+            end_ms: start_ms + 1000,
+            samples: 1,
+            // Incompressible, so the gzipped file keeps about `bytes`.
+            pprof: (0..bytes).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8).collect(),
+        }
+    }
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rsprof-spool-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn queue_markers_survive_reopen_and_evictions_count_per_sink() {
+        let d = dir("queue");
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], true).unwrap();
+        let w1 = s.write(&window(1000, 100)).unwrap();
+        let w2 = s.write(&window(2000, 100)).unwrap();
+        assert_eq!(s.next_pending(0).as_deref(), Some(w1.as_str()));
+        s.finish(0, &w1, true).unwrap();
+        assert_eq!(s.next_pending(0).as_deref(), Some(w2.as_str()), "oldest not done first");
+        // Reopened (a restart): a's delivery of w1 is remembered, b has both to do.
+        drop(s);
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], true).unwrap();
+        assert_eq!(s.next_pending(0).as_deref(), Some(w2.as_str()));
+        assert_eq!(s.next_pending(1).as_deref(), Some(w1.as_str()));
+        // b's in-flight w1 deleted for size: counted by its forwarder, not twice.
+        let mut s = Spool { limit: s.total + 10, ..s };
+        s.write(&window(3000, 100)).unwrap();
+        assert!(!s.contains(&w1));
+        assert_eq!((s.dropped(0), s.dropped(1)), (0, 0), "a had w1; b's is in flight");
+        s.finish(1, &w1, false).unwrap();
+        assert_eq!(s.dropped(1), 1);
+        s.write(&window(4000, 100)).unwrap();
+        assert!(!s.contains(&w2));
+        assert_eq!((s.dropped(0), s.dropped(1)), (0, 2), "a's w2 in flight, b's pending");
+        s.finish(0, &w2, false).unwrap();
+        assert_eq!(s.dropped(0), 1);
+        assert!(!d.join(format!("{w1}.sent-a")).exists(), "markers go with their window");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn queue_mode_deletes_windows_every_sink_is_done_with() {
+        let d = dir("drain");
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], false).unwrap();
+        let w = s.write(&window(1000, 100)).unwrap();
+        s.next_pending(0);
+        s.finish(0, &w, true).unwrap();
+        assert!(s.contains(&w) && d.join(format!("{w}.sent-a")).exists());
+        s.next_pending(1);
+        s.finish(1, &w, true).unwrap();
+        assert!(!s.contains(&w));
+        let left: Vec<_> = fs::read_dir(&d).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        // A window done with before a restart is deleted at the next start.
+        let w = s.write(&window(2000, 100)).unwrap();
+        fs::write(d.join(format!("{w}.sent-b")), b"").unwrap();
+        fs::write(d.join(format!("{w}.sent-a")), b"").unwrap();
+        drop(s);
+        let mut s = Spool::open(&d, 1 << 20).unwrap();
+        s.attach_sinks(&["a", "b"], false).unwrap();
+        assert_eq!(s.held().0, 0);
+        let _ = fs::remove_dir_all(&d);
+    }
 }

@@ -59,15 +59,32 @@ pub struct AgentArgs {
     /// Seconds per window: each window gives one profile per process [default: 10].
     #[arg(long, value_name = "SECS")]
     pub window: Option<f64>,
-    /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool].
+    /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool]. With remote
+    /// sinks, windows stay there after delivery (bounded by --spool-size).
     #[arg(long, value_name = "DIR")]
     pub spool: Option<PathBuf>,
+    /// Where windows wait for the remote sinks when --spool is not given; deleted once
+    /// delivered [default: /var/lib/rsprof-bpf/spool].
+    #[arg(long, value_name = "DIR")]
+    pub queue_dir: Option<PathBuf>,
     /// Most bytes the spool holds; the oldest windows are deleted beyond it [default: 256M].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub spool_size: Option<u64>,
     /// Memory for one window's samples [default: 16M].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub buffer_size: Option<u64>,
+    /// Push every window to Grafana Pyroscope at URL (e.g. http://pyroscope:4040).
+    #[arg(long, value_name = "URL")]
+    pub pyroscope: Option<String>,
+    /// File holding `user:password` for the Pyroscope server's basic auth.
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_basic_auth_file: Option<PathBuf>,
+    /// File holding a bearer token for the Pyroscope server.
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_token_file: Option<PathBuf>,
+    /// File holding the tenant id sent as `X-Scope-OrgID` (multi-tenant Pyroscope).
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_tenant_file: Option<PathBuf>,
     /// The `host` label [default: this host's name].
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,

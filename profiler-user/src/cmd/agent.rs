@@ -1,16 +1,25 @@
 //! `rsprof-bpf agent`: samples until SIGTERM/SIGINT and, every window, hands the window's
 //! events to a writer thread that symbolizes them and spools one pprof profile per process.
 //! Sampling and draining go on while a window is written; the last window is written before
-//! exit.
+//! exit. Remote sinks each have a forwarder thread delivering spooled windows
+//! (`agent::sinks::forward`); on stop they get what is left of the exit budget.
 
-use std::{sync::mpsc, time::Instant};
+use std::{
+    sync::mpsc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 
 use crate::{
     agent::{
         config::AgentPlan,
-        metrics::{AgentMetrics, PushOutcome},
+        metrics::AgentMetrics,
+        sinks::{
+            RemoteSink,
+            forward::{Forwarders, Queue, SinkStats},
+            pyroscope::PyroscopeSink,
+        },
         spool::Spool,
         windows,
     },
@@ -23,6 +32,8 @@ use crate::{
 /// Windows waiting for the writer thread; more are dropped (and counted) rather than let
 /// memory grow while symbolizing falls behind.
 const QUEUED_WINDOWS: usize = 2;
+/// From the stop signal to the end of the last deliveries: SIGTERM must exit within 5 s.
+const EXIT_BUDGET: Duration = Duration::from_millis(4500);
 
 struct Window {
     job: ExportJob,
@@ -33,16 +44,25 @@ struct Window {
 pub fn run(args: AgentArgs) -> Result<()> {
     let plan = AgentPlan::from_args(args)?;
     let msgs = Messages::new(plan.record.quiet);
-    let mut spool = Spool::open(&plan.spool, plan.spool_bytes)?;
+    let sinks = remote_sinks(&plan)?;
+    let spool = Spool::open(&plan.spool, plan.spool_bytes)?;
     host::check_privileges()?;
-    let (held, bytes) = spool.held();
+    let names: Vec<&'static str> = sinks.iter().map(|s| s.name()).collect();
+    let queue = Queue::new(spool, &names, plan.keep_spool)?;
+    let (held, bytes, incomplete) =
+        queue.with_spool(|s| (s.held().0, s.held().1, s.stats.incomplete_removed));
     msgs.info(format_args!(
-        "spool {}: {held} windows ({bytes} bytes) kept from earlier runs, {} incomplete removed",
+        "spool {}: {held} windows ({bytes} bytes) kept from earlier runs, {incomplete} \
+         incomplete removed{}",
         plan.spool.display(),
-        spool.stats.incomplete_removed
+        match (names.is_empty(), plan.keep_spool) {
+            (true, _) => "",
+            (false, true) => "; remote sinks are sent what they lack",
+            (false, false) => "; a queue for the remote sinks, delivered windows deleted",
+        }
     ));
-    let metrics = AgentMetrics::new(&plan.host);
-    metrics.spool.incomplete_removed.inc_by(spool.stats.incomplete_removed);
+    let metrics = AgentMetrics::new(&plan.host, Some(queue.clone()));
+    metrics.spool.incomplete_removed.inc_by(incomplete);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _guard = rt.enter();
     let mut signals = Signals::install()?;
@@ -62,10 +82,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
 
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
+    let forwarders = Forwarders::start(&queue, sinks, msgs)?;
+    let wq = queue.clone();
     let m = metrics.clone();
-    // The spool is the first sink: each window's write is a push that cannot be retried.
-    m.sinks.register("spool");
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
+        let queue = wq;
         let mut samples = 0u64;
         for w in rx {
             let began = Instant::now();
@@ -78,28 +99,25 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     for c in report.corrupt {
                         msgs.warn(format_args!("corrupt storage skipped: {c}"));
                     }
-                    let before = spool.stats;
+                    let before = queue.with_spool(|s| s.stats);
                     let n: u64 = profiles.iter().map(|p| p.samples).sum();
                     samples += n;
                     for p in &profiles {
                         m.windows.samples(&p.labels.service_name, p.samples);
                         let t = Instant::now();
-                        let written = spool.write(p);
-                        let outcome =
-                            if written.is_ok() { PushOutcome::Ok } else { PushOutcome::Reject };
-                        m.sinks.attempt("spool", outcome, t.elapsed());
+                        let written = queue.write(p);
+                        m.spool_write(written.is_ok(), t.elapsed());
                         if let Err(e) = written {
-                            m.spool.write_errors.inc();
                             msgs.warn(format_args!("spool write failed: {e:#}"));
                         }
                     }
-                    let deleted = spool.stats.deleted_for_size - before.deleted_for_size;
-                    let (held, bytes) = spool.held();
+                    let (after, (held, bytes)) = queue.with_spool(|s| (s.stats, s.held()));
+                    let deleted = after.deleted_for_size - before.deleted_for_size;
                     m.windows.produced.inc();
                     m.windows.profiles.inc_by(profiles.len() as u64);
                     m.spool.deleted.inc_by(deleted);
-                    m.spool.written.inc_by(spool.stats.written - before.written);
-                    m.spool.written_bytes.inc_by(spool.stats.bytes_written - before.bytes_written);
+                    m.spool.written.inc_by(after.written - before.written);
+                    m.spool.written_bytes.inc_by(after.bytes_written - before.bytes_written);
                     m.spool.windows.set(held as i64);
                     m.spool.bytes.set(bytes as i64);
                     m.windows.write_seconds.observe(began.elapsed().as_secs_f64());
@@ -108,7 +126,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
                          windows, {deleted} oldest deleted for --spool-size",
                         profiles.len(),
                         w.lost,
-                        spool.held().0
+                        held
                     ));
                 }
                 Err(e) => {
@@ -117,16 +135,18 @@ pub fn run(args: AgentArgs) -> Result<()> {
                 }
             }
         }
-        (spool.stats, samples)
+        samples
     })?;
 
     let mut cursor = None;
     let mut start = recorder.started();
     let mut dropped = 0u64;
+    let mut stopped_at = Instant::now();
     let stop_reason = loop {
         let until = tokio::time::Instant::now() + plan.window;
         let stop = rt.block_on(recorder.run_until(&mut signals, Some(until)))?;
         if stop.is_some() {
+            stopped_at = Instant::now();
             recorder.stop();
         }
         let (job, w) = recorder.window(cursor, start);
@@ -149,8 +169,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
         }
     };
     drop(tx);
-    let (stats, samples) =
-        writer.join().map_err(|_| anyhow::anyhow!("agent writer thread panicked"))?;
+    let samples = writer.join().map_err(|_| anyhow::anyhow!("agent writer thread panicked"))?;
+    // The last window is spooled: deliver what the budget allows, leave the rest spooled.
+    forwarders.finish(stopped_at + EXIT_BUDGET);
+    let stats = queue.with_spool(|s| s.stats);
     let counters = recorder.counters()?;
     msgs.notice(format_args!(
         "agent stopped by {stop_reason}: {} windows written ({} bytes, {samples} samples), {} \
@@ -161,7 +183,36 @@ pub fn run(args: AgentArgs) -> Result<()> {
         stats.deleted_for_size,
         counters.lost_samples()
     ));
+    for s in queue.stats() {
+        msgs.notice(format_args!("{}", sink_summary(&s)));
+    }
     Ok(())
+}
+
+/// The remote sinks configured, in a fixed order (their index in the spool's markers).
+fn remote_sinks(plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
+    let mut sinks: Vec<Box<dyn RemoteSink>> = Vec::new();
+    if let Some((url, auth)) = &plan.pyroscope {
+        sinks.push(Box::new(PyroscopeSink::new(url, auth.clone())?));
+    }
+    Ok(sinks)
+}
+
+/// One line of the exit summary per sink.
+fn sink_summary(s: &SinkStats) -> String {
+    let latency = match s.last_latency {
+        Some(l) if s.latency.count > 0 => format!(
+            ", latency last {:.1} ms mean {:.1} ms",
+            l.as_secs_f64() * 1e3,
+            s.latency.sum_secs * 1e3 / s.latency.count as f64
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "sink {}: {} windows delivered, {} rejected, {} dropped (--spool-size), {} attempts, {} \
+         retries{latency}",
+        s.name, s.delivered, s.rejected, s.dropped, s.attempts, s.retries
+    )
 }
 
 /// SIGHUP (a closed terminal, or `systemctl reload` habits) must not end the agent. The

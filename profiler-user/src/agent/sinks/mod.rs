@@ -5,6 +5,9 @@
 //! acknowledged. A sink must therefore accept a window it may already have (after a crash
 //! between delivery and its acknowledgement being recorded) without storing it twice.
 
+pub mod forward;
+pub mod pyroscope;
+
 use crate::agent::spool::WindowMeta;
 
 /// Why a delivery failed, which decides what the forwarder does next.
@@ -36,4 +39,11 @@ pub trait RemoteSink: Send {
     /// Delivers one window: its labels and its gzipped pprof profile, as spooled. Returns
     /// once the server has it. Must be idempotent per `(meta.labels.host, meta.window_id)`.
     fn deliver(&mut self, meta: &WindowMeta, pprof_gz: &[u8]) -> Result<(), SinkError>;
+
+    /// What kind of rejection `e` is: the forwarder logs the first rejection of each kind
+    /// only. By default its message up to the first `": "` (e.g. `HTTP 400 Bad Request`).
+    fn error_kind(&self, e: &anyhow::Error) -> String {
+        let text = format!("{e:#}");
+        text.split(": ").next().unwrap_or_default().chars().take(80).collect()
+    }
 }
