@@ -1,4 +1,5 @@
 pub mod agent;
+pub mod agent_proc;
 pub mod cgroups;
 pub mod clickhouse;
 pub mod firefox_import;
@@ -7,3 +8,4 @@ pub mod gecko_schema;
 pub mod go_pprof;
 pub mod harness;
 pub mod profile_query;
+pub mod prometheus;

@@ -20,13 +20,16 @@ pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"]
 pub fn setup() -> anyhow::Result<()> {
     step("setup: toolchains, bpf-linker, system packages, profiler-cli, Go's pprof");
     let mut present = Vec::new();
-    // The tests also need the packages Go's pprof is built from, ClickHouse, and protoc
-    // (decodes the agent's Pyroscope pushes independently of its own structs); `build` and
-    // `run` (`ensure`) do not install them.
+    // The tests also need the packages Go's pprof is built from, ClickHouse, protoc (decodes
+    // the agent's Pyroscope pushes independently of its own structs), Prometheus (scrapes the
+    // agent in the dashboards test), systemd-analyze and setpriv (check the service unit);
+    // `build` and `run` (`ensure`) do not install them.
     let extra: Vec<&str> = [
         tests::go_pprof::DEBIAN_PACKAGES,
         tests::clickhouse::DEBIAN_PACKAGES,
         &["protobuf-compiler"],
+        tests::prometheus::DEBIAN_PACKAGES,
+        tests::agent_proc::DEBIAN_PACKAGES,
     ]
     .concat();
     install_missing(&mut present, &extra)?;

@@ -1,12 +1,13 @@
 //! The agent's options: a TOML file (`--config`) and flags set the same ones, flags winning.
 //! Validated once into an [`AgentPlan`].
 
-use std::{path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use serde::Deserialize;
 
 use crate::{
+    agent::metrics,
     agent::sinks::pyroscope::PyroscopeAuth,
     cli::args::Mode,
     cli::{
@@ -57,6 +58,8 @@ pub struct FileConfig {
     pub off_cpu: Option<bool>,
     pub off_cpu_min: Option<f64>,
     pub host: Option<String>,
+    /// `IP:PORT` or `off`.
+    pub metrics: Option<String>,
     pub quiet: Option<bool>,
     pub pyroscope: Option<String>,
     pub pyroscope_basic_auth_file: Option<PathBuf>,
@@ -88,6 +91,8 @@ pub struct AgentPlan {
     pub host: String,
     /// `--clickhouse URL` and the days its tables keep.
     pub clickhouse: Option<(String, u32)>,
+    /// Where to serve Prometheus metrics; None: not served.
+    pub metrics: Option<SocketAddr>,
     /// Grafana Pyroscope's URL and credentials (read from their files at start).
     pub pyroscope: Option<(String, PyroscopeAuth)>,
 }
@@ -175,7 +180,11 @@ impl AgentPlan {
             Some(h) => h,
             None => hostname(),
         };
+        let metrics = parse_metrics_addr(
+            args.metrics.or(file.metrics).as_deref().unwrap_or(metrics::DEFAULT_ADDR),
+        )?;
         Ok(Self {
+            metrics,
             record: RecordPlan::from_args(record)?,
             window: Duration::from_secs_f64(window),
             keep_spool: args.spool.is_some() || file.spool.is_some() || !remote,
@@ -188,6 +197,19 @@ impl AgentPlan {
             pyroscope,
         })
     }
+}
+
+/// `IP:PORT` or `off`. A name such as `localhost:9749` is refused: what it resolves to could
+/// change, and the metrics must not end up on another interface by surprise.
+fn parse_metrics_addr(text: &str) -> Result<Option<SocketAddr>> {
+    if text == "off" {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        anyhow::anyhow!(
+            "invalid metrics address {text:?}: expected IP:PORT (e.g. 127.0.0.1:9749) or off"
+        )
+    })
 }
 
 /// This host's name (the kernel's nodename).
@@ -215,6 +237,14 @@ mod tests {
         let e = FileConfig::parse("frequency = 49\nwindoww = 3\n").unwrap_err().to_string();
         assert!(e.starts_with("line 2: unknown field `windoww`"), "{e}");
         assert!(!e.contains('\n'), "one line: {e}");
+        let c = FileConfig::parse("metrics = \"off\"").unwrap();
+        assert_eq!(parse_metrics_addr(c.metrics.as_deref().unwrap()).unwrap(), None);
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:0").unwrap(),
+            Some("127.0.0.1:0".parse().unwrap())
+        );
+        assert!(parse_metrics_addr("localhost:9749").is_err());
+        assert!(parse_metrics_addr(metrics::DEFAULT_ADDR).unwrap().unwrap().ip().is_loopback());
         let e = FileConfig::parse("frequency = \"fast\"").unwrap_err().to_string();
         assert!(e.starts_with("line 1: invalid type"), "{e}");
     }

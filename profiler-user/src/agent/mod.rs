@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod labels;
+pub mod metrics;
 pub mod query;
 pub mod rows;
 pub mod sinks;

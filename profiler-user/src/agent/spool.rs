@@ -216,6 +216,11 @@ impl Spool {
         Ok(())
     }
 
+    /// Windows spooled that sink `sink` is not done with.
+    pub fn backlog(&self, sink: usize) -> usize {
+        self.entries.iter().filter(|e| e.done & (1 << sink) == 0).count()
+    }
+
     /// Windows deleted for size before sink `sink` had them.
     pub fn dropped(&self, sink: usize) -> u64 {
         self.sinks.get(sink).map_or(0, |s| s.dropped)

@@ -152,6 +152,21 @@ impl BpfObject {
         (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
     }
 
+    /// (name, runs, total run time) of every loaded program the kernel counted runs of
+    /// (`kernel.bpf_stats_enabled` is or was 1), by name.
+    pub fn all_run_stats(&self) -> Vec<(String, u64, std::time::Duration)> {
+        let mut v: Vec<_> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                (info.run_count() > 0).then(|| (name.to_owned(), info.run_count(), info.run_time()))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Stops sampling and lifecycle events; maps stay readable for the final drain.
     pub fn detach(&mut self) {
         if let Some(p) = self.ebpf.program_mut("on_cpu_clock") {

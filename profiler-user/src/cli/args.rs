@@ -104,6 +104,10 @@ pub struct AgentArgs {
     /// The `host` label [default: this host's name].
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (`IP:PORT`; port 0 picks a free one),
+    /// or `off` [default: 127.0.0.1:9749]. Only a loopback address unless you give another.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// Only warnings and errors on stderr.
     #[arg(short = 'q', long)]
     pub quiet: bool,

@@ -14,6 +14,7 @@ use anyhow::Result;
 use crate::{
     agent::{
         config::AgentPlan,
+        metrics::AgentMetrics,
         sinks::{
             RemoteSink,
             clickhouse::ClickHouseSink,
@@ -62,20 +63,37 @@ pub fn run(args: AgentArgs) -> Result<()> {
             (false, false) => "; a queue for the remote sinks, delivered windows deleted",
         }
     ));
+    let metrics = AgentMetrics::new(&plan.host, Some(queue.clone()));
+    metrics.spool.incomplete_removed.inc_by(incomplete);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _guard = rt.enter();
     let mut signals = Signals::install()?;
+    // Bound before loading BPF so a taken port fails the start at once.
+    let listener = match plan.metrics {
+        Some(addr) => Some(rt.block_on(crate::agent::metrics::bind(addr))?),
+        None => None,
+    };
+    ignore_sighup(msgs)?;
     let mut recorder = Recorder::start(&plan.record, msgs)?;
+    if let Some(listener) = listener {
+        let (req_tx, req_rx) = tokio::sync::mpsc::channel(4);
+        recorder.serve(req_rx);
+        msgs.info(format_args!("metrics on http://{}/metrics", listener.local_addr()?));
+        rt.spawn(crate::agent::metrics::serve(listener, metrics.clone(), req_tx));
+    }
 
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
     let symbolizer = Service::start()?;
     let forwarders = Forwarders::start(&queue, sinks, msgs)?;
     let wq = queue.clone();
+    let m = metrics.clone();
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
         let queue = wq;
         let mut samples = 0u64;
         for w in rx {
+            let began = Instant::now();
+            m.windows.events_lost.inc_by(w.lost);
             match windows::profiles(w.job, &host, &symbolizer) {
                 Ok((profiles, report)) => {
                     for (module, why) in report.symbolize_errors {
@@ -84,16 +102,28 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     for c in report.corrupt {
                         msgs.warn(format_args!("corrupt storage skipped: {c}"));
                     }
-                    let before = queue.with_spool(|s| s.stats.deleted_for_size);
+                    let before = queue.with_spool(|s| s.stats);
                     let n: u64 = profiles.iter().map(|p| p.samples).sum();
                     samples += n;
                     for p in &profiles {
-                        if let Err(e) = queue.write(p) {
+                        m.windows.samples(&p.labels.service_name, p.samples);
+                        let t = Instant::now();
+                        let written = queue.write(p);
+                        m.spool_write(written.is_ok(), t.elapsed());
+                        if let Err(e) = written {
                             msgs.warn(format_args!("spool write failed: {e:#}"));
                         }
                     }
-                    let (deleted, held) =
-                        queue.with_spool(|s| (s.stats.deleted_for_size - before, s.held().0));
+                    let (after, (held, bytes)) = queue.with_spool(|s| (s.stats, s.held()));
+                    let deleted = after.deleted_for_size - before.deleted_for_size;
+                    m.windows.produced.inc();
+                    m.windows.profiles.inc_by(profiles.len() as u64);
+                    m.spool.deleted.inc_by(deleted);
+                    m.spool.written.inc_by(after.written - before.written);
+                    m.spool.written_bytes.inc_by(after.bytes_written - before.bytes_written);
+                    m.spool.windows.set(held as i64);
+                    m.spool.bytes.set(bytes as i64);
+                    m.windows.write_seconds.observe(began.elapsed().as_secs_f64());
                     msgs.info(format_args!(
                         "window: {} profiles, {n} samples, {} lost (buffer full); spool {} \
                          windows, {deleted} oldest deleted for --spool-size",
@@ -102,7 +132,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
                         held
                     ));
                 }
-                Err(e) => msgs.warn(format_args!("window failed: {e:#}")),
+                Err(e) => {
+                    m.windows.failed.inc();
+                    msgs.warn(format_args!("window failed: {e:#}"));
+                }
             }
         }
         samples
@@ -126,6 +159,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             Ok(()) => {}
             Err(mpsc::TrySendError::Full(_)) => {
                 dropped += 1;
+                metrics.windows.dropped.inc();
                 msgs.warn(format_args!(
                     "window dropped: the writer is {QUEUED_WINDOWS} windows behind ({dropped} \
                      dropped so far)"
@@ -185,4 +219,19 @@ fn sink_summary(s: &SinkStats) -> String {
          retries{latency}",
         s.name, s.delivered, s.rejected, s.dropped, s.attempts, s.retries
     )
+}
+
+/// SIGHUP (a closed terminal, or `systemctl reload` habits) must not end the agent. The
+/// configuration is read once at start; say so rather than pretend to reload.
+fn ignore_sighup(msgs: Messages) -> Result<()> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            msgs.warn(format_args!(
+                "SIGHUP ignored: the configuration is read only at start; restart the agent to \
+                 apply changes"
+            ));
+        }
+    });
+    Ok(())
 }

@@ -13,25 +13,36 @@ use profiler_common::{Config, FILTER_TARGETS, counter};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::{Signal, SignalKind, signal},
-    sync::oneshot,
+    sync::{mpsc, oneshot},
 };
 
 use crate::{
-    bpf::{btf, object::BpfObject, ring},
+    bpf::{btf, counters::Counters, object::BpfObject, ring},
     cli::plan::{RecordPlan, Target},
-    collect::collector::Collector,
+    collect::collector::{Collector, CollectorStats},
     export::{ExportJob, Written, output::PendingOutput, snapshot_path},
     model::{
         ids::Pid,
         recording::RecordingInfo,
         time::{MonoNs, clock_pair},
     },
-    store::{ChunkedStore, WindowCursor, WindowSnapshot},
+    store::{ChunkedStore, StoreStats, WindowCursor, WindowSnapshot, chunks::Recycled},
     system::{host, launch},
     usdt::{self, UsdtSession},
     writers::{Format, summary},
 };
 use messages::Messages;
+
+/// The next request, or never when there is no channel (or it closed).
+async fn next_request(rx: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {
+    match rx {
+        Some(rx) => match rx.recv().await {
+            Some(r) => Some(r),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
 
 /// The signals a recording reacts to, installed before anything slow happens.
 pub struct Signals {
@@ -51,6 +62,34 @@ impl Signals {
     }
 }
 
+/// What a recording is doing, read when asked (an agent's metrics scrape) rather than kept
+/// up to date per sample.
+#[derive(Clone, Debug, Default)]
+pub struct LiveStats {
+    pub counters: Counters,
+    /// Bytes waiting in the ring buffer; None if its positions could not be mapped.
+    pub ring_used_bytes: Option<u64>,
+    pub ring_size_bytes: u64,
+    /// (program, runs, run time) of the BPF programs the kernel counted runs of.
+    pub bpf_programs: Vec<(String, u64, Duration)>,
+    pub processes: usize,
+    pub threads: usize,
+    pub modules: usize,
+    pub collector: CollectorStats,
+    pub store: StoreStats,
+    /// Chunk memory allocated, and its bound.
+    pub store_bytes: usize,
+    pub store_limit_bytes: usize,
+    /// Interned stacks and strings.
+    pub store_table_bytes: usize,
+    pub recycled: Recycled,
+}
+
+/// Questions another task asks the recording loop, answered between drains.
+pub enum Request {
+    Stats(oneshot::Sender<LiveStats>),
+}
+
 pub struct Recorder<'p> {
     plan: &'p RecordPlan,
     msgs: Messages,
@@ -61,6 +100,8 @@ pub struct Recorder<'p> {
     info: RecordingInfo,
     child_exit: Option<oneshot::Receiver<i32>>,
     snapshots: Vec<std::thread::JoinHandle<()>>,
+    requests: Option<mpsc::Receiver<Request>>,
+    ring_fill: Option<ring::RingFill>,
 }
 
 impl<'p> Recorder<'p> {
@@ -149,7 +190,21 @@ impl<'p> Recorder<'p> {
             product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
             oscpu: host::oscpu(),
         };
-        Ok(Self { plan, msgs, bpf, collector, usdt, ring, info, child_exit, snapshots: Vec::new() })
+        // Only for metrics: a recording goes on without it.
+        let ring_fill = ring::RingFill::new(ring.get_ref()).ok();
+        Ok(Self {
+            plan,
+            msgs,
+            bpf,
+            collector,
+            usdt,
+            ring,
+            info,
+            child_exit,
+            snapshots: Vec::new(),
+            requests: None,
+            ring_fill,
+        })
     }
 
     fn info_at(&self, end: MonoNs) -> RecordingInfo {
@@ -165,6 +220,40 @@ impl<'p> Recorder<'p> {
             let _ = collector.handle_record(rec);
         });
         self.usdt.after_drain(&mut self.collector);
+    }
+
+    /// Answers `requests` while collecting (`run_until`).
+    pub fn serve(&mut self, requests: mpsc::Receiver<Request>) {
+        self.requests = Some(requests);
+    }
+
+    fn answer(&mut self, req: Request) {
+        match req {
+            Request::Stats(reply) => {
+                let _ = reply.send(self.live_stats());
+            }
+        }
+    }
+
+    /// Reads the counters and sizes now.
+    pub fn live_stats(&self) -> LiveStats {
+        let c = &self.collector;
+        let buffer = c.store.buffer();
+        LiveStats {
+            counters: self.bpf.counters().unwrap_or_default(),
+            ring_used_bytes: self.ring_fill.as_ref().map(|r| r.used_bytes()),
+            ring_size_bytes: u64::from(self.plan.ring_bytes),
+            bpf_programs: self.bpf.all_run_stats(),
+            processes: c.processes.len(),
+            threads: c.processes.processes.values().map(|p| p.meta.threads.len()).sum(),
+            modules: c.modules.len(),
+            collector: c.stats,
+            store: c.store.stats,
+            store_bytes: buffer.allocated_bytes(),
+            store_limit_bytes: buffer.limit_bytes(),
+            store_table_bytes: c.store.table_bytes(),
+            recycled: buffer.recycled(),
+        }
     }
 
     /// Collects until a stop condition; returns what stopped it.
@@ -210,22 +299,31 @@ impl<'p> Recorder<'p> {
         tokio::pin!(pause);
         let started = Instant::now();
         let all = self.plan.target == Target::All;
-        loop {
+        let mut requests = self.requests.take();
+        let result = loop {
             tokio::select! {
-                ready = self.ring.readable_mut() => {
-                    ready?.clear_ready();
-                    self.drain();
-                }
+                ready = self.ring.readable_mut() => match ready {
+                    Ok(mut ready) => {
+                        ready.clear_ready();
+                        self.drain();
+                    }
+                    Err(e) => break Err(e.into()),
+                },
                 _ = poll.tick() => self.drain(),
-                _ = signals.int.recv() => return Ok(Some("Ctrl-C".to_owned())),
-                _ = signals.term.recv() => return Ok(Some("SIGTERM".to_owned())),
-                _ = signals.usr1.recv() => self.snapshot()?,
-                _ = &mut sleep => return Ok(Some("duration".to_owned())),
+                Some(req) = next_request(&mut requests) => self.answer(req),
+                _ = signals.int.recv() => break Ok(Some("Ctrl-C".to_owned())),
+                _ = signals.term.recv() => break Ok(Some("SIGTERM".to_owned())),
+                _ = signals.usr1.recv() => {
+                    if let Err(e) = self.snapshot() {
+                        break Err(e);
+                    }
+                }
+                _ = &mut sleep => break Ok(Some("duration".to_owned())),
                 _ = &mut pause => {
                     self.drain();
-                    return Ok(None);
+                    break Ok(None);
                 }
-                code = &mut child => return Ok(Some(format!("command exit (status {code})"))),
+                code = &mut child => break Ok(Some(format!("command exit (status {code})"))),
                 _ = usdt_rescan.tick(), if !all => self.usdt.rescan_live(&self.collector),
                 _ = tick.tick(), if self.msgs.has_status_line() => {
                     let lost = self.bpf.counters().map(|c| c.lost_samples()).unwrap_or(0);
@@ -237,7 +335,9 @@ impl<'p> Recorder<'p> {
                     ));
                 }
             }
-        }
+        };
+        self.requests = requests;
+        result
     }
 
     /// The events since `cursor` (None: since sampling began) for an agent's window, ready to

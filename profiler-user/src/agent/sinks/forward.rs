@@ -46,7 +46,7 @@ pub struct LatencyHistogram {
 }
 
 impl LatencyHistogram {
-    fn observe(&mut self, d: Duration) {
+    pub fn observe(&mut self, d: Duration) {
         let s = d.as_secs_f64();
         let i = LATENCY_BUCKETS.iter().position(|&b| s <= b).unwrap_or(LATENCY_BUCKETS.len());
         self.counts[i] += 1;
@@ -120,6 +120,15 @@ impl Queue {
             s.dropped = st.spool.dropped(i);
         }
         v
+    }
+
+    /// Every sink's counters and the windows it has yet to be sent, for a metrics scrape.
+    pub fn stats_and_backlog(&self) -> Vec<(SinkStats, usize)> {
+        let backlog: Vec<usize> = {
+            let st = self.lock();
+            (0..st.stats.len()).map(|i| st.spool.backlog(i)).collect()
+        };
+        self.stats().into_iter().zip(backlog).collect()
     }
 
     /// Asks the forwarders to finish by `deadline`.
