@@ -77,6 +77,11 @@ pub struct WindowMetrics {
     pub events_lost: Counter,
     pub failed: Counter,
     pub write_seconds: Histogram,
+    /// The symbolizer service: addresses asked for, those it had named already, and how many
+    /// it holds.
+    pub symbol_lookups: Counter,
+    pub symbol_cache_hits: Counter,
+    pub symbol_cache_entries: Gauge,
     samples: Family<ServiceLabel, Counter>,
     services: Mutex<HashSet<String>>,
 }
@@ -194,6 +199,9 @@ impl AgentMetrics {
             failed: Counter::default(),
             // 10 ms to ~40 s.
             write_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 13)),
+            symbol_lookups: Counter::default(),
+            symbol_cache_hits: Counter::default(),
+            symbol_cache_entries: Gauge::default(),
             samples: Family::default(),
             services: Mutex::new(HashSet::new()),
         });
@@ -228,6 +236,21 @@ impl AgentMetrics {
             w.write_seconds.clone(),
         );
         r.register("window_samples", "Samples in windows, by service", w.samples.clone());
+        r.register(
+            "symbol_lookups",
+            "Frame addresses the symbolizer was asked to name",
+            w.symbol_lookups.clone(),
+        );
+        r.register(
+            "symbol_cache_hits",
+            "Frame addresses the symbolizer had named in an earlier window",
+            w.symbol_cache_hits.clone(),
+        );
+        r.register(
+            "symbol_cache_entries",
+            "Frame addresses the symbolizer holds named",
+            w.symbol_cache_entries.clone(),
+        );
         let s = &spool;
         r.register_with_unit("spool", "Bytes held in the spool", Unit::Bytes, s.bytes.clone());
         r.register("spool_windows", "Windows held in the spool", s.windows.clone());

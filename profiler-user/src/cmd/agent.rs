@@ -91,6 +91,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
         let queue = wq;
         let mut samples = 0u64;
+        let mut seen = crate::symbolize::ServiceStats::default();
         for w in rx {
             let began = Instant::now();
             m.windows.events_lost.inc_by(w.lost);
@@ -117,6 +118,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     let (after, (held, bytes)) = queue.with_spool(|s| (s.stats, s.held()));
                     let deleted = after.deleted_for_size - before.deleted_for_size;
                     m.windows.produced.inc();
+                    let st = symbolizer.stats();
+                    m.windows.symbol_lookups.inc_by(st.asked - seen.asked);
+                    m.windows.symbol_cache_hits.inc_by(st.cached - seen.cached);
+                    m.windows.symbol_cache_entries.set(st.entries as i64);
+                    seen = st;
                     m.windows.profiles.inc_by(profiles.len() as u64);
                     m.spool.deleted.inc_by(deleted);
                     m.spool.written.inc_by(after.written - before.written);
