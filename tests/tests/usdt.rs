@@ -753,15 +753,17 @@ fn python_gc_probes_without_a_path_are_found_in_processes_started_before_and_aft
         panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
     }
     for (pid, t0, t1) in windows {
-        let in_window = |probe: &str| {
+        let in_window = |probe: &str, arg: Option<&str>| {
             hits.iter()
                 .filter(|h| h[1] == pid.to_string() && h[4] == probe)
                 .filter(|h| (t0..=t1).contains(&h[0].parse::<u64>().unwrap()))
-                .filter(|h| h[5] == "2")
+                .filter(|h| arg.is_none_or(|a| h[5] == a))
                 .count()
         };
-        let (starts, dones) = (in_window("python:gc__start"), in_window("python:gc__done"));
-        assert_eq!((starts, dones), (25, 25), "pid {pid}:\n{}", done.stderr);
+        // gc__start's argument is the generation; gc__done's the number of objects collected.
+        let starts = in_window("python:gc__start", Some("2"));
+        let dones = in_window("python:gc__done", None);
+        assert!(starts == 25 && dones >= 25, "pid {pid}: {starts} {dones}:\n{}", done.stderr);
         let intervals = threads_of_pid(&profile, pid)
             .iter()
             .flat_map(|t| markers(t.thread))

@@ -57,14 +57,19 @@ const MAX_WARNINGS: usize = 200;
 /// Reads the C string at `addr` in `pid` if it lies in a read-only file mapping; returns
 /// its bytes (at most `USDT_STR_MAX - 1`) and whether it was cut.
 fn read_readonly_str(pid: Pid, addr: u64) -> Option<(Vec<u8>, bool)> {
-    use std::os::unix::fs::FileExt as _;
     let end = procfs::read_maps(pid).ok()?.into_iter().find_map(|m| {
         let readonly = m.readable && !m.writable;
         (m.start <= addr && addr < m.end && readonly && m.inode != 0).then_some(m.end)
     })?;
-    let want = ((end - addr) as usize).min(USDT_STR_MAX);
+    read_cstr(Path::new(&format!("/proc/{pid}/mem")), addr, end - addr)
+}
+
+/// The C string at `offset` of `file`, at most `limit` bytes away.
+fn read_cstr(file: &Path, offset: u64, limit: u64) -> Option<(Vec<u8>, bool)> {
+    use std::os::unix::fs::FileExt as _;
+    let want = (limit as usize).min(USDT_STR_MAX);
     let mut buf = vec![0u8; want];
-    let n = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?.read_at(&mut buf, addr).ok()?;
+    let n = std::fs::File::open(file).ok()?.read_at(&mut buf, offset).ok()?;
     buf.truncate(n);
     match buf.iter().position(|&b| b == 0) {
         Some(nul) => {
@@ -369,11 +374,14 @@ impl UsdtSession {
         self.markers.hit(registry, &hit, &mut collector.store);
     }
 
-    /// A string the kernel could not copy because its page was not resident yet (a freshly
-    /// loaded library's `.rodata`: BPF cannot fault pages in) is read from the process now,
-    /// but only from a read-only file mapping, whose bytes cannot have changed since the hit.
+    /// A string the kernel could not copy because its page was not resident yet (a fresh
+    /// program's or library's `.rodata`: BPF cannot fault pages in) is read now, but only from
+    /// a read-only segment, whose bytes cannot have changed since the hit: from the file, found
+    /// through the process's known code mappings (also after it exited), else from the live
+    /// process's read-only file mapping.
     fn recover_strings<S>(&mut self, registry: &ProbeRegistry, collector: &mut Collector<S>) {
-        for h in collector.outbox.usdt_hits_mut() {
+        let Collector { outbox, modules, processes, .. } = collector;
+        for h in outbox.usdt_hits_mut() {
             let Some(site) = registry.sites.get(h.spec_id as usize) else { continue };
             let mut slot = 0;
             for (i, &is_str) in site.strings.iter().enumerate() {
@@ -387,8 +395,15 @@ impl UsdtSession {
                 if s.flags & USDT_STR_IS_UNREADABLE == 0 {
                     continue;
                 }
-                self.string_maps_reads += 1;
-                if let Some((bytes, truncated)) = read_readonly_str(h.pid, addr) {
+                let from_file = processes.get(h.pid).and_then(|p| {
+                    let (path, offset, limit) = modules.readonly_location(&p.space, addr)?;
+                    read_cstr(&path, offset, limit)
+                });
+                let read = from_file.or_else(|| {
+                    self.string_maps_reads += 1;
+                    read_readonly_str(h.pid, addr)
+                });
+                if let Some((bytes, truncated)) = read {
                     s.bytes = bytes;
                     s.flags = if truncated { USDT_STR_IS_TRUNCATED } else { 0 };
                     self.recovered += 1;
