@@ -10,9 +10,12 @@
 //! * `bench-cgroup` measures the kernel cgroup filter's cost, see `bench_cgroup.rs`.
 //! * `bench-offcpu` measures off-CPU recording under a context-switch storm, see
 //!   `bench_offcpu.rs`.
+//! * `bench-cost` measures the profiler's own CPU and RSS while recording system-wide, idle and
+//!   busy with an exec storm, next to `perf record`, see `bench_cost.rs`.
 
 mod bench;
 mod bench_cgroup;
+mod bench_cost;
 mod bench_offcpu;
 mod bench_storage;
 mod bench_usdt;
@@ -79,6 +82,9 @@ enum Cmd {
     /// Measure chunked storage (encode and Gecko throughput, bytes per sample) and a long
     /// recording with a small buffer (RSS over time); update BENCHMARKS.md.
     BenchStorage(bench_storage::BenchStorageArgs),
+    /// Measure the profiler's own CPU and RSS while recording system-wide (idle, and busy with
+    /// an exec storm) next to perf record; update BENCHMARKS.md.
+    BenchCost(bench_cost::BenchCostArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -106,6 +112,7 @@ fn main() {
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
         Cmd::Bench(args) => bench::bench(args),
         Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
+        Cmd::BenchCost(args) => bench_cost::bench_cost(args),
         Cmd::BenchStorage(args) => bench_storage::bench_storage(args),
         Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
         Cmd::BenchOffcpu(args) => bench_offcpu::bench_offcpu(args),
