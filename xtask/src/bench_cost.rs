@@ -139,7 +139,9 @@ fn measure(
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
     let status = child.wait()?;
-    if !status.success() {
+    // perf ends by re-raising the SIGINT it got.
+    use std::os::unix::process::ExitStatusExt as _;
+    if !status.success() && status.signal() != Some(libc::SIGINT) {
         bail!("{tool} exited with {status}");
     }
     Ok(Run {
