@@ -10,10 +10,10 @@
 //! already scanned gets an ignore mark, so its later execs do not wait at all.
 //!
 //! Trade-offs, reported in the summary (`gate:` line):
-//! - The first exec of each new file waits for the scan (measured per hold: tens of µs for a
-//!   small program, more for a large one; the process also waits for this thread to be
-//!   scheduled). No signal is sent and the process is never stopped: its parent, job control
-//!   and ptrace see an ordinary, slower execve.
+//! - The first exec of each new file waits for the scan and the uprobe attaches, and for this
+//!   thread to be scheduled and to get the attacher's lock (the summary reports the holds'
+//!   average and longest time). No signal is sent and the process is never stopped: its
+//!   parent, job control and ptrace see an ordinary, slower execve.
 //! - If rsprof-bpf dies, the kernel closes the group and lets every waiting exec proceed. If it
 //!   is frozen (SIGSTOP, a debugger), first execs of new files wait until it resumes.
 //! - Covered: files on filesystems mounted when the recording starts, in our mount namespace
