@@ -615,3 +615,162 @@ fn snapshots_show_intervals_still_open() {
     let [(1, Some(a), Some(b), _)] = in_final[..] else { panic!("{in_final:?}") };
     assert!(b - a >= open_for && in_snap[0].1 == Some(a), "{in_final:?} {in_snap:?} {open_for}");
 }
+
+/// Parses a `--usdt-dump` file into hit fields.
+fn dump_hits(path: &std::path::Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("label "))
+        .map(split_fields)
+        .collect()
+}
+
+/// The summary's count of /proc/PID/maps reads after the initial scan.
+fn late_maps_reads(stderr: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.contains("/proc/PID/maps read ")).expect(stderr);
+    let rest = line.rsplit_once(" (").expect(line).1;
+    rest.split(' ').next().unwrap().parse().expect(line)
+}
+
+#[test]
+fn probes_fire_from_the_first_instruction_of_programs_built_during_the_recording() {
+    let out = output_path("fresh", "json");
+    let dump = output_path("fresh", "hits");
+    let rec = Recording::start(&["--all", "--usdt-dump", dump.to_str().unwrap()], out.clone());
+    let rec = rec.unwrap();
+    // Built now, and copied to a new file (a new inode) for each run: 100 programs the
+    // profiler has never seen, each firing its probes at the top of main.
+    let src = fixtures::source_dir().join("usdt_first.c.in");
+    let include = fixtures::workspace_root().join("include");
+    let built = output_path("usdt_first", "bin");
+    let st = Command::new("gcc")
+        .args(["-O1", "-x", "c"])
+        .arg(format!("-I{}", include.display()))
+        .arg("-o")
+        .arg(&built)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "building {}", src.display());
+    let mut pids = Vec::new();
+    let mut times = Vec::new();
+    for i in 0..100 {
+        let exe = output_path(&format!("usdt_first_{i}"), "bin");
+        std::fs::copy(&built, &exe).unwrap();
+        let t = Instant::now();
+        let mut child = Command::new(&exe).spawn().unwrap();
+        pids.push(child.id().to_string());
+        assert!(child.wait().unwrap().success());
+        times.push(t.elapsed());
+    }
+    // The same file again: answered without a scan.
+    let t = Instant::now();
+    assert!(Command::new(&built).status().unwrap().success());
+    let known = t.elapsed();
+    let done = rec.interrupt().unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    times.sort();
+    eprintln!(
+        "fresh-file runs (spawn to exit): median {:?}, max {:?}; a scanned file: {known:?}",
+        times[50], times[99]
+    );
+    let hits = dump_hits(&dump);
+    let fired = |pid: &str, probe: &str| hits.iter().any(|h| h[1] == pid && h[4] == probe);
+    let both = pids.iter().filter(|p| fired(p, "rsprof:marker") && fired(p, "rsprof:begin"));
+    let both = both.count();
+    assert!(both >= 99, "{both} of 100 runs have their first marker and begin:\n{}", done.stderr);
+    let profile = tests::gecko_schema::load(&out).unwrap();
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let mut firsts = 0;
+    for pid in &pids {
+        let ms: Vec<Marker> = threads_of_pid(&profile, pid.parse().unwrap())
+            .iter()
+            .flat_map(|t| markers(t.thread))
+            .collect();
+        assert!(!ms.iter().any(|m| m.name == "rsprof:end without begin"), "{pid}: {ms:?}");
+        firsts += usize::from(ms.iter().any(|m| m.name == "first" && m.phase == 0));
+    }
+    assert!(firsts >= 99, "{firsts} of 100 runs have their marker in the profile");
+    // Each file was held once while scanned. /proc/PID/maps is never read for the new
+    // processes: only for one first seen without a fork record (rare; not once per process).
+    let gate = done.stderr.lines().find(|l| l.contains("exec gate:")).expect(&done.stderr);
+    let held: u64 = gate.split(", ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(held >= 100, "{gate}");
+    assert!(late_maps_reads(&done.stderr) < 10, "{}", done.stderr);
+}
+
+#[test]
+fn python_gc_probes_without_a_path_are_found_in_processes_started_before_and_after() {
+    // Each waits for a line, runs 25 explicit collections between two clock readings, prints
+    // them and exits. The interpreter also collects on its own; only collections inside the
+    // window are counted.
+    let code = "import gc, sys, time\nprint('ready', flush=True)\nsys.stdin.readline()\n\
+                t0 = time.monotonic_ns()\nfor _ in range(25): gc.collect()\n\
+                t1 = time.monotonic_ns()\nprint(t0, t1, flush=True)\n";
+    let spawn = || {
+        let mut c = Background(
+            Command::new(PYTHON)
+                .args(["-c", code])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut out = BufReader::new(c.0.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        (c, out)
+    };
+    let before = spawn();
+    let out = output_path("py_all", "json");
+    let dump = output_path("py_all", "hits");
+    let args = [
+        "--all",
+        "--usdt-interval",
+        "python:gc__start:gc__done",
+        "--usdt-dump",
+        dump.to_str().unwrap(),
+    ];
+    let rec = Recording::start(&args, out.clone()).unwrap();
+    let after = spawn();
+    let mut windows = Vec::new();
+    for (mut c, mut out) in [before, after] {
+        c.0.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let t: Vec<u64> = line.split_whitespace().map(|v| v.parse().unwrap()).collect();
+        assert!(c.0.wait().unwrap().success());
+        windows.push((c.0.id(), t[0], t[1]));
+    }
+    let done = rec.interrupt().unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    let hits = dump_hits(&dump);
+    let profile = tests::gecko_schema::load(&out).unwrap();
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    for (pid, t0, t1) in windows {
+        let in_window = |probe: &str, arg: Option<&str>| {
+            hits.iter()
+                .filter(|h| h[1] == pid.to_string() && h[4] == probe)
+                .filter(|h| (t0..=t1).contains(&h[0].parse::<u64>().unwrap()))
+                .filter(|h| arg.is_none_or(|a| h[5] == a))
+                .count()
+        };
+        // gc__start's argument is the generation; gc__done's the number of objects collected.
+        let starts = in_window("python:gc__start", Some("2"));
+        let dones = in_window("python:gc__done", None);
+        assert!(starts == 25 && dones >= 25, "pid {pid}: {starts} {dones}:\n{}", done.stderr);
+        let intervals = threads_of_pid(&profile, pid)
+            .iter()
+            .flat_map(|t| markers(t.thread))
+            .filter(|m| m.name == "python:gc__start:gc__done" && m.phase == 1)
+            .filter(|m| m.data["start0"] == 2)
+            .count();
+        assert!(intervals >= 25, "pid {pid}: {intervals} gen-2 gc intervals");
+    }
+}

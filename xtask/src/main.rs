@@ -11,10 +11,13 @@
 //! * `bench-agent` measures the agent's all-day cost, see `bench_agent.rs`.
 //! * `bench-offcpu` measures off-CPU recording under a context-switch storm, see
 //!   `bench_offcpu.rs`.
+//! * `bench-cost` measures the profiler's own CPU and RSS while recording system-wide, idle and
+//!   busy with an exec storm, next to `perf record`, see `bench_cost.rs`.
 
 mod bench;
 mod bench_agent;
 mod bench_cgroup;
+mod bench_cost;
 mod bench_offcpu;
 mod bench_storage;
 mod bench_usdt;
@@ -85,6 +88,9 @@ enum Cmd {
     /// Measure the agent's CPU, RSS and bytes written over long runs at fleet rates, idle
     /// and busy, and update BENCHMARKS.md.
     BenchAgent(bench_agent::BenchAgentArgs),
+    /// Measure the profiler's own CPU and RSS while recording system-wide (idle, and busy with
+    /// an exec storm) next to perf record; update BENCHMARKS.md.
+    BenchCost(bench_cost::BenchCostArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -112,6 +118,7 @@ fn main() {
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
         Cmd::Bench(args) => bench::bench(args),
         Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
+        Cmd::BenchCost(args) => bench_cost::bench_cost(args),
         Cmd::BenchStorage(args) => bench_storage::bench_storage(args),
         Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
         Cmd::BenchOffcpu(args) => bench_offcpu::bench_offcpu(args),

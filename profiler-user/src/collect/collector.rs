@@ -41,6 +41,11 @@ pub struct CollectorStats {
     pub maps_errors: u64,
     /// Reads of /proc/PID/maps (once per process that existed before the recording).
     pub maps_reads: u64,
+    /// Of those, reads after the initial scan (a process first seen later: its fork record
+    /// was lost, or it was forked while the probes were being attached).
+    pub maps_reads_late: u64,
+    /// Set by [`Collector::initial_scan_done`].
+    pub started: bool,
     /// Executable mappings and removals received from the kernel.
     pub map_events: u64,
     /// Executables or interpreters whose code could not be placed (file unreadable).
@@ -102,14 +107,21 @@ impl<S: SampleSink> Collector<S> {
     /// Adds an already running process (e.g. `-p PID`) before any sample arrives.
     pub fn register_existing(&mut self, pid: Pid) {
         let p = self.processes.entry(pid);
-        first_sight(pid, p, &mut self.modules, &mut self.stats);
-        self.outbox.maps_changed(pid);
+        if p.space_source == SpaceSource::Unknown {
+            first_sight(pid, p, &mut self.modules, &mut self.stats);
+        }
+    }
+
+    /// Processes that existed at the start are registered: reads of /proc/PID/maps from now
+    /// on are counted as late.
+    pub fn initial_scan_done(&mut self) {
+        self.stats.started = true;
     }
 
     /// The process, its address space read from /proc first if it is one that existed before
     /// the recording and was not seen yet.
     fn known(&mut self, pid: Pid) -> &mut ProcessInfo {
-        known(&mut self.processes, pid, &mut self.modules, &mut self.stats, &mut self.outbox)
+        known(&mut self.processes, pid, &mut self.modules, &mut self.stats)
     }
 
     fn on_map(&mut self, m: MapEvent) {
@@ -159,7 +171,6 @@ impl<S: SampleSink> Collector<S> {
         for mapping in mappings {
             p.space.insert(mapping);
         }
-        self.outbox.maps_changed(m.pid);
     }
 
     fn on_sample(&mut self, s: Sample) {
@@ -196,7 +207,7 @@ impl<S: SampleSink> Collector<S> {
     /// into `frames`, and returns its CPU time since its previous sample (0 for off-CPU time,
     /// which carries no CPU time reading).
     fn observe_task(&mut self, s: &Sample) -> u64 {
-        known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats, &mut self.outbox);
+        known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats);
         let main_thread = s.tid.0 == s.pid.0;
         let cgroup_paths = &mut self.processes.cgroup_paths;
         let p = self.processes.processes.get_mut(&s.pid).expect("just added");
@@ -274,7 +285,6 @@ impl<S: SampleSink> Collector<S> {
                     let m = Mapping { start: vdso, end: vdso + len, file_offset: 0, module };
                     p.space.insert(m);
                 }
-                self.outbox.maps_changed(t.pid);
                 p.meta.threads.entry(t.tid).or_default().observe_name(&t.comm);
             }
             TaskKind::Exit => {
@@ -300,12 +310,10 @@ fn known<'a>(
     pid: Pid,
     modules: &mut ModuleTable,
     stats: &mut CollectorStats,
-    outbox: &mut Outbox,
 ) -> &'a mut ProcessInfo {
     let p = processes.processes.entry(pid).or_default();
     if p.space_source == SpaceSource::Unknown {
         first_sight(pid, p, modules, stats);
-        outbox.maps_changed(pid);
     }
     p
 }
@@ -332,6 +340,7 @@ fn first_sight_space(
     stats: &mut CollectorStats,
 ) {
     stats.maps_reads += 1;
+    stats.maps_reads_late += u64::from(stats.started);
     stats.maps_errors += u64::from(read_space_once(pid, p, modules).is_err());
 }
 

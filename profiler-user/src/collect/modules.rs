@@ -81,6 +81,9 @@ pub struct ElfLayout {
     pub first_vaddr: u64,
     /// PT_INTERP.
     pub interp: Option<String>,
+    /// PT_LOAD segments never written (no PF_W): (p_vaddr, p_filesz, p_offset). Bytes there
+    /// in any process are the file's bytes.
+    pub readonly: Vec<(u64, u64, u64)>,
 }
 
 impl ElfLayout {
@@ -104,6 +107,9 @@ impl ElfLayout {
                     layout.first_vaddr = layout.first_vaddr.min(vaddr & !0xfff);
                     if ph.p_flags(endian) & elf::PF_X != 0 {
                         layout.code.push((vaddr, ph.p_memsz(endian), ph.p_offset(endian)));
+                    }
+                    if ph.p_flags(endian) & elf::PF_W == 0 {
+                        layout.readonly.push((vaddr, ph.p_filesz(endian), ph.p_offset(endian)));
                     }
                 }
                 elf::PT_INTERP => {
@@ -169,6 +175,40 @@ impl ModuleTable {
                 Mapping { start, end: start + memsz, file_offset: offset, module }
             })
             .collect()
+    }
+
+    /// Where `addr`, in a process whose code mappings are `space`, lies in a read-only
+    /// segment of one of its files: (readable path, file offset, bytes to the segment's end).
+    /// Such bytes can be read from the file after the process is gone.
+    pub fn readonly_location(
+        &mut self,
+        space: &AddressSpace,
+        addr: u64,
+    ) -> Option<(PathBuf, u64, u64)> {
+        let mut tried: Vec<ModuleId> = Vec::new();
+        for m in &space.mappings {
+            if tried.contains(&m.module) {
+                continue;
+            }
+            tried.push(m.module);
+            let Some(layout) = self.layout(m.module) else { continue };
+            // The code segment holding the mapping's file offset gives its link-time address.
+            let Some(&(vaddr, _, off)) = layout.code.iter().find(|&&(_, memsz, off)| {
+                off & !0xfff <= m.file_offset && m.file_offset < off + memsz
+            }) else {
+                continue;
+            };
+            let bias = m.start.wrapping_sub(vaddr.wrapping_sub(off).wrapping_add(m.file_offset));
+            let target = addr.wrapping_sub(bias);
+            let Some(&(v, filesz, o)) =
+                layout.readonly.iter().find(|&&(v, filesz, _)| v <= target && target < v + filesz)
+            else {
+                continue;
+            };
+            let path = self.modules[m.module.0 as usize].readable_path()?;
+            return Some((path, target - v + o, v + filesz - target));
+        }
+        None
     }
 
     /// The ELF interpreter named by executable `exe` (`PT_INTERP`), as process `pid` sees it:

@@ -9,7 +9,6 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct Outbox {
     usdt_hits: Vec<RawUsdtHit>,
-    maps_changed: Vec<Pid>,
     exited_threads: Vec<Tid>,
     exited_processes: Vec<Pid>,
 }
@@ -24,11 +23,6 @@ pub struct Exits {
 impl Outbox {
     pub fn usdt_hit(&mut self, hit: RawUsdtHit) {
         self.usdt_hits.push(hit);
-    }
-
-    /// `pid`'s mappings were (re)read: it may have mapped new files.
-    pub fn maps_changed(&mut self, pid: Pid) {
-        self.maps_changed.push(pid);
     }
 
     pub fn thread_exited(&mut self, tid: Tid) {
@@ -57,14 +51,6 @@ impl Outbox {
         }
     }
 
-    /// Processes whose mappings changed, each once.
-    pub fn take_maps_changed(&mut self) -> Vec<Pid> {
-        let mut pids = std::mem::take(&mut self.maps_changed);
-        pids.sort_unstable();
-        pids.dedup();
-        pids
-    }
-
     pub fn take_exits(&mut self) -> Exits {
         Exits {
             threads: std::mem::take(&mut self.exited_threads),
@@ -78,13 +64,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn maps_changes_are_deduplicated_and_taken_once() {
+    fn exits_are_taken_once() {
         let mut o = Outbox::default();
-        o.maps_changed(Pid(3));
-        o.maps_changed(Pid(1));
-        o.maps_changed(Pid(3));
-        assert_eq!(o.take_maps_changed(), vec![Pid(1), Pid(3)]);
-        assert!(o.take_maps_changed().is_empty());
         o.thread_exited(Tid(5));
         o.process_exited(Pid(5));
         assert_eq!(o.take_exits(), Exits { threads: vec![Tid(5)], processes: vec![Pid(5)] });

@@ -27,7 +27,7 @@ use crate::{
         time::{MonoNs, clock_pair},
     },
     store::{ChunkedStore, StoreStats, WindowCursor, WindowSnapshot, chunks::Recycled},
-    system::{host, launch},
+    system::{host, launch, procfs},
     usdt::{self, UsdtSession},
     writers::{Format, summary},
 };
@@ -137,14 +137,13 @@ impl<'p> Recorder<'p> {
             plan.usdt_intervals.clone(),
             plan.usdt_dump.as_deref(),
         )?;
-        if plan.target == Target::All {
-            usdt.scan_all_processes();
+        // Programs first exec'd during the recording get their probes before they run (with
+        // `-p`, only the given processes are profiled: no gate).
+        if matches!(plan.target, Target::All | Target::Command(_)) {
+            usdt.start_gate();
         }
-        for &pid in &targets {
-            usdt.scan_pid(pid);
-        }
-        // The command's own binary is attached before it runs; its libraries and later execs
-        // are found when the collector sees their mappings.
+        // The command's own binary is attached before it runs; its libraries are found when the
+        // collector sees their mappings.
         // (A command that does not exist fails to launch below, with its own error.)
         if let Target::Command(cmd) = &plan.target
             && let Some(exe) = cmd.first().and_then(|c| usdt::attach::which(c))
@@ -161,6 +160,16 @@ impl<'p> Recorder<'p> {
         let ring = bpf.take_ring()?;
         let (start, start_wall_ms) = clock_pair();
         bpf.attach(plan.frequency)?;
+        // With --all, every process that exists now has its /proc/PID/maps read once, here;
+        // processes started from now on are known from the kernel's records (attached above).
+        if plan.target == Target::All {
+            for pid in procfs::all_pids() {
+                collector.register_existing(pid);
+            }
+        }
+        usdt.scan_new_modules(&collector);
+        usdt.initial_scan_done();
+        collector.initial_scan_done();
         let mut child_exit = None;
         if let Some(g) = gated {
             let pid = g.release()?;
@@ -268,9 +277,6 @@ impl<'p> Recorder<'p> {
         until: Option<tokio::time::Instant>,
     ) -> Result<Option<String>> {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
-        // With -p / CMD, look for libraries with probes that were loaded but not yet sampled;
-        // with --all, execs and samples in unknown mappings trigger the scans.
-        let mut usdt_rescan = tokio::time::interval(Duration::from_secs(1));
         // Drain often enough that a 16 MB ring never fills at 999 Hz on hundreds of CPUs.
         let mut poll = tokio::time::interval(Duration::from_millis(20));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -298,7 +304,6 @@ impl<'p> Recorder<'p> {
         };
         tokio::pin!(pause);
         let started = Instant::now();
-        let all = self.plan.target == Target::All;
         let mut requests = self.requests.take();
         let result = loop {
             tokio::select! {
@@ -324,7 +329,6 @@ impl<'p> Recorder<'p> {
                     break Ok(None);
                 }
                 code = &mut child => break Ok(Some(format!("command exit (status {code})"))),
-                _ = usdt_rescan.tick(), if !all => self.usdt.rescan_live(&self.collector),
                 _ = tick.tick(), if self.msgs.has_status_line() => {
                     let lost = self.bpf.counters().map(|c| c.lost_samples()).unwrap_or(0);
                     self.msgs.status(format_args!(

@@ -1,14 +1,22 @@
-//! The recording's USDT session: which files of which processes were scanned for SDT notes,
-//! which probe sites are attached (`uprobe`), and, after each drain, the hits turned into
-//! markers and label names. Uprobe events are system-wide (every process mapping the file);
-//! the BPF program drops hits of processes the pid filter does not select.
+//! The recording's USDT session: which files were scanned for SDT notes, which probe sites
+//! are attached (`uprobe`), and, after each drain, the hits turned into markers and label
+//! names.
+//!
+//! Probes are attached per FILE, not per process: a uprobe event with pid -1 covers every
+//! process mapping the file, now and later (the kernel also raises the probe's semaphore in
+//! each of them), and the BPF program drops hits of processes the recording's pid/cgroup
+//! filter does not select. So each file identity (dev, inode) is read once, and files are
+//! found from the collector's module table — which learns them from /proc/PID/maps once per
+//! process that existed at the start and from the kernel's exec and mmap records after —
+//! without any /proc rescans. The exec gate (`gate`) attaches to executables before the
+//! process that execs them can run.
 
 use std::{
     collections::{HashMap, HashSet},
     io::Write as _,
     os::{fd::OwnedFd, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex, MutexGuard},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -20,6 +28,7 @@ use profiler_common::{
 
 use super::{
     ProbeId, ProbeInfo, ProbeRegistry, ProbeRequest, ProbeRole, SiteInfo, UsdtArg, UsdtHit, args,
+    gate::{ExecGate, GateStats},
     markers::{self, MarkerMaker},
     notes,
     report::UsdtReport,
@@ -29,27 +38,38 @@ use crate::{
     bpf::{counters::Counters, decode::RawUsdtHit, object::BpfObject},
     collect::{collector::Collector, processes::LabelNaming},
     model::{
-        ids::{LabelId, Pid, ThreadKey},
+        ids::{LabelId, ModuleId, Pid, ThreadKey},
         markers::{Marker, MarkerSchema},
     },
     store::SampleSink,
-    system::procfs::{self, MapsLine},
+    system::procfs,
 };
 
 /// A file by (st_dev, st_ino), as `stat` reports it.
-type FileKey = (u64, u64);
+pub(crate) type FileKey = (u64, u64);
+
+/// Files remembered as scanned. When full, files without probes are forgotten (they are read
+/// again if seen again; counted), files with probes are kept as long as their probes are.
+const MAX_SCANNED_FILES: usize = 65536;
+/// Warnings kept for the summary; the rest are counted.
+const MAX_WARNINGS: usize = 200;
 
 /// Reads the C string at `addr` in `pid` if it lies in a read-only file mapping; returns
 /// its bytes (at most `USDT_STR_MAX - 1`) and whether it was cut.
 fn read_readonly_str(pid: Pid, addr: u64) -> Option<(Vec<u8>, bool)> {
-    use std::os::unix::fs::FileExt as _;
     let end = procfs::read_maps(pid).ok()?.into_iter().find_map(|m| {
         let readonly = m.readable && !m.writable;
         (m.start <= addr && addr < m.end && readonly && m.inode != 0).then_some(m.end)
     })?;
-    let want = ((end - addr) as usize).min(USDT_STR_MAX);
+    read_cstr(Path::new(&format!("/proc/{pid}/mem")), addr, end - addr)
+}
+
+/// The C string at `offset` of `file`, at most `limit` bytes away.
+fn read_cstr(file: &Path, offset: u64, limit: u64) -> Option<(Vec<u8>, bool)> {
+    use std::os::unix::fs::FileExt as _;
+    let want = (limit as usize).min(USDT_STR_MAX);
     let mut buf = vec![0u8; want];
-    let n = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?.read_at(&mut buf, addr).ok()?;
+    let n = std::fs::File::open(file).ok()?.read_at(&mut buf, offset).ok()?;
     buf.truncate(n);
     match buf.iter().position(|&b| b == 0) {
         Some(nul) => {
@@ -73,7 +93,27 @@ struct Attachment {
     _perf: OwnedFd,
 }
 
-pub struct UsdtSession {
+/// How probe-bearing files were found, for the summary.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiscoveryStats {
+    /// Files read for SDT notes (each file identity once while remembered).
+    pub files_scanned: u64,
+    /// Files with at least one probe attached.
+    pub files_attached: u64,
+    /// Files first seen in a mapping of a process started during the recording and found to
+    /// carry probes: that process ran before they were attached, and hits before that are
+    /// lost (a library loaded by a new process; executables go through the exec gate).
+    pub attached_late: u64,
+    /// Probe-less files forgotten because `MAX_SCANNED_FILES` were remembered.
+    pub files_forgotten: u64,
+    /// Warnings beyond `MAX_WARNINGS`, not kept.
+    pub warnings_dropped: u64,
+    pub gate: GateStats,
+}
+
+/// Scanned files and attached probes: shared by the drain loop (files the module table
+/// learns of) and the exec gate's thread (files about to be exec'd), hence behind a mutex.
+pub struct Attacher {
     /// The USDT program and its spec array; `None` when it could not be loaded and nothing
     /// was asked for explicitly (then `rsprof` probes are not recorded, with a warning).
     kernel: Option<(OwnedFd, Array<MapData, UsdtSpec>)>,
@@ -82,16 +122,25 @@ pub struct UsdtSession {
     requests: Vec<(ProbeRequest, Option<FileKey>)>,
     found: Vec<bool>,
     files: HashMap<FileKey, ScannedFile>,
-    /// `/proc/PID/maps` (device, inode) pairs already scanned, to skip the stat.
-    maps_seen: HashSet<(u64, u64)>,
     attached: HashSet<(FileKey, u64)>,
     probe_ids: HashMap<(FileKey, String, String), ProbeId>,
     registry: ProbeRegistry,
     links: Vec<Attachment>,
     warnings: Vec<String>,
-    self_pid: u32,
     detached: bool,
+    pub stats: DiscoveryStats,
+}
+
+pub struct UsdtSession {
+    shared: Arc<Mutex<Attacher>>,
+    gate: Option<ExecGate>,
+    /// Modules of the collector's (append-only) module table looked at so far.
+    next_module: usize,
+    /// Set once the initial scan is done: files found later in mappings are late.
+    started: bool,
     recovered: u64,
+    /// /proc/PID/maps reads made to recover unreadable strings (never to find probes).
+    string_maps_reads: u64,
     markers: MarkerMaker,
     hits: u64,
     hit_counts: HashMap<ProbeId, u64>,
@@ -113,6 +162,12 @@ pub fn which(cmd: &str) -> Option<PathBuf> {
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
     std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| p.is_file())
+}
+
+/// The attacher, also after a thread holding it panicked (its state stays consistent: every
+/// change is a single insert or push).
+pub(crate) fn lock_attacher(shared: &Mutex<Attacher>) -> MutexGuard<'_, Attacher> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl UsdtSession {
@@ -143,22 +198,47 @@ impl UsdtSession {
             };
             reqs.push((r, key));
         }
-        let mut s = Self {
+        let mut a = Attacher {
             kernel,
             pmu_type: None,
             ref_ctr_ok: None,
             found: vec![false; reqs.len()],
             requests: reqs,
             files: HashMap::new(),
-            maps_seen: HashSet::new(),
             attached: HashSet::new(),
             probe_ids: HashMap::new(),
             registry: ProbeRegistry { intervals, ..Default::default() },
             links: Vec::new(),
             warnings,
-            self_pid: std::process::id(),
             detached: false,
+            stats: DiscoveryStats::default(),
+        };
+        let explicit: Vec<(PathBuf, String)> = a
+            .requests
+            .iter()
+            .filter_map(|(r, _)| Some((r.path.clone()?, format!("{}:{}", r.provider, r.name))))
+            .collect();
+        for (path, probe) in explicit {
+            a.scan_file(&path, &path.display().to_string(), true)?;
+            let found = a.requests.iter().zip(&a.found).any(|((r, _), &f)| {
+                f && r.path.as_deref() == Some(&path)
+                    && format!("{}:{}", r.provider, r.name) == probe
+            });
+            if !found {
+                bail!(
+                    "no USDT probe {probe} in {} (see `rsprof-bpf list-usdt {}`)",
+                    path.display(),
+                    path.display()
+                );
+            }
+        }
+        Ok(Self {
+            shared: Arc::new(Mutex::new(a)),
+            gate: None,
+            next_module: 0,
+            started: false,
             recovered: 0,
+            string_maps_reads: 0,
             markers: MarkerMaker::default(),
             hits: 0,
             hit_counts: HashMap::new(),
@@ -174,106 +254,105 @@ impl UsdtSession {
                 )),
                 None => None,
             },
-        };
-        let explicit: Vec<(PathBuf, String)> = s
-            .requests
-            .iter()
-            .filter_map(|(r, _)| Some((r.path.clone()?, format!("{}:{}", r.provider, r.name))))
-            .collect();
-        for (path, probe) in explicit {
-            s.scan_file(&path, &path.display().to_string(), true)?;
-            let found = s.requests.iter().zip(&s.found).any(|((r, _), &f)| {
-                f && r.path.as_deref() == Some(&path)
-                    && format!("{}:{}", r.provider, r.name) == probe
-            });
-            if !found {
-                bail!(
-                    "no USDT probe {probe} in {} (see `rsprof-bpf list-usdt {}`)",
-                    path.display(),
-                    path.display()
-                );
+        })
+    }
+
+    /// Whether probes can be attached at all (the USDT program loaded).
+    pub fn active(&self) -> bool {
+        lock_attacher(&self.shared).kernel.is_some()
+    }
+
+    /// Starts the exec gate (see `gate`): executables are scanned and their probes attached
+    /// before any process exec'ing them runs. A gate that cannot start is a warning.
+    pub fn start_gate(&mut self) {
+        if !self.active() || self.gate.is_some() {
+            return;
+        }
+        match ExecGate::start(Arc::clone(&self.shared)) {
+            Ok(g) => self.gate = Some(g),
+            Err(e) => lock_attacher(&self.shared).warn(format!(
+                "exec gate not started ({e:#}): probes of programs first run during the \
+                 recording are attached only after they start, and their first hits can be lost"
+            )),
+        }
+    }
+
+    /// Reads `open` (shown as `display`) once and attaches its requested probes.
+    pub fn scan_file(&mut self, open: &Path, display: &str, strict: bool) -> Result<()> {
+        lock_attacher(&self.shared).scan_file(open, display, strict)
+    }
+
+    /// Scans the files the collector's module table learned of since the last call. Before
+    /// [`UsdtSession::initial_scan_done`] these are the files of processes that existed at
+    /// the start; after it, files mapped by new processes.
+    pub fn scan_new_modules<S>(&mut self, collector: &Collector<S>) {
+        let modules = &collector.modules;
+        if self.next_module >= modules.len() {
+            return;
+        }
+        for i in self.next_module..modules.len() {
+            let m = modules.get(ModuleId(i as u32));
+            // `[vdso]` and anonymous code carry no notes.
+            if m.path.starts_with('[') || m.path.is_empty() {
+                continue;
+            }
+            // Locked per file: the exec gate waits for the lock while it holds an exec.
+            if let Some(open) = m.readable_path() {
+                lock_attacher(&self.shared).scan_module(&open, &m.path, self.started);
             }
         }
-        Ok(s)
+        self.next_module = modules.len();
     }
 
-    /// Scans every process (for `--all`).
-    pub fn scan_all_processes(&mut self) {
-        for pid in procfs::all_pids() {
-            self.scan_pid(pid);
-        }
+    /// Files found in mappings from now on were mapped by processes that started during the
+    /// recording.
+    pub fn initial_scan_done(&mut self) {
+        self.started = true;
     }
 
-    /// Scans the files `pid` has mapped executable; attaches requested and `rsprof` probes
-    /// found in files not seen before. A process that is gone is skipped.
-    pub fn scan_pid(&mut self, pid: Pid) {
-        if self.detached || self.kernel.is_none() || pid.0 == 0 || pid.0 == self.self_pid {
-            return;
-        }
-        let maps = match procfs::read_maps(pid) {
-            Ok(m) => m,
-            Err(procfs::ProcError::Gone) => return,
-            Err(e) => {
-                self.warnings.push(format!("read the mappings of pid {pid}: {e}"));
-                return;
-            }
-        };
-        for m in maps.iter().filter(|m| m.exec && m.is_file()) {
-            self.scan_mapping(pid, m);
-        }
+    /// Intervals begun and not ended yet, for a snapshot.
+    pub fn open_markers(&self) -> Vec<(ThreadKey, Marker)> {
+        self.markers.open_markers(&lock_attacher(&self.shared).registry)
     }
 
-    fn scan_mapping(&mut self, pid: Pid, m: &MapsLine) {
-        if !self.maps_seen.insert((m.dev, m.inode)) {
-            return;
-        }
-        // map_files reaches the mapped file itself, even if deleted or in another mount
-        // namespace; the kernel resolves it to the same inode when attaching.
-        let open = PathBuf::from(format!("/proc/{pid}/map_files/{}", m.range_name()));
-        if !open.exists() {
-            // The process exited or unmapped it meanwhile; let a later mapping retry.
-            self.maps_seen.remove(&(m.dev, m.inode));
-            return;
-        }
-        if let Err(e) = self.scan_file(&open, &m.path, false) {
-            self.warnings.push(format!("{}: {e:#}", m.path));
-        }
+    /// Schemas of the markers of the probes attached so far.
+    pub fn marker_schemas(&self) -> Vec<MarkerSchema> {
+        markers::schemas(&lock_attacher(&self.shared).registry)
     }
 
-    /// Re-reads the maps of every profiled process still alive, for libraries loaded
-    /// (dlopen) but not yet seen in a sample.
-    pub fn rescan_live<S>(&mut self, collector: &Collector<S>) {
-        for pid in collector.processes.live_pids() {
-            self.scan_pid(pid);
-        }
-    }
-
-    /// After each drain: scans newly (re)mapped processes, recovers unreadable strings, and
-    /// turns the drained hits into markers and label names.
+    /// After each drain: scans newly mapped files, recovers unreadable strings, and turns the
+    /// drained hits into markers and label names.
     pub fn after_drain<S: SampleSink>(&mut self, collector: &mut Collector<S>) {
-        self.on_maps_changed(collector);
-        self.recover_strings(collector);
+        self.scan_new_modules(collector);
+        let shared = Arc::clone(&self.shared);
+        let a = lock_attacher(&shared);
+        self.recover_strings(&a.registry, collector);
         let raw = collector.outbox.take_usdt_hits();
         for h in &raw {
-            self.consume(h, collector);
+            self.consume(&a.registry, h, collector);
         }
         collector.outbox.reuse_hits(raw);
         // After this drain's hits: a thread's hits all precede its exit.
         let exits = collector.outbox.take_exits();
-        self.markers.exited(&self.registry, &mut collector.store, &exits.processes, &exits.threads);
+        self.markers.exited(&a.registry, &mut collector.store, &exits.processes, &exits.threads);
     }
 
-    fn consume<S: SampleSink>(&mut self, raw: &RawUsdtHit, collector: &mut Collector<S>) {
-        let Some(hit) = self.registry.resolve(raw) else {
+    fn consume<S: SampleSink>(
+        &mut self,
+        registry: &ProbeRegistry,
+        raw: &RawUsdtHit,
+        collector: &mut Collector<S>,
+    ) {
+        let Some(hit) = registry.resolve(raw) else {
             self.unresolved += 1;
             return;
         };
         self.hits += 1;
         *self.hit_counts.entry(hit.probe).or_default() += 1;
         if let Some((_, w)) = &mut self.dump {
-            let _ = dump_hit(w, &self.registry, &hit);
+            let _ = dump_hit(w, registry, &hit);
         }
-        let role = self.registry.probes[hit.probe.0 as usize].role;
+        let role = registry.probes[hit.probe.0 as usize].role;
         if role == ProbeRole::RsprofLabelPush
             && let (Some(&addr), Some(arg)) = (raw.args.first(), hit.args.first())
         {
@@ -292,25 +371,18 @@ impl UsdtSession {
                 LabelNaming::OverLimit => self.labels_over_limit += 1,
             }
         }
-        self.markers.hit(&self.registry, &hit, &mut collector.store);
+        self.markers.hit(registry, &hit, &mut collector.store);
     }
 
-    /// Intervals begun and not ended yet, for a snapshot.
-    pub fn open_markers(&self) -> Vec<(ThreadKey, Marker)> {
-        self.markers.open_markers(&self.registry)
-    }
-
-    /// Schemas of the markers of the probes attached so far.
-    pub fn marker_schemas(&self) -> Vec<MarkerSchema> {
-        markers::schemas(&self.registry)
-    }
-
-    /// A string the kernel could not copy because its page was not resident yet (a freshly
-    /// loaded library's `.rodata`: BPF cannot fault pages in) is read from the process now,
-    /// but only from a read-only file mapping, whose bytes cannot have changed since the hit.
-    pub fn recover_strings<S>(&mut self, collector: &mut Collector<S>) {
-        for h in collector.outbox.usdt_hits_mut() {
-            let Some(site) = self.registry.sites.get(h.spec_id as usize) else { continue };
+    /// A string the kernel could not copy because its page was not resident yet (a fresh
+    /// program's or library's `.rodata`: BPF cannot fault pages in) is read now, but only from
+    /// a read-only segment, whose bytes cannot have changed since the hit: from the file, found
+    /// through the process's known code mappings (also after it exited), else from the live
+    /// process's read-only file mapping.
+    fn recover_strings<S>(&mut self, registry: &ProbeRegistry, collector: &mut Collector<S>) {
+        let Collector { outbox, modules, processes, .. } = collector;
+        for h in outbox.usdt_hits_mut() {
+            let Some(site) = registry.sites.get(h.spec_id as usize) else { continue };
             let mut slot = 0;
             for (i, &is_str) in site.strings.iter().enumerate() {
                 if !is_str {
@@ -323,7 +395,15 @@ impl UsdtSession {
                 if s.flags & USDT_STR_IS_UNREADABLE == 0 {
                     continue;
                 }
-                if let Some((bytes, truncated)) = read_readonly_str(h.pid, addr) {
+                let from_file = processes.get(h.pid).and_then(|p| {
+                    let (path, offset, limit) = modules.readonly_location(&p.space, addr)?;
+                    read_cstr(&path, offset, limit)
+                });
+                let read = from_file.or_else(|| {
+                    self.string_maps_reads += 1;
+                    read_readonly_str(h.pid, addr)
+                });
+                if let Some((bytes, truncated)) = read {
                     s.bytes = bytes;
                     s.flags = if truncated { USDT_STR_IS_TRUNCATED } else { 0 };
                     self.recovered += 1;
@@ -332,10 +412,128 @@ impl UsdtSession {
         }
     }
 
-    /// Scans newly (re)mapped processes the collector noticed.
-    pub fn on_maps_changed<S>(&mut self, collector: &mut Collector<S>) {
-        for pid in collector.outbox.take_maps_changed() {
-            self.scan_pid(pid);
+    pub fn sites(&self) -> usize {
+        lock_attacher(&self.shared).links.len()
+    }
+
+    /// Stops the exec gate (execs it holds proceed) and detaches every probe (semaphores drop
+    /// back); hits already sent stay in the ring.
+    pub fn detach(&mut self) {
+        if let Some(g) = self.gate.take() {
+            g.stop();
+        }
+        let mut a = lock_attacher(&self.shared);
+        a.links.clear();
+        a.detached = true;
+    }
+
+    /// Detaches, stores the intervals still open as incomplete markers and sums up. Call
+    /// after the last drain.
+    pub fn finish<S: SampleSink>(
+        mut self,
+        collector: &mut Collector<S>,
+        counters: Counters,
+    ) -> Result<UsdtReport> {
+        self.detach();
+        let mut a = lock_attacher(&self.shared);
+        let registry = std::mem::take(&mut a.registry);
+        self.markers.finish(&registry, &mut collector.store);
+        if let Some((path, mut w)) = self.dump.take() {
+            w.flush().with_context(|| format!("write {}", path.display()))?;
+        }
+        let mut not_found = Vec::new();
+        for (i, (r, _)) in a.requests.iter().enumerate() {
+            if !a.found[i] {
+                not_found.push(format!("{}:{}", r.provider, r.name));
+            }
+        }
+        not_found.dedup();
+        let mut hit_counts: Vec<(String, u64)> = self
+            .hit_counts
+            .iter()
+            .map(|(p, &n)| (registry.probes[p.0 as usize].full_name(), n))
+            .collect();
+        hit_counts.sort();
+        let mut by_label: HashMap<String, u64> = HashMap::new();
+        for (&(pid, label), &n) in &collector.label_samples {
+            let name = collector
+                .processes
+                .get(pid)
+                .and_then(|p| p.meta.labels.get(&label).cloned())
+                .unwrap_or_else(|| format!("{:#x}", label.0));
+            *by_label.entry(name).or_default() += n;
+        }
+        let mut label_samples: Vec<_> = by_label.into_iter().collect();
+        label_samples.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(UsdtReport {
+            sites: registry.sites.len(),
+            registry,
+            hits: self.hits,
+            hit_counts,
+            unresolved: self.unresolved,
+            markers: self.markers.stats,
+            label_samples,
+            labels_over_limit: self.labels_over_limit,
+            counters,
+            warnings: std::mem::take(&mut a.warnings),
+            not_found,
+            strings_recovered: self.recovered,
+            string_maps_reads: self.string_maps_reads,
+            discovery: a.stats,
+        })
+    }
+}
+
+impl Attacher {
+    fn warn(&mut self, w: String) {
+        if self.warnings.len() < MAX_WARNINGS {
+            self.warnings.push(w);
+        } else {
+            self.stats.warnings_dropped += 1;
+        }
+    }
+
+    /// Whether `key` was scanned (and is still remembered).
+    pub(crate) fn known(&self, key: FileKey) -> bool {
+        self.files.contains_key(&key)
+    }
+
+    /// A file a module-table entry names: scanned unless known. `late`: mapped by a process
+    /// started during the recording.
+    fn scan_module(&mut self, open: &Path, display: &str, late: bool) {
+        let Ok(key) = file_key(open) else { return };
+        if self.known(key) {
+            return;
+        }
+        let before = self.links.len();
+        if let Err(e) = self.scan_file(open, display, false) {
+            self.warn(format!("{display}: {e:#}"));
+        }
+        if late && self.links.len() > before {
+            self.stats.attached_late += 1;
+        }
+    }
+
+    /// A file a process is about to exec (the exec gate's thread): scanned unless known.
+    /// Returns whether it was scanned now.
+    pub(crate) fn scan_exec(&mut self, key: FileKey, open: &Path, display: &str) -> bool {
+        if self.known(key) || self.detached {
+            return false;
+        }
+        if let Err(e) = self.scan_file(open, display, false) {
+            self.warn(format!("{display}: {e:#}"));
+        }
+        true
+    }
+
+    fn remember(&mut self, key: FileKey, file: ScannedFile) {
+        if self.files.len() >= MAX_SCANNED_FILES {
+            let before = self.files.len();
+            self.files.retain(|_, f| f.probes.is_some());
+            self.stats.files_forgotten += (before - self.files.len()) as u64;
+        }
+        if self.files.len() < MAX_SCANNED_FILES {
+            self.files.insert(key, file);
         }
     }
 
@@ -352,20 +550,22 @@ impl UsdtSession {
                 None => return Ok(()),
             },
             None => {
-                let probes = match notes::read_probes(open) {
-                    Ok(p) => (!p.notes.is_empty()).then(|| Arc::new(p)),
+                self.stats.files_scanned += 1;
+                let probes = match notes::read_probes_if_elf(open) {
+                    Ok(p) => p.filter(|p| !p.notes.is_empty()).map(Arc::new),
                     Err(e) => {
-                        self.warnings.push(format!("{display}: USDT notes not read: {e:#}"));
+                        self.warn(format!("{display}: USDT notes not read: {e:#}"));
                         None
                     }
                 };
-                self.files.insert(key, ScannedFile { probes: probes.clone() });
+                self.remember(key, ScannedFile { probes: probes.clone() });
                 match probes {
                     Some(p) => p,
                     None => return Ok(()),
                 }
             }
         };
+        let before = self.links.len();
         for note in &probes.notes {
             let Some(role) = self.role_for(key, note) else { continue };
             if self.attached.contains(&(key, note.pc_offset)) {
@@ -374,8 +574,11 @@ impl UsdtSession {
             match self.attach_site(key, open, display, note, &probes.symbols, role) {
                 Ok(()) => {}
                 Err(e) if strict => return Err(e),
-                Err(e) => self.warnings.push(format!("{e:#}")),
+                Err(e) => self.warn(format!("{e:#}")),
             }
+        }
+        if self.links.len() > before {
+            self.stats.files_attached += 1;
         }
         Ok(())
     }
@@ -476,7 +679,7 @@ impl UsdtSession {
         let link = link_create(prog, &perf, spec_id as u64)
             .with_context(|| format!("attach {}", what()))?;
         if note.semaphore_page_shared {
-            self.warnings.push(format!(
+            self.warn(format!(
                 "{}: its semaphore shares a file page with another segment; in processes started \
                  during the recording the kernel may not enable it",
                 what()
@@ -491,68 +694,6 @@ impl UsdtSession {
         self.attached.insert((key, note.pc_offset));
         self.links.push(Attachment { _link: link, _perf: perf });
         Ok(())
-    }
-
-    pub fn sites(&self) -> usize {
-        self.links.len()
-    }
-
-    /// Detaches every probe (semaphores drop back); hits already sent stay in the ring.
-    pub fn detach(&mut self) {
-        self.links.clear();
-        self.detached = true;
-    }
-
-    /// Detaches, stores the intervals still open as incomplete markers and sums up. Call
-    /// after the last drain.
-    pub fn finish<S: SampleSink>(
-        mut self,
-        collector: &mut Collector<S>,
-        counters: Counters,
-    ) -> Result<UsdtReport> {
-        self.detach();
-        self.markers.finish(&self.registry, &mut collector.store);
-        if let Some((path, mut w)) = self.dump.take() {
-            w.flush().with_context(|| format!("write {}", path.display()))?;
-        }
-        let mut not_found = Vec::new();
-        for (i, (r, _)) in self.requests.iter().enumerate() {
-            if !self.found[i] {
-                not_found.push(format!("{}:{}", r.provider, r.name));
-            }
-        }
-        not_found.dedup();
-        let mut hit_counts: Vec<(String, u64)> = self
-            .hit_counts
-            .iter()
-            .map(|(p, &n)| (self.registry.probes[p.0 as usize].full_name(), n))
-            .collect();
-        hit_counts.sort();
-        let mut by_label: HashMap<String, u64> = HashMap::new();
-        for (&(pid, label), &n) in &collector.label_samples {
-            let name = collector
-                .processes
-                .get(pid)
-                .and_then(|p| p.meta.labels.get(&label).cloned())
-                .unwrap_or_else(|| format!("{:#x}", label.0));
-            *by_label.entry(name).or_default() += n;
-        }
-        let mut label_samples: Vec<_> = by_label.into_iter().collect();
-        label_samples.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        Ok(UsdtReport {
-            sites: self.registry.sites.len(),
-            registry: self.registry,
-            hits: self.hits,
-            hit_counts,
-            unresolved: self.unresolved,
-            markers: self.markers.stats,
-            label_samples,
-            labels_over_limit: self.labels_over_limit,
-            counters,
-            warnings: self.warnings,
-            not_found,
-            strings_recovered: self.recovered,
-        })
     }
 }
 

@@ -3,8 +3,9 @@
 //! `--usdt-interval`.
 //!
 //! * `notes` reads `.note.stapsdt` from ELF files; `args` parses argument specs.
-//! * `attach` finds probe sites in profiled processes' files and attaches the one BPF uprobe
-//!   program to each, with the site's spec index as BPF cookie.
+//! * `attach` finds probe sites in the files processes map (each file once) and attaches the
+//!   one BPF uprobe program to each, per file, with the site's spec index as BPF cookie.
+//! * `gate` holds the first exec of each new file until its probes are attached.
 //! * This module keeps the registry (probe id → what it is) and turns raw hits into typed
 //!   [`UsdtHit`]s.
 //!
@@ -16,6 +17,7 @@
 
 pub mod args;
 pub mod attach;
+pub mod gate;
 pub mod list;
 pub mod markers;
 pub mod notes;

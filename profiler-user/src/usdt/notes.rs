@@ -93,6 +93,18 @@ pub fn read_probes(path: &Path) -> Result<ElfProbes> {
     parse_probes(&map).with_context(|| format!("read SDT notes of {}", path.display()))
 }
 
+/// Like [`read_probes`], but `None` for a file that is no 64-bit ELF file (a script run
+/// through its interpreter, a 32-bit program): such files simply carry no probes we attach.
+pub fn read_probes_if_elf(path: &Path) -> Result<Option<ElfProbes>> {
+    use std::io::Read as _;
+    let mut ident = [0u8; 5];
+    let mut f = File::open(path).with_context(|| format!("open {}", path.display()))?;
+    if f.read_exact(&mut ident).is_err() || &ident[..4] != b"\x7fELF" || ident[4] != 2 {
+        return Ok(None);
+    }
+    read_probes(path).map(Some)
+}
+
 pub fn parse_probes(data: &[u8]) -> Result<ElfProbes> {
     if data.get(..4) != Some(b"\x7fELF") {
         bail!("not an ELF file");

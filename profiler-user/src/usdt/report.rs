@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use profiler_common::counter;
 
-use super::{ProbeRegistry, markers::MarkerStats};
+use super::{ProbeRegistry, attach::DiscoveryStats, markers::MarkerStats};
 use crate::{bpf::counters::Counters, collect::processes::MAX_LABELS};
 
 /// What the recording saw, for the summary. The hits themselves became markers in storage.
@@ -32,6 +32,9 @@ pub struct UsdtReport {
     pub not_found: Vec<String>,
     /// Strings the kernel could not read that were read from read-only mappings afterwards.
     pub strings_recovered: u64,
+    /// /proc/PID/maps reads made for that recovery (probes are never found that way).
+    pub string_maps_reads: u64,
+    pub discovery: DiscoveryStats,
 }
 
 impl UsdtReport {
@@ -53,6 +56,36 @@ impl UsdtReport {
             c.get(counter::USDT_LOST_OTHER),
             self.sites
         );
+        let d = &self.discovery;
+        let _ = writeln!(
+            s,
+            "  probe discovery: {} files scanned (each file once), {} with probes attached, {} of \
+             them after a process started during the recording had mapped them (its earlier hits \
+             lost), {} probe-less files forgotten (cache full); /proc/PID/maps read 0 times to \
+             find probes, {} times to recover strings",
+            d.files_scanned,
+            d.files_attached,
+            d.attached_late,
+            d.files_forgotten,
+            self.string_maps_reads
+        );
+        let g = &d.gate;
+        if g.filesystems > 0 {
+            let _ = writeln!(
+                s,
+                "  exec gate: {} filesystems watched ({} refused); {} execs answered, {} held while \
+                 their new file was scanned (avg {:.0} µs, max {:.0} µs), {} files skip the gate \
+                 (ignore marks), {} errors",
+                g.filesystems,
+                g.filesystems_failed,
+                g.execs,
+                g.held,
+                g.hold_ns_total as f64 / g.held.max(1) as f64 / 1e3,
+                g.hold_ns_max as f64 / 1e3,
+                g.ignore_marks,
+                g.errors
+            );
+        }
         if !self.hit_counts.is_empty() {
             let list: Vec<String> =
                 self.hit_counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
@@ -103,8 +136,9 @@ impl UsdtReport {
         for w in self.warnings.iter().take(20) {
             let _ = writeln!(s, "  warning: {w}");
         }
-        if self.warnings.len() > 20 {
-            let _ = writeln!(s, "  ({} more warnings)", self.warnings.len() - 20);
+        let more = self.warnings.len().saturating_sub(20) as u64 + d.warnings_dropped;
+        if more > 0 {
+            let _ = writeln!(s, "  ({more} more warnings)");
         }
         if self.unresolved > 0 {
             let _ = writeln!(s, "  warning: {} hits with unknown probe ids", self.unresolved);

@@ -167,11 +167,12 @@ pub fn render(i: &SummaryInput) -> String {
     let _ = writeln!(
         s,
         "  mappings: {} executable mapping records from the kernel ({} lost, {} paths cut); \
-         /proc/PID/maps read {} times",
+         /proc/PID/maps read {} times ({} after the start)",
         i.stats.map_events,
         c.get(counter::MAP_EVENTS_LOST),
         c.get(counter::MAP_PATH_INCOMPLETE),
-        i.stats.maps_reads
+        i.stats.maps_reads,
+        i.stats.maps_reads_late
     );
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)

@@ -1,0 +1,261 @@
+//! `cargo xtask bench-cost`: what rsprof-bpf itself costs while it records system-wide, next
+//! to `perf record -a -g` at the same frequency, in one run.
+//!
+//! Two scenarios, each with both tools in turn:
+//! 1. idle: whatever else runs on the host;
+//! 2. busy: one busy loop per CPU plus an exec storm (a shell running `/bin/true` in a loop).
+//!
+//! Each tool is started, and measured once it samples (rsprof-bpf: its "sampling" line; perf: 1.5
+//! s after start), so start-up is left out: its CPU time (utime + stime from /proc/PID/stat) over
+//! `--seconds`, its RSS every second (VmRSS), and its peak RSS (VmHWM, start-up included). Then
+//! it gets SIGINT and writes its output (not measured). Forks per second on the host (from
+//! /proc/stat) show how hard the exec storm ran.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{bench::profiler_binary, display, step, workspace_root};
+
+const SECTION_BEGIN: &str =
+    "<!-- BEGIN cargo xtask bench-cost (generated; edits are overwritten) -->";
+const SECTION_END: &str = "<!-- END cargo xtask bench-cost -->";
+
+#[derive(clap::Args)]
+pub struct BenchCostArgs {
+    /// Measured seconds per tool and scenario.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Sampling frequency of both tools.
+    #[arg(long, default_value_t = 99)]
+    freq: u64,
+    /// Use this rsprof-bpf binary instead of building target/release/rsprof-bpf.
+    #[arg(long)]
+    profiler: Option<PathBuf>,
+    /// Only print the results; leave BENCHMARKS.md alone.
+    #[arg(long)]
+    no_write: bool,
+}
+
+struct Run {
+    scenario: &'static str,
+    tool: &'static str,
+    window: f64,
+    cpu: f64,
+    rss_first_kib: u64,
+    rss_last_kib: u64,
+    rss_max_kib: u64,
+    hwm_kib: u64,
+    forks_per_s: f64,
+}
+
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// utime + stime of `pid`, seconds.
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: plain sysconf.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks as f64 / hz)
+}
+
+fn forks_since_boot() -> u64 {
+    fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("processes ")?.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+fn online_cpus() -> usize {
+    thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Starts `cmd` with stderr drained; returns once it samples.
+fn start_tool(mut cmd: Command, rsprof: bool) -> anyhow::Result<Child> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let what = display(&cmd);
+    let mut child = cmd.spawn().with_context(|| format!("start {what}"))?;
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    if rsprof {
+        let end = Instant::now() + Duration::from_secs(120);
+        loop {
+            match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+                Ok(l) if l.contains("rsprof-bpf: sampling") => break,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    bail!("{what} did not start sampling");
+                }
+            }
+        }
+    } else {
+        thread::sleep(Duration::from_millis(1500));
+    }
+    // Keep draining so the tool never blocks on a full pipe.
+    thread::spawn(move || for _ in rx {});
+    Ok(child)
+}
+
+fn measure(
+    scenario: &'static str,
+    tool: &'static str,
+    child: &mut Child,
+    seconds: u64,
+) -> anyhow::Result<Run> {
+    let pid = child.id();
+    let (cpu0, forks0, t0) =
+        (cpu_secs(pid).context("tool exited")?, forks_since_boot(), Instant::now());
+    let mut rss = Vec::new();
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        rss.push(status_kib(pid, "VmRSS:").context("tool exited")?);
+        thread::sleep(Duration::from_secs(1));
+    }
+    let cpu1 = cpu_secs(pid).context("tool exited")?;
+    let window = t0.elapsed().as_secs_f64();
+    let hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
+    let forks_per_s = (forks_since_boot() - forks0) as f64 / window;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let status = child.wait()?;
+    // perf ends by re-raising the SIGINT it got.
+    use std::os::unix::process::ExitStatusExt as _;
+    if !status.success() && status.signal() != Some(libc::SIGINT) {
+        bail!("{tool} exited with {status}");
+    }
+    Ok(Run {
+        scenario,
+        tool,
+        window,
+        cpu: cpu1 - cpu0,
+        rss_first_kib: rss[0],
+        rss_last_kib: *rss.last().unwrap(),
+        rss_max_kib: *rss.iter().max().unwrap(),
+        hwm_kib,
+        forks_per_s,
+    })
+}
+
+fn load(busy: bool) -> anyhow::Result<Vec<Child>> {
+    if !busy {
+        return Ok(Vec::new());
+    }
+    let mut kids = Vec::new();
+    for _ in 0..online_cpus() {
+        kids.push(Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
+    }
+    kids.push(Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?);
+    Ok(kids)
+}
+
+pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
+    if !crate::is_root() {
+        bail!("the benchmark must run as root (both tools sample every CPU)");
+    }
+    let rsprof = profiler_binary(args.profiler.as_deref())?;
+    let dir = std::env::temp_dir().join(format!("rsprof-bench-cost-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let freq = args.freq.to_string();
+    let mut runs = Vec::new();
+    for (scenario, busy) in [("idle", false), ("busy + exec storm", true)] {
+        let mut kids = load(busy)?;
+        for tool in ["rsprof-bpf", "perf"] {
+            step(&format!("bench-cost: {scenario}, {tool} -F {freq}, {} s", args.seconds));
+            let mut cmd;
+            if tool == "perf" {
+                cmd = Command::new("perf");
+                cmd.args(["record", "-a", "-g", "-q", "-F", &freq, "-o"])
+                    .arg(dir.join("perf.data"));
+            } else {
+                cmd = Command::new(&rsprof);
+                cmd.args(["--all", "-F", &freq, "-o"]).arg(dir.join("cost.json.gz"));
+            }
+            let mut child = start_tool(cmd, tool == "rsprof-bpf")?;
+            let r = measure(scenario, tool, &mut child, args.seconds);
+            let _ = child.kill();
+            runs.push(r?);
+        }
+        for k in &mut kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
+    let _ = fs::remove_dir_all(&dir);
+    let table = render(&args, &runs);
+    print!("{table}");
+    if !args.no_write {
+        let path = workspace_root().join("BENCHMARKS.md");
+        crate::bench::update_section(&path, SECTION_BEGIN, SECTION_END, &table)?;
+        step(&format!("bench-cost: updated {}", path.display()));
+    }
+    Ok(())
+}
+
+fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
+    let mib = |k: u64| k as f64 / 1024.0;
+    let mut s = String::new();
+    let _ = writeln!(s, "## Own cost while recording system-wide: `cargo xtask bench-cost`\n");
+    let mut cmd = "cargo xtask bench-cost".to_owned();
+    if args.seconds != 30 {
+        let _ = write!(cmd, " --seconds {}", args.seconds);
+    }
+    if args.freq != 99 {
+        let _ = write!(cmd, " --freq {}", args.freq);
+    }
+    let _ = writeln!(
+        s,
+        "`{cmd}`, run {} on {} CPUs ({}). Each tool measured for {} s once it samples \
+         (`rsprof-bpf --all -F {f}` vs `perf record -a -g -F {f}`); busy = one busy loop per CPU \
+         plus a shell running `/bin/true` in a loop. CPU = the tool's utime + stime over the \
+         window; RSS sampled every second; peak = VmHWM (start-up included). The machine is \
+         shared with other work: compare the two tools within a scenario.\n",
+        crate::bench::utc_now(),
+        online_cpus(),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        args.seconds,
+        f = args.freq,
+    );
+    let _ = writeln!(
+        s,
+        "| scenario | tool | forks/s on the host | CPU s | % of one core | RSS first / last / max MiB | peak RSS MiB |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+    for r in runs {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {:.2} | {:.2}% | {:.1} / {:.1} / {:.1} | {:.1} |",
+            r.scenario,
+            r.tool,
+            r.forks_per_s,
+            r.cpu,
+            100.0 * r.cpu / r.window,
+            mib(r.rss_first_kib),
+            mib(r.rss_last_kib),
+            mib(r.rss_max_kib),
+            mib(r.hwm_kib)
+        );
+    }
+    s.push('\n');
+    s
+}
