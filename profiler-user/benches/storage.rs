@@ -149,6 +149,11 @@ fn main() {
                 FrameAddr::Label { label, .. } => {
                     (FrameKind::Label, format!("label {:x}", label.0), String::new())
                 }
+                FrameAddr::OffCpuNotCaptured => (
+                    FrameKind::User,
+                    "[off-CPU: stack not captured]".to_owned(),
+                    "rsprof-bpf".to_owned(),
+                ),
             };
             (
                 a,
