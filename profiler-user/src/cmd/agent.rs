@@ -14,6 +14,7 @@ use anyhow::Result;
 use crate::{
     agent::{
         config::AgentPlan,
+        flight,
         sinks::{
             RemoteSink,
             clickhouse::ClickHouseSink,
@@ -65,7 +66,12 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _guard = rt.enter();
     let mut signals = Signals::install()?;
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let flight = (plan.flight.as_ref())
+        .map(|f| flight::FlightServer::start(f, wake.clone(), msgs))
+        .transpose()?;
     let mut recorder = Recorder::start(&plan.record, msgs)?;
+    recorder.agent_mode(wake, plan.flight.as_ref().map(|f| f.keep));
 
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
@@ -114,7 +120,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let mut stopped_at = Instant::now();
     let stop_reason = loop {
         let until = tokio::time::Instant::now() + plan.window;
-        let stop = rt.block_on(recorder.run_until(&mut signals, Some(until)))?;
+        let stop =
+            flight::run_window(&rt, &mut recorder, &mut signals, until, flight.as_ref(), msgs)?;
         if stop.is_some() {
             stopped_at = Instant::now();
             recorder.stop();
