@@ -12,6 +12,7 @@ fn main() {
         Some(Command::ListContainers) => cmd::list_containers::run(),
         Some(Command::Agent(a)) => cmd::agent::run(a),
         Some(Command::Query(a)) => cmd::query::run(a),
+        Some(Command::Dump(a)) => cmd::dump::run(a),
         None => cmd::record::run(cli.record),
     };
     if let Err(e) = result {

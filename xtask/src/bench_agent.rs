@@ -106,7 +106,7 @@ impl Drop for StatsGuard {
 }
 
 /// Kills and reaps a child on drop.
-struct Reaper(Child);
+pub(crate) struct Reaper(pub(crate) Child);
 
 impl Drop for Reaper {
     fn drop(&mut self) {
@@ -116,7 +116,7 @@ impl Drop for Reaper {
 }
 
 /// user+sys seconds of `pid` (fields 14 and 15 of /proc/PID/stat, after the comm).
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = &stat[stat.rfind(')').context("bad stat")? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -126,7 +126,7 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
     Ok(ticks / hz)
 }
 
-fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
     Ok(line.split_whitespace().nth(1).context("bad VmRSS")?.parse()?)
@@ -163,7 +163,7 @@ fn dir_bytes(dir: &Path) -> (u64, u64) {
 }
 
 /// Starts the agent and returns once it printed its "sampling" line.
-fn start_agent(
+pub(crate) fn start_agent(
     profiler: &Path,
     rate: u32,
     spool: &Path,
@@ -260,20 +260,20 @@ fn measure(
     Ok(m)
 }
 
-fn online_cpus() -> u64 {
+pub(crate) fn online_cpus() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     if n > 0 { n as u64 } else { 1 }
 }
 
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("rsprof-bench-agent-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     Ok(dir)
 }
 
-fn mib(kib: u64) -> String {
+pub(crate) fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 

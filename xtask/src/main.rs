@@ -9,6 +9,7 @@
 //! * `bench`  measures the profiler's overhead next to `perf record`, see `bench.rs`.
 //! * `bench-cgroup` measures the kernel cgroup filter's cost, see `bench_cgroup.rs`.
 //! * `bench-agent` measures the agent's all-day cost, see `bench_agent.rs`.
+//! * `bench-dump` measures a flight recorder dump, see `bench_dump.rs`.
 //! * `bench-offcpu` measures off-CPU recording under a context-switch storm, see
 //!   `bench_offcpu.rs`.
 //! * `bench-cost` measures the profiler's own CPU and RSS while recording system-wide, idle and
@@ -18,6 +19,7 @@ mod bench;
 mod bench_agent;
 mod bench_cgroup;
 mod bench_cost;
+mod bench_dump;
 mod bench_offcpu;
 mod bench_storage;
 mod bench_usdt;
@@ -91,6 +93,9 @@ enum Cmd {
     /// Measure the profiler's own CPU and RSS while recording system-wide (idle, and busy with
     /// an exec storm) next to perf record; update BENCHMARKS.md.
     BenchCost(bench_cost::BenchCostArgs),
+    /// Measure a flight recorder dump (latency, the agent's peak memory) of a full window at
+    /// 99 Hz with every CPU busy, and update BENCHMARKS.md.
+    BenchDump(bench_dump::BenchDumpArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -123,6 +128,7 @@ fn main() {
         Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
         Cmd::BenchOffcpu(args) => bench_offcpu::bench_offcpu(args),
         Cmd::BenchAgent(args) => bench_agent::bench_agent(args),
+        Cmd::BenchDump(args) => bench_dump::bench_dump(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

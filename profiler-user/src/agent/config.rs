@@ -65,6 +65,9 @@ pub struct FileConfig {
     pub pyroscope_basic_auth_file: Option<PathBuf>,
     pub pyroscope_token_file: Option<PathBuf>,
     pub pyroscope_tenant_file: Option<PathBuf>,
+    pub flight_recorder: Option<String>,
+    pub dump_socket: Option<PathBuf>,
+    pub dump_dir: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -95,6 +98,7 @@ pub struct AgentPlan {
     pub metrics: Option<SocketAddr>,
     /// Grafana Pyroscope's URL and credentials (read from their files at start).
     pub pyroscope: Option<(String, PyroscopeAuth)>,
+    pub flight: Option<crate::agent::flight::FlightPlan>,
 }
 
 impl AgentPlan {
@@ -174,6 +178,11 @@ impl AgentPlan {
             }
             None => None,
         };
+        let flight = crate::agent::flight::FlightPlan::from_options(
+            args.flight_recorder.or(file.flight_recorder).as_deref(),
+            args.dump_socket.or(file.dump_socket),
+            args.dump_dir.or(file.dump_dir),
+        )?;
         let remote = pyroscope.is_some() || clickhouse.is_some();
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),
@@ -195,6 +204,7 @@ impl AgentPlan {
             host,
             clickhouse,
             pyroscope,
+            flight,
         })
     }
 }

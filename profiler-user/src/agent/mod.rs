@@ -5,9 +5,11 @@
 //! The agent reuses the recording pipeline: `session::Recorder` samples and collects into the
 //! bounded chunked store; each window is the store's events since the previous one
 //! (`ChunkedStore::window_snapshot`, which then releases the chunks read), symbolized by
-//! `export` and written by `writers::pprof`.
+//! `export` and written by `writers::pprof`. With `--flight-recorder`, the chunks read stay
+//! for that long, for dumps (`flight`).
 
 pub mod config;
+pub mod flight;
 pub mod labels;
 pub mod metrics;
 pub mod query;

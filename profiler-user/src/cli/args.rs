@@ -36,6 +36,21 @@ pub enum Command {
     Agent(AgentArgs),
     /// Merge an agent's spooled windows into one profile (Gecko, pprof or collapsed).
     Query(QueryArgs),
+    /// Ask a running agent (`--flight-recorder`) for its last minutes as a Gecko profile.
+    Dump(DumpArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DumpArgs {
+    /// How far back (e.g. 2m, 90s) [default: all the flight recorder keeps].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub last: Option<std::time::Duration>,
+    /// The Gecko profile to write (`.json` or `.json.gz`; mode 0600).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// The agent's dump socket [default: /run/rsprof-bpf/agent.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -111,6 +126,16 @@ pub struct AgentArgs {
     /// Only warnings and errors on stderr.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Keep the last DURATION (e.g. 5m) at full detail, within --buffer-size, for
+    /// `rsprof-bpf dump` and SIGUSR1.
+    #[arg(long, value_name = "DURATION")]
+    pub flight_recorder: Option<String>,
+    /// The flight recorder's root-only dump socket [default: /run/rsprof-bpf/agent.sock].
+    #[arg(long, value_name = "PATH")]
+    pub dump_socket: Option<PathBuf>,
+    /// SIGUSR1 writes the flight recorder here (created 0700; files 0600).
+    #[arg(long, value_name = "DIR")]
+    pub dump_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

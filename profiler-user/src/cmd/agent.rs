@@ -14,6 +14,7 @@ use anyhow::Result;
 use crate::{
     agent::{
         config::AgentPlan,
+        flight,
         metrics::AgentMetrics,
         sinks::{
             RemoteSink,
@@ -74,7 +75,12 @@ pub fn run(args: AgentArgs) -> Result<()> {
         None => None,
     };
     ignore_sighup(msgs)?;
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let flight = (plan.flight.as_ref())
+        .map(|f| flight::FlightServer::start(f, wake.clone(), msgs))
+        .transpose()?;
     let mut recorder = Recorder::start(&plan.record, msgs)?;
+    recorder.agent_mode(wake, plan.flight.as_ref().map(|f| f.keep));
     if let Some(listener) = listener {
         let (req_tx, req_rx) = tokio::sync::mpsc::channel(4);
         recorder.serve(req_rx);
@@ -153,7 +159,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let mut stopped_at = Instant::now();
     let stop_reason = loop {
         let until = tokio::time::Instant::now() + plan.window;
-        let stop = rt.block_on(recorder.run_until(&mut signals, Some(until)))?;
+        let stop =
+            flight::run_window(&rt, &mut recorder, &mut signals, until, flight.as_ref(), msgs)?;
         if stop.is_some() {
             stopped_at = Instant::now();
             recorder.stop();

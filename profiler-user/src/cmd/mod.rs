@@ -1,6 +1,7 @@
 //! One file per subcommand.
 
 pub mod agent;
+pub mod dump;
 pub mod list_containers;
 pub mod list_usdt;
 pub mod query;

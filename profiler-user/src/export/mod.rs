@@ -126,16 +126,29 @@ impl ExportJob {
 
     /// Symbolizes and writes the profile in `format` atomically to `output`. `empty_note` says
     /// why, should nothing have been recorded.
-    pub fn write(
-        mut self,
-        output: PendingOutput,
+    pub fn write(self, output: PendingOutput, format: Format, empty_note: &str) -> Result<Written> {
+        let p = self.prepare(empty_note)?;
+        let (stats, nothing_recorded) = output.commit(|w| p.write(format, w))?;
+        Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors })
+    }
+
+    /// Like `write`, to `out` (a flight recorder dump, sent over the agent's socket).
+    pub fn write_to(
+        self,
+        out: &mut dyn std::io::Write,
         format: Format,
         empty_note: &str,
     ) -> Result<Written> {
+        let p = self.prepare(empty_note)?;
+        let (stats, nothing_recorded) = p.write(format, out)?;
+        Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors })
+    }
+
+    fn prepare(mut self, empty_note: &str) -> Result<Prepared> {
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) = (self.snapshot.unique_frames())
             .into_iter()
             .partition(|a| matches!(a, FrameAddr::Label { .. }));
-        let (mut symbols, symbolize_errors) = symbolize(addrs, self.modules)?;
+        let (mut symbols, errors) = symbolize(addrs, self.modules)?;
         name_labels(&mut symbols, &labels, &self.processes);
         let me = Pid(std::process::id());
         self.processes
@@ -150,20 +163,48 @@ impl ExportJob {
             end: self.info.end,
             fields: vec![Some(MarkerValue::Str(empty_note.to_owned()))],
         };
-        let (stats, nothing_recorded) = output.commit(|w| {
-            write_profile(
-                format,
-                &self.snapshot,
-                &self.processes,
-                &symbols,
-                &self.info,
-                &self.marker_schemas,
-                &self.open,
-                (ThreadKey::Task { pid: me, tid: Tid(me.0) }, &note),
-                w,
-            )
-        })?;
-        Ok(Written { stats, nothing_recorded, symbolize_errors })
+        Ok(Prepared {
+            snapshot: self.snapshot,
+            processes: self.processes,
+            symbols,
+            info: self.info,
+            marker_schemas: self.marker_schemas,
+            open: self.open,
+            note: (ThreadKey::Task { pid: me, tid: Tid(me.0) }, note),
+            errors,
+        })
+    }
+}
+
+/// A job symbolized for one profile.
+struct Prepared {
+    snapshot: StoreSnapshot,
+    processes: ProcessesMeta,
+    symbols: Symbols,
+    info: RecordingInfo,
+    marker_schemas: Vec<MarkerSchema>,
+    open: Vec<(ThreadKey, Marker)>,
+    note: (ThreadKey, Marker),
+    errors: SymbolizeErrors,
+}
+
+impl Prepared {
+    fn write(
+        &self,
+        format: Format,
+        out: &mut dyn std::io::Write,
+    ) -> std::io::Result<(ProfileStats, bool)> {
+        write_profile(
+            format,
+            &self.snapshot,
+            &self.processes,
+            &self.symbols,
+            &self.info,
+            &self.marker_schemas,
+            &self.open,
+            (self.note.0, &self.note.1),
+            out,
+        )
     }
 }
 

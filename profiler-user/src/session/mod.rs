@@ -102,6 +102,10 @@ pub struct Recorder<'p> {
     snapshots: Vec<std::thread::JoinHandle<()>>,
     requests: Option<mpsc::Receiver<Request>>,
     ring_fill: Option<ring::RingFill>,
+    /// An agent's: `run_until` returns (None) when notified or on SIGUSR1 (then noted in
+    /// `usr1`) instead of writing a snapshot.
+    wake: Option<std::sync::Arc<tokio::sync::Notify>>,
+    usr1: bool,
 }
 
 impl<'p> Recorder<'p> {
@@ -213,6 +217,8 @@ impl<'p> Recorder<'p> {
             snapshots: Vec::new(),
             requests: None,
             ring_fill,
+            wake: None,
+            usr1: false,
         })
     }
 
@@ -303,6 +309,14 @@ impl<'p> Recorder<'p> {
             }
         };
         tokio::pin!(pause);
+        let wake = self.wake.clone();
+        let woken = async {
+            match &wake {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(woken);
         let started = Instant::now();
         let mut requests = self.requests.take();
         let result = loop {
@@ -319,9 +333,19 @@ impl<'p> Recorder<'p> {
                 _ = signals.int.recv() => break Ok(Some("Ctrl-C".to_owned())),
                 _ = signals.term.recv() => break Ok(Some("SIGTERM".to_owned())),
                 _ = signals.usr1.recv() => {
-                    if let Err(e) = self.snapshot() {
-                        break Err(e);
+                    if self.wake.is_none() {
+                        if let Err(e) = self.snapshot() {
+                            break Err(e);
+                        }
+                    } else {
+                        self.usr1 = true;
+                        self.drain();
+                        break Ok(None);
                     }
+                }
+                _ = &mut woken => {
+                    self.drain();
+                    break Ok(None);
                 }
                 _ = &mut sleep => break Ok(Some("duration".to_owned())),
                 _ = &mut pause => {
@@ -363,6 +387,42 @@ impl<'p> Recorder<'p> {
         };
         let snapshot = std::mem::take(&mut w.snapshot);
         (ExportJob::from_snapshot(&self.collector, snapshot, info), w)
+    }
+
+    /// For an agent: `run_until` also returns (None) when `wake` is notified, and on SIGUSR1
+    /// (see `take_usr1`); chunks its windows read are kept for `retain` (its flight recorder).
+    pub fn agent_mode(
+        &mut self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        retain: Option<Duration>,
+    ) {
+        self.wake = Some(wake);
+        self.collector.store.set_retention(retain.map(|d| d.as_nanos() as u64));
+    }
+
+    /// Whether SIGUSR1 came since the last call.
+    pub fn take_usr1(&mut self) -> bool {
+        std::mem::take(&mut self.usr1)
+    }
+
+    /// The last `last` of what is stored (bounded by what the store still holds), with the
+    /// USDT marker schemas and open intervals, for a flight recorder dump. Drains first.
+    pub fn recent(&mut self, last: Duration) -> ExportJob {
+        self.drain();
+        let end = MonoNs::now();
+        let start = MonoNs(end.0.saturating_sub(last.as_nanos() as u64).max(self.info.start.0));
+        let snapshot = self.collector.store.snapshot_since(start.0);
+        let info = RecordingInfo {
+            start,
+            start_wall_ms: self.info.start_wall_ms
+                + (start.0 as f64 - self.info.start.0 as f64) / 1e6,
+            end,
+            ..self.info.clone()
+        };
+        let mut job = ExportJob::from_snapshot(&self.collector, snapshot, info);
+        job.marker_schemas = self.usdt.marker_schemas();
+        job.open = self.usdt.open_markers();
+        job
     }
 
     /// When sampling began.

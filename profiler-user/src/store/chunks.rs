@@ -248,6 +248,9 @@ pub struct Recycled {
 pub struct RecycledChunk {
     pub seq: u64,
     pub last_time_ns: u64,
+    pub blocks: u32,
+    /// Counted as recycled (lost), not released after it was read.
+    pub lost: bool,
 }
 
 /// Chunks in write order, holding at most `max_chunks × chunk_size` bytes.
@@ -356,10 +359,12 @@ impl ChunkedBuffer {
         self.drop_oldest(true)
     }
 
-    /// Drops the oldest chunk if it is older than chunk `seq` (and not the one being written),
-    /// without counting it as recycled: its events were already read (an agent's past windows).
-    pub fn release_oldest_before(&mut self, seq: u64) -> Option<RecycledChunk> {
-        if self.live.front()?.header.seq >= seq {
+    /// Drops the oldest chunk if it is older than chunk `seq` (and not the one being written)
+    /// and its newest event older than `time_ns`, without counting it as recycled: its events
+    /// were already read (an agent's past windows, beyond what its flight recorder keeps).
+    pub fn release_oldest_before(&mut self, seq: u64, time_ns: u64) -> Option<RecycledChunk> {
+        let h = self.live.front()?.header;
+        if h.seq >= seq || h.last_time_ns >= time_ns {
             return None;
         }
         self.drop_oldest(false)
@@ -382,7 +387,12 @@ impl ChunkedBuffer {
         if self.spare.is_none() {
             self.spare = Some(old);
         }
-        Some(RecycledChunk { seq: h.seq, last_time_ns: h.last_time_ns })
+        Some(RecycledChunk {
+            seq: h.seq,
+            last_time_ns: h.last_time_ns,
+            blocks: h.block_count,
+            lost,
+        })
     }
 
     pub fn live_chunks(&self) -> impl Iterator<Item = &Chunk> {
@@ -393,6 +403,19 @@ impl ChunkedBuffer {
     /// thread while writing goes on.
     pub fn snapshot(&self) -> Vec<Vec<u8>> {
         self.live.iter().filter(|c| c.header.block_count > 0).map(Chunk::to_bytes).collect()
+    }
+
+    /// The time of the newest event written, if any.
+    pub fn newest_time_ns(&self) -> Option<u64> {
+        self.live.iter().filter(|c| c.header.block_count > 0).map(|c| c.header.last_time_ns).max()
+    }
+
+    /// Like `snapshot`, but only chunks holding an event at or after `time_ns`.
+    pub fn snapshot_since(&self, time_ns: u64) -> Vec<Vec<u8>> {
+        (self.live.iter())
+            .filter(|c| c.header.last_time_ns >= time_ns && c.header.block_count > 0)
+            .map(Chunk::to_bytes)
+            .collect()
     }
 
     /// Like `snapshot`, but only chunks from `seq` on.

@@ -43,8 +43,6 @@ const STRING_BYTES: usize = 112;
 pub struct WindowCursor {
     pub seq: u64,
     pub blocks: u32,
-    /// The buffer's recycled-block count then.
-    recycled_blocks: u64,
 }
 
 /// One window of events (see [`ChunkedStore::window_snapshot`]).
@@ -89,6 +87,12 @@ pub struct ChunkedStore {
     released: Vec<Pid>,
     table_budget: usize,
     scratch: Vec<u8>,
+    /// How long chunks an agent's windows have read are kept (its flight recorder); None:
+    /// released once read.
+    retain_ns: Option<u64>,
+    /// Where the last window ended, and events recycled since that it had not read.
+    read_to: WindowCursor,
+    unread_recycled: u64,
     pub stats: StoreStats,
 }
 
@@ -108,6 +112,9 @@ impl ChunkedStore {
             released: Vec::new(),
             table_budget,
             scratch: Vec::with_capacity(256),
+            retain_ns: None,
+            read_to: WindowCursor::default(),
+            unread_recycled: 0,
             stats: StoreStats::default(),
         }
     }
@@ -132,28 +139,52 @@ impl ChunkedStore {
         self.snapshot_with(self.buffer.snapshot())
     }
 
+    /// Keeps the chunks windows have read until their newest event is `retain_ns` older than
+    /// the newest event stored (an agent's flight recorder), within the byte bound: beyond it
+    /// the oldest are recycled and counted as usual.
+    pub fn set_retention(&mut self, retain_ns: Option<u64>) {
+        self.retain_ns = retain_ns;
+    }
+
     /// The events stored since `cursor` (None: since the start), and the cursor to pass next
     /// time: each event is in exactly one such window. The chunks read are then released (not
-    /// counted as recycled) but for the one being written, so memory is what one window needs;
-    /// events
-    /// recycled before they were read are counted in the snapshot's `recycled`.
+    /// counted as recycled), but for the one being written and those the retention keeps;
+    /// events recycled before a window read them are its `lost`.
     pub fn window_snapshot(&mut self, cursor: Option<WindowCursor>) -> WindowSnapshot {
         let from = cursor.unwrap_or_default();
         let mut snap = self.snapshot_with(self.buffer.snapshot_from(from.seq));
-        let recycled = self.buffer.recycled().blocks - from.recycled_blocks;
         let cursor_chunk_live =
             (self.buffer.live_chunks().next()).is_some_and(|c| c.header.seq <= from.seq);
-        // The cursor's chunk, if recycled, held `from.blocks` events already read.
-        let lost = if cursor_chunk_live { recycled } else { recycled - u64::from(from.blocks) };
         if cursor_chunk_live {
             snap.skip_blocks = from.blocks;
         }
+        let lost = std::mem::take(&mut self.unread_recycled);
         let (seq, blocks) = self.buffer.position().unwrap_or((from.seq, from.blocks));
-        while let Some(r) = self.buffer.release_oldest_before(seq) {
+        let next = WindowCursor { seq, blocks };
+        self.read_to = next;
+        let keep_after = match (self.retain_ns, self.buffer.newest_time_ns()) {
+            (None, _) => u64::MAX,
+            (Some(r), Some(newest)) => newest.saturating_sub(r),
+            (Some(_), None) => 0,
+        };
+        while let Some(r) = self.buffer.release_oldest_before(seq, keep_after) {
             self.after_recycle(r);
         }
-        let next = WindowCursor { seq, blocks, recycled_blocks: self.buffer.recycled().blocks };
         WindowSnapshot { snapshot: snap, next, lost }
+    }
+
+    /// The stored events at or after `from_ns` (what a flight recorder dump holds); what was
+    /// recycled is reported only where it overlaps that range.
+    pub fn snapshot_since(&self, from_ns: u64) -> StoreSnapshot {
+        let mut snap = self.snapshot_with(self.buffer.snapshot_since(from_ns));
+        snap.from_ns = from_ns;
+        let r = &mut snap.recycled;
+        match r.first_time_ns {
+            Some(_) if r.last_time_ns < from_ns => *r = Default::default(),
+            Some(first) => r.first_time_ns = Some(first.max(from_ns)),
+            None => {}
+        }
+        snap
     }
 
     /// The final snapshot: chunks are moved out rather than copied.
@@ -171,6 +202,7 @@ impl ChunkedStore {
             stats: self.stats,
             buffer_bytes: self.buffer.limit_bytes(),
             skip_blocks: 0,
+            from_ns: 0,
         }
     }
 
@@ -234,6 +266,16 @@ impl ChunkedStore {
     }
 
     fn after_recycle(&mut self, r: RecycledChunk) {
+        if r.lost {
+            // Blocks the last window had read are no window's loss.
+            self.unread_recycled += match r.seq.cmp(&self.read_to.seq) {
+                std::cmp::Ordering::Less => 0,
+                std::cmp::Ordering::Equal => {
+                    u64::from(r.blocks.saturating_sub(self.read_to.blocks))
+                }
+                std::cmp::Ordering::Greater => u64::from(r.blocks),
+            };
+        }
         self.stats.pruned_stack_nodes += self.stacks.prune(r.seq) as u64;
         self.stats.pruned_strings += self.strings.prune(r.seq) as u64;
         self.pid_last_chunk.retain(|pid, last| {
@@ -391,6 +433,71 @@ mod tests {
         let mut times = vec![];
         read_events(&w.snapshot, |e| times.push(e.time_ns()), |e| panic!("{e}"));
         assert_eq!((times, w.lost), (vec![t], 0));
+    }
+
+    /// With a retention (the agent's flight recorder), windows still read each event once,
+    /// chunks read stay as long as the retention asks, `snapshot_since` holds exactly the
+    /// events from its time on, and chunks recycled by the byte bound after a window read
+    /// them are not that window's loss.
+    #[test]
+    fn retention_keeps_read_chunks_and_counts_only_unread_losses() {
+        let mut s =
+            ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(256 << 10, 4 << 10), 1 << 30);
+        s.set_retention(Some(5_000));
+        let st = s.intern_stack(&[FrameAddr::Kernel(1)]);
+        let push = |s: &mut ChunkedStore, t: u64| {
+            s.push_sample(
+                key(1, 1),
+                StoredSample { time_ns: t, cpu_delta_ns: 1, stack: st, off_cpu: None },
+            )
+        };
+        let mut cursor = None;
+        let mut t = 0u64;
+        let mut seen = 0u64;
+        for _ in 0..4 {
+            for _ in 0..1000 {
+                push(&mut s, t);
+                t += 1;
+            }
+            let w = s.window_snapshot(cursor);
+            cursor = Some(w.next);
+            let mut n = 0;
+            read_events(&w.snapshot, |_| n += 1, |e| panic!("{e}"));
+            assert_eq!((n, w.lost), (1000, 0));
+            seen += n;
+        }
+        assert_eq!(seen, t);
+        // 4,000 events of ~7 bytes span several 4 KiB chunks, all within the 5,000 ns kept.
+        let oldest = s.buffer().live_chunks().next().unwrap().header.first_time_ns;
+        assert_eq!(oldest, 0, "read chunks kept");
+        let mut since = vec![];
+        read_events(&s.snapshot_since(2500), |e| since.push(e.time_ns()), |e| panic!("{e}"));
+        assert_eq!(since, (2500..t).collect::<Vec<_>>());
+        // Past the retention: read chunks older than 5,000 ns before the newest event go.
+        for _ in 0..6000 {
+            push(&mut s, t);
+            t += 1;
+        }
+        let w = s.window_snapshot(cursor);
+        cursor = Some(w.next);
+        assert_eq!(w.lost, 0);
+        let oldest = s.buffer().live_chunks().next().unwrap().header.last_time_ns;
+        assert!(oldest >= t - 1 - 5000, "{oldest} kept past the retention");
+        assert_eq!(s.buffer().recycled().blocks, 0, "released by age, not recycled");
+        // The byte bound still holds: 256 KiB take ~35,000 events, so with a retention longer
+        // than everything, read chunks are recycled (counted) and unread ones are the
+        // window's loss.
+        s.set_retention(Some(u64::MAX));
+        for _ in 0..60_000 {
+            push(&mut s, t);
+            t += 1;
+            assert!(s.buffer().allocated_bytes() <= 256 << 10);
+        }
+        let w = s.window_snapshot(cursor);
+        let mut n = 0u64;
+        read_events(&w.snapshot, |_| n += 1, |e| panic!("{e}"));
+        assert!(w.lost > 0 && s.buffer().recycled().blocks > w.lost);
+        assert_eq!(n + w.lost, 60_000, "each unread event read or counted lost, once");
     }
 
     #[test]

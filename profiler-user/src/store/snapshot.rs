@@ -31,6 +31,9 @@ pub struct StoreSnapshot {
     /// Blocks of the first chunk that an earlier window already read (decoded for their
     /// time deltas, not handed out).
     pub skip_blocks: u32,
+    /// Events before this time are skipped (a flight recorder dump's range); intervals count
+    /// by their end.
+    pub from_ns: u64,
 }
 
 impl StoreSnapshot {
@@ -81,9 +84,18 @@ pub fn read_events(
         for (j, block) in view.blocks().enumerate() {
             match codec::decode(block, &mut times) {
                 Ok(_) if j < skip => {}
+                Ok(ev) if end_ns(&ev) < snap.from_ns => {}
                 Ok(ev) => on_event(ev),
                 Err(e) => on_error(format!("chunk {} block {j}: {e}", view.header.seq)),
             }
         }
+    }
+}
+
+/// An event's latest time: a sample's, an interval marker's end.
+fn end_ns(ev: &StoredEvent) -> u64 {
+    match ev {
+        StoredEvent::Sample(_, s) => s.time_ns,
+        StoredEvent::Marker(_, m) => m.start_ns.max(m.end_ns),
     }
 }
