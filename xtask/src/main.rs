@@ -13,6 +13,7 @@
 
 mod bench;
 mod bench_cgroup;
+mod bench_metrics;
 mod bench_offcpu;
 mod bench_storage;
 mod bench_usdt;
@@ -79,6 +80,9 @@ enum Cmd {
     /// Measure chunked storage (encode and Gecko throughput, bytes per sample) and a long
     /// recording with a small buffer (RSS over time); update BENCHMARKS.md.
     BenchStorage(bench_storage::BenchStorageArgs),
+    /// Measure what a Prometheus scrape of the agent costs (agent CPU per scrape, latency);
+    /// update BENCHMARKS.md.
+    BenchMetrics(bench_metrics::BenchMetricsArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -109,6 +113,7 @@ fn main() {
         Cmd::BenchStorage(args) => bench_storage::bench_storage(args),
         Cmd::BenchCgroup(args) => bench_cgroup::bench_cgroup(args),
         Cmd::BenchOffcpu(args) => bench_offcpu::bench_offcpu(args),
+        Cmd::BenchMetrics(args) => bench_metrics::bench_metrics(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");
