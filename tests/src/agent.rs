@@ -8,7 +8,11 @@ use std::{
     time::Duration,
 };
 
-use crate::harness::command;
+use crate::{fixtures, harness::command};
+
+/// Debian packages the agent's operation tests use: `systemd-analyze` (systemd) and `setpriv`
+/// (util-linux).
+pub const DEBIAN_PACKAGES: &[&str] = &["systemd", "util-linux"];
 
 /// A running agent; killed if the test fails.
 pub struct Agent {
@@ -25,11 +29,28 @@ impl Drop for Agent {
 }
 
 impl Agent {
-    /// Starts `rsprof-bpf agent ARGS` and waits for "sampling".
+    /// Starts `rsprof-bpf agent ARGS` and waits for "sampling". Metrics go to a free port
+    /// unless ARGS say otherwise: the default port may be taken by another agent.
     pub fn start(args: &[&str]) -> Agent {
-        let mut child = command()
-            .expect("rsprof-bpf")
-            .arg("agent")
+        Self::start_wrapped(&[], args)
+    }
+
+    /// Starts `WRAPPER... rsprof-bpf agent ARGS` (e.g. `setpriv --bounding-set=...`).
+    pub fn start_wrapped(wrapper: &[String], args: &[&str]) -> Agent {
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                fixtures::require_root().expect("root");
+                let mut c = std::process::Command::new(first);
+                c.args(rest).arg(fixtures::rsprof_bin().expect("rsprof-bpf"));
+                c
+            }
+            None => command().expect("rsprof-bpf"),
+        };
+        cmd.arg("agent");
+        if !args.contains(&"--metrics") {
+            cmd.args(["--metrics", "127.0.0.1:0"]);
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -64,6 +85,21 @@ impl Agent {
                 Err(_) => panic!("no {needle:?} within {timeout:?}:\n{}", self.seen.join("\n")),
             }
         }
+    }
+
+    /// `IP:PORT` of its metrics, from its "metrics on http://ADDR/metrics" line.
+    pub fn metrics_addr(&mut self) -> String {
+        let l = match self.seen.iter().find(|l| l.contains("metrics on http://")) {
+            Some(l) => l.clone(),
+            None => self.wait_for("metrics on http://", Duration::from_secs(10)),
+        };
+        let rest = l.split("http://").nth(1).unwrap_or_default();
+        rest.trim_end_matches("/metrics").to_owned()
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn signal(&self, sig: i32) {

@@ -1,5 +1,4 @@
 pub mod agent;
-pub mod agent_proc;
 pub mod cgroups;
 pub mod clickhouse;
 pub mod firefox_import;

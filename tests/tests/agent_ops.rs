@@ -13,7 +13,7 @@ use std::{
 
 use serde_json::Value;
 use tests::{
-    agent_proc::AgentProc,
+    agent::Agent,
     harness::output_path,
     prometheus::{Prometheus, value_of},
 };
@@ -162,7 +162,7 @@ fn ops_dashboards_queries_return_data_from_a_real_prometheus() {
     let spool = output_path("ops_dashboards", "spool");
     let _ = fs::remove_dir_all(&spool);
     let spool_arg = spool.display().to_string();
-    let mut agent = AgentProc::start(&[
+    let mut agent = Agent::start(&[
         "--metrics",
         "127.0.0.1:0",
         "--window",
@@ -173,9 +173,8 @@ fn ops_dashboards_queries_return_data_from_a_real_prometheus() {
         &host,
         "--spool",
         &spool_arg,
-    ])
-    .unwrap();
-    let addr = agent.metrics_addr().unwrap();
+    ]);
+    let addr = agent.metrics_addr();
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
     let prom = Prometheus::start("dashboards", &[&addr]).unwrap();
     // 15 scrapes: enough for rate() over the 10 s standing in for $__rate_interval.
@@ -345,15 +344,14 @@ fn ops_service_capabilities_are_enough() {
     let spool_arg = spool.display().to_string();
     let wrapper =
         ["setpriv".to_owned(), format!("--bounding-set={}", unit_capabilities()), "--".into()];
-    let mut agent = AgentProc::start_wrapped(
+    let mut agent = Agent::start_wrapped(
         &wrapper,
         &["--metrics", "off", "--window", "1", "-F", "99", "--spool", &spool_arg],
-    )
-    .unwrap();
+    );
     let status = fs::read_to_string(format!("/proc/{}/status", agent.child.id())).unwrap();
     let bound = status.lines().find(|l| l.starts_with("CapBnd:")).unwrap().to_owned();
     for _ in 0..4 {
-        agent.wait_for("window:", Duration::from_secs(30)).unwrap();
+        agent.wait_for("window:", Duration::from_secs(30));
         agent.seen.retain(|l| !l.contains("window:"));
     }
     agent.signal(libc::SIGTERM);

@@ -20,6 +20,7 @@ mod bench_agent;
 mod bench_cgroup;
 mod bench_cost;
 mod bench_dump;
+mod bench_metrics;
 mod bench_offcpu;
 mod bench_storage;
 mod bench_usdt;
@@ -96,6 +97,9 @@ enum Cmd {
     /// Measure a flight recorder dump (latency, the agent's peak memory) of a full window at
     /// 99 Hz with every CPU busy, and update BENCHMARKS.md.
     BenchDump(bench_dump::BenchDumpArgs),
+    /// Measure what a Prometheus scrape of the agent costs (agent CPU per scrape, latency);
+    /// update BENCHMARKS.md.
+    BenchMetrics(bench_metrics::BenchMetricsArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -129,6 +133,7 @@ fn main() {
         Cmd::BenchOffcpu(args) => bench_offcpu::bench_offcpu(args),
         Cmd::BenchAgent(args) => bench_agent::bench_agent(args),
         Cmd::BenchDump(args) => bench_dump::bench_dump(args),
+        Cmd::BenchMetrics(args) => bench_metrics::bench_metrics(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -29,7 +29,7 @@ pub fn setup() -> anyhow::Result<()> {
         tests::clickhouse::DEBIAN_PACKAGES,
         &["protobuf-compiler"],
         tests::prometheus::DEBIAN_PACKAGES,
-        tests::agent_proc::DEBIAN_PACKAGES,
+        tests::agent::DEBIAN_PACKAGES,
     ]
     .concat();
     install_missing(&mut present, &extra)?;
