@@ -182,7 +182,7 @@ pub fn sample_id(meta: &WindowMeta) -> String {
     let key = format!("{}\0{}", meta.labels.host, meta.window_id);
     let mut h = [0u8; 16];
     for (i, chunk) in h.chunks_mut(4).enumerate() {
-        let mut c = crc32fast::Hasher::new_with_initial(i as u32 * 0x9e37_79b9);
+        let mut c = crc32fast::Hasher::new_with_initial((i as u32).wrapping_mul(0x9e37_79b9));
         c.update(key.as_bytes());
         chunk.copy_from_slice(&c.finalize().to_be_bytes());
     }
