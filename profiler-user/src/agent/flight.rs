@@ -31,6 +31,7 @@ use flate2::{Compression, write::GzEncoder};
 use crate::{
     export::{ExportJob, output::PendingOutput},
     session::{Recorder, Signals, messages::Messages},
+    symbolize::Service,
     writers::Format,
 };
 
@@ -103,6 +104,7 @@ impl FlightServer {
     pub fn start(
         plan: &FlightPlan,
         wake: Arc<tokio::sync::Notify>,
+        symbolizer: Arc<Service>,
         msgs: Messages,
     ) -> Result<Self> {
         if let Some(dir) = &plan.dump_dir {
@@ -121,7 +123,7 @@ impl FlightServer {
         let (dumps, rx) = mpsc::sync_channel::<Dump>(QUEUED_DUMPS);
         std::thread::Builder::new().name("flight-dump".into()).spawn(move || {
             for d in rx {
-                write_dump(d, msgs);
+                write_dump(d, &symbolizer, msgs);
             }
         })?;
         msgs.info(format_args!(
@@ -306,14 +308,14 @@ fn read_request(s: &UnixStream) -> Result<Duration> {
 
 const EMPTY_NOTE: &str = "Nothing recorded in the flight recorder's range";
 
-fn write_dump(d: Dump, msgs: Messages) {
+fn write_dump(d: Dump, symbolizer: &Service, msgs: Messages) {
     let secs = d.job.info.end.secs_since(d.job.info.start);
     match d.dest {
         Dest::Client(mut s) => {
             let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
             let res = d
                 .job
-                .write_to(&mut gz, Format::Gecko, EMPTY_NOTE)
+                .write_to(&mut gz, Format::Gecko, EMPTY_NOTE, Some(symbolizer))
                 .and_then(|w| Ok((w, gz.finish()?)));
             let sent = match res {
                 Ok((w, bytes)) => {
@@ -339,7 +341,7 @@ fn write_dump(d: Dump, msgs: Messages) {
         }
         Dest::Dir(path) => {
             let res = PendingOutput::create_with_mode(&path, 0o600)
-                .and_then(|o| d.job.write(o, Format::Gecko, EMPTY_NOTE));
+                .and_then(|o| d.job.write_with(o, Format::Gecko, EMPTY_NOTE, Some(symbolizer)));
             match res {
                 Ok(w) => msgs.info(format_args!(
                     "flight recorder: wrote {} (the last {secs:.1} s, {} samples, {} markers) in \

@@ -75,9 +75,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
         None => None,
     };
     ignore_sighup(msgs)?;
+    // One symbolizer for windows and dumps: each address is named once.
+    let symbolizer = std::sync::Arc::new(Service::start()?);
     let wake = std::sync::Arc::new(tokio::sync::Notify::new());
     let flight = (plan.flight.as_ref())
-        .map(|f| flight::FlightServer::start(f, wake.clone(), msgs))
+        .map(|f| flight::FlightServer::start(f, wake.clone(), symbolizer.clone(), msgs))
         .transpose()?;
     let mut recorder = Recorder::start(&plan.record, msgs)?;
     recorder.agent_mode(wake, plan.flight.as_ref().map(|f| f.keep));
@@ -90,7 +92,6 @@ pub fn run(args: AgentArgs) -> Result<()> {
 
     let (tx, rx) = mpsc::sync_channel::<Window>(QUEUED_WINDOWS);
     let host = plan.host.clone();
-    let symbolizer = Service::start()?;
     let forwarders = Forwarders::start(&queue, sinks, msgs)?;
     let wq = queue.clone();
     let m = metrics.clone();

@@ -127,28 +127,52 @@ impl ExportJob {
     /// Symbolizes and writes the profile in `format` atomically to `output`. `empty_note` says
     /// why, should nothing have been recorded.
     pub fn write(self, output: PendingOutput, format: Format, empty_note: &str) -> Result<Written> {
-        let p = self.prepare(empty_note)?;
+        self.write_with(output, format, empty_note, None)
+    }
+
+    /// `write`, naming frames as `write_to` does with a symbolizer.
+    pub fn write_with(
+        self,
+        output: PendingOutput,
+        format: Format,
+        empty_note: &str,
+        symbolizer: Option<&crate::symbolize::Service>,
+    ) -> Result<Written> {
+        let p = self.prepare(empty_note, symbolizer)?;
         let (stats, nothing_recorded) = output.commit(|w| p.write(format, w))?;
         Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors })
     }
 
-    /// Like `write`, to `out` (a flight recorder dump, sent over the agent's socket).
+    /// Like `write`, to `out` (a flight recorder dump, sent over the agent's socket). With the
+    /// agent's `symbolizer`, only the frames of the samples in range are named, through its
+    /// cache (a dump's stack table is the whole recording's).
     pub fn write_to(
         self,
         out: &mut dyn std::io::Write,
         format: Format,
         empty_note: &str,
+        symbolizer: Option<&crate::symbolize::Service>,
     ) -> Result<Written> {
-        let p = self.prepare(empty_note)?;
+        let p = self.prepare(empty_note, symbolizer)?;
         let (stats, nothing_recorded) = p.write(format, out)?;
         Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors })
     }
 
-    fn prepare(mut self, empty_note: &str) -> Result<Prepared> {
-        let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) = (self.snapshot.unique_frames())
-            .into_iter()
-            .partition(|a| matches!(a, FrameAddr::Label { .. }));
-        let (mut symbols, errors) = symbolize(addrs, self.modules)?;
+    fn prepare(
+        mut self,
+        empty_note: &str,
+        symbolizer: Option<&crate::symbolize::Service>,
+    ) -> Result<Prepared> {
+        let frames = match symbolizer {
+            Some(_) => self.used_frames(),
+            None => self.snapshot.unique_frames(),
+        };
+        let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
+            frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
+        let (mut symbols, errors) = match symbolizer {
+            Some(s) => s.symbolize(addrs, std::mem::take(&mut self.modules))?,
+            None => symbolize(addrs, std::mem::take(&mut self.modules))?,
+        };
         name_labels(&mut symbols, &labels, &self.processes);
         let me = Pid(std::process::id());
         self.processes
@@ -220,7 +244,8 @@ pub struct Symbolized {
 impl ExportJob {
     /// Symbolizes only the frames of the stacks that the snapshot's samples use (a window's
     /// snapshot shares its stack table with the whole recording).
-    pub fn symbolize_used(self, service: Option<&crate::symbolize::Service>) -> Result<Symbolized> {
+    /// The distinct frames of the stacks the snapshot's samples use.
+    fn used_frames(&self) -> Vec<FrameAddr> {
         let mut used = std::collections::HashSet::new();
         read_events(
             &self.snapshot,
@@ -238,6 +263,11 @@ impl ExportJob {
             used.iter().filter_map(|&id| self.snapshot.stack(id)).map(|n| n.1).collect();
         frames.sort_unstable();
         frames.dedup();
+        frames
+    }
+
+    pub fn symbolize_used(self, service: Option<&crate::symbolize::Service>) -> Result<Symbolized> {
+        let frames = self.used_frames();
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
         let (mut symbols, errors) = match service {
