@@ -63,9 +63,9 @@ struct Entry {
 /// A remote sink's view of the spool.
 struct SinkSlot {
     name: &'static str,
-    /// The window its forwarder is delivering: deleting it for size is counted by the
+    /// The windows its forwarder is delivering: deleting one for size is counted by the
     /// forwarder (as delivered, or dropped if the delivery fails).
-    inflight: Option<String>,
+    inflight: Vec<String>,
     /// Windows deleted for size before this sink had them.
     dropped: u64,
 }
@@ -128,7 +128,7 @@ impl Spool {
     pub fn attach_sinks(&mut self, names: &[&'static str], keep: bool) -> Result<()> {
         anyhow::ensure!(names.len() <= 64, "at most 64 remote sinks");
         self.sinks =
-            names.iter().map(|&name| SinkSlot { name, inflight: None, dropped: 0 }).collect();
+            names.iter().map(|&name| SinkSlot { name, inflight: Vec::new(), dropped: 0 }).collect();
         self.keep = keep;
         let index: std::collections::HashMap<&str, usize> =
             self.entries.iter().enumerate().map(|(i, e)| (e.stem.as_str(), i)).collect();
@@ -168,11 +168,15 @@ impl Spool {
         if self.sinks.len() >= 64 { u64::MAX } else { (1u64 << self.sinks.len()) - 1 }
     }
 
-    /// The oldest window sink `sink` is not done with, now its in-flight window.
-    pub fn next_pending(&mut self, sink: usize) -> Option<String> {
-        let stem = self.entries.iter().find(|e| e.done & (1 << sink) == 0)?.stem.clone();
-        self.sinks[sink].inflight = Some(stem.clone());
-        Some(stem)
+    /// The oldest windows (at most `max`) sink `sink` is not done with, now in flight.
+    pub fn pending(&mut self, sink: usize, max: usize) -> Vec<String> {
+        let stems: Vec<String> = (self.entries.iter())
+            .filter(|e| e.done & (1 << sink) == 0)
+            .take(max)
+            .map(|e| e.stem.clone())
+            .collect();
+        self.sinks[sink].inflight.clone_from(&stems);
+        stems
     }
 
     /// Whether window `stem` is still spooled.
@@ -188,11 +192,11 @@ impl Spool {
         )
     }
 
-    /// Sink `sink` is done with its in-flight window `stem`: `delivered` (or rejected: not to
+    /// Sink `sink` is done with an in-flight window `stem`: `delivered` (or rejected: not to
     /// be sent again), else dropped (unreadable, or deleted for size while being retried) and
     /// counted. A done window is marked, or deleted in queue mode once every sink is done.
     pub fn finish(&mut self, sink: usize, stem: &str, delivered: bool) -> Result<()> {
-        self.sinks[sink].inflight = None;
+        self.sinks[sink].inflight.retain(|s| s != stem);
         if !delivered {
             self.sinks[sink].dropped += 1;
         }
@@ -275,7 +279,7 @@ impl Spool {
             let Some(old) = self.entries.front() else { break };
             let (old, done) = (old.stem.clone(), old.done);
             for (i, s) in self.sinks.iter_mut().enumerate() {
-                if done & (1 << i) == 0 && s.inflight.as_deref() != Some(old.as_str()) {
+                if done & (1 << i) == 0 && !s.inflight.contains(&old) {
                     s.dropped += 1;
                 }
             }
