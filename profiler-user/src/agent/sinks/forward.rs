@@ -218,6 +218,8 @@ fn forward(q: &Queue, idx: usize, mut sink: Box<dyn RemoteSink>, msgs: Messages)
             let t = Instant::now();
             let results = sink.deliver_batch(&windows);
             let took = t.elapsed();
+            // A window without a result stays pending and is handed over again.
+            debug_assert_eq!(results.len(), windows.len(), "{name}: one result per window");
             let mut st = q.lock();
             let mut failed: Option<anyhow::Error> = None;
             let mut finished = Vec::new();
