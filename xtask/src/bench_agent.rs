@@ -6,8 +6,18 @@
 //! `kernel.bpf_stats_enabled=1` for the duration: BPF time is spent in the profiled tasks'
 //! context, so /proc/PID/stat alone would miss it) and its RSS. The first minute is left out
 //! of the CPU figure (start-up: BTF, /proc scan, symbolizer caches) and reported separately.
-//! Bytes written per host-hour come from the spool directory (and ClickHouse's `system.parts`
-//! for the ClickHouse sink).
+//! Bytes written per host-hour come from the spool directory, and for the ClickHouse sink
+//! (a real clickhouse-server from the tests crate's harness, the agent given `--clickhouse`)
+//! from `system.parts` (`bytes_on_disk` of the rsprof tables' active parts, merged first as a
+//! long-running server would), with the sink's delivery time per window from the agent's
+//! exit summary.
+//!
+//! The query benchmark loads a synthetic fleet into ClickHouse through the agent's own
+//! delivery path: the windows of one 10 s window of a short real agent run (every process
+//! with samples, `bench_work` busy), copied into a spool as 10 hosts × 360 consecutive windows
+//! (one hour), which an agent started with `--clickhouse` delivers as it would a backlog; then
+//! `rsprof-bpf query --clickhouse URL --from … --to … -o fleet.json.gz` is timed (target ≤ 5 s)
+//! and its output must load in the Firefox Profiler's importer (`tests::gecko_schema::load`).
 //!
 //! Loads: "idle" is the machine as it is; "busy" runs `bench_work` on every CPU, whose
 //! samples all have a 4-deep stack (the agent symbolizes and writes them every window).
@@ -49,7 +59,42 @@ pub struct BenchAgentArgs {
     /// Only print the results; leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
+    /// Sinks to measure: spool (the spool alone), clickhouse (a local ClickHouse server).
+    #[arg(long, value_delimiter = ',', default_value = "spool,clickhouse")]
+    sinks: Vec<SinkKind>,
+    /// Skip the query benchmark (synthetic 10-host × 1-hour fleet in ClickHouse).
+    #[arg(long)]
+    no_query: bool,
+    /// Processes per window of the synthetic fleet, the busiest first (0: every process of
+    /// the source window; fewer makes a quicker smoke run).
+    #[arg(long, default_value_t = 0)]
+    query_processes: usize,
+    /// Only the query benchmark.
+    #[arg(long, conflicts_with = "no_query")]
+    query_only: bool,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SinkKind {
+    Spool,
+    Clickhouse,
+}
+
+impl SinkKind {
+    fn name(self) -> &'static str {
+        match self {
+            SinkKind::Spool => "spool",
+            SinkKind::Clickhouse => "ClickHouse",
+        }
+    }
+}
+
+/// The synthetic fleet of the query benchmark.
+const QUERY_HOSTS: u64 = 10;
+const QUERY_WINDOW_MS: u64 = 10_000;
+const QUERY_WINDOWS: u64 = 3600 * 1000 / QUERY_WINDOW_MS;
+/// The issue's target for `query` over the fleet.
+const QUERY_TARGET: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Load {
@@ -80,6 +125,24 @@ struct Measured {
     rss_max_kib: u64,
     spool_bytes: u64,
     windows: u64,
+    /// ClickHouse sink only.
+    clickhouse: Option<ClickHouseMeasured>,
+}
+
+#[derive(Default, Clone)]
+struct ClickHouseMeasured {
+    /// `bytes_on_disk` of the rsprof tables after the run.
+    bytes: u64,
+    /// From the agent's exit summary.
+    delivered: u64,
+    batches: u64,
+    mean_batch_ms: f64,
+}
+
+impl ClickHouseMeasured {
+    fn per_window_ms(&self) -> f64 {
+        self.mean_batch_ms * self.batches as f64 / self.delivered.max(1) as f64
+    }
 }
 
 impl Measured {
@@ -162,13 +225,13 @@ fn dir_bytes(dir: &Path) -> (u64, u64) {
     (bytes, windows)
 }
 
-/// Starts the agent and returns once it printed its "sampling" line.
+/// Starts the agent and returns once it printed its "sampling" line, with its stderr lines.
 pub(crate) fn start_agent(
     profiler: &Path,
     rate: u32,
     spool: &Path,
     extra: &[String],
-) -> anyhow::Result<Reaper> {
+) -> anyhow::Result<(Reaper, mpsc::Receiver<String>)> {
     let mut cmd = Command::new(profiler);
     cmd.args(["agent", "-F", &rate.to_string(), "--spool"])
         .arg(spool)
@@ -181,6 +244,7 @@ pub(crate) fn start_agent(
     let mut child = cmd.spawn().with_context(|| format!("start {}", display(&cmd)))?;
     let stderr = child.stderr.take().context("no stderr")?;
     let (tx, rx) = mpsc::channel();
+    let (line_tx, lines) = mpsc::channel();
     std::thread::spawn(move || {
         let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -188,12 +252,69 @@ pub(crate) fn start_agent(
                 let _ = tx.send(());
                 sent = true;
             }
+            let _ = line_tx.send(line);
         }
     });
     let reaper = Reaper(child);
     rx.recv_timeout(Duration::from_secs(120))
         .context("the agent did not print its \"sampling\" line within 120 s")?;
-    Ok(reaper)
+    Ok((reaper, lines))
+}
+
+/// SIGTERM (the agent flushes its last window and delivers what it can), then waits for the
+/// exit; returns its stderr.
+fn stop_agent(agent: &mut Reaper, lines: &mpsc::Receiver<String>) -> anyhow::Result<String> {
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while agent.0.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            bail!("the agent did not exit within 60 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut text = String::new();
+    // The reader thread ends at EOF, after the exit.
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(5)) {
+        text.push_str(&l);
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// The number before `after` in the line containing `line`.
+fn summary_number(stderr: &str, line: &str, after: &str) -> Option<f64> {
+    let l = stderr.lines().find(|l| l.contains(line))?;
+    l.split(after).next()?.rsplit([' ', ':', '(']).next()?.parse().ok()
+}
+
+/// The ClickHouse sink's line of the agent's exit summary.
+fn delivery_stats(stderr: &str) -> anyhow::Result<ClickHouseMeasured> {
+    let line = "sink clickhouse:";
+    let delivered = summary_number(stderr, line, " windows delivered")
+        .with_context(|| format!("no ClickHouse delivery summary in:\n{stderr}"))?;
+    // Agents before batched delivery: one window per request.
+    let batches = summary_number(stderr, line, " batches").unwrap_or(delivered);
+    let mean: Option<f64> = (stderr.lines().find(|l| l.contains(line)))
+        .and_then(|l| l.rsplit("mean ").next()?.trim().trim_end_matches(" ms").parse().ok());
+    Ok(ClickHouseMeasured {
+        bytes: 0,
+        delivered: delivered as u64,
+        batches: batches as u64,
+        mean_batch_ms: mean.unwrap_or(f64::NAN),
+    })
+}
+
+/// `bytes_on_disk` of the rsprof tables' active parts, merged first.
+fn clickhouse_bytes(server: &::tests::clickhouse::Server) -> anyhow::Result<u64> {
+    for t in ["rsprof_stacks", "rsprof_samples", "rsprof_windows"] {
+        server.query(&format!("OPTIMIZE TABLE {t} FINAL"))?;
+    }
+    let n = server.query(
+        "SELECT sum(bytes_on_disk) FROM system.parts WHERE active AND database = \
+         currentDatabase() AND table LIKE 'rsprof_%'",
+    )?;
+    n.trim().parse().with_context(|| format!("bad system.parts answer '{}'", n.trim()))
 }
 
 fn measure(
@@ -201,9 +322,14 @@ fn measure(
     rate: u32,
     load: Load,
     secs: u64,
-    extra: &[String],
+    sink: SinkKind,
 ) -> anyhow::Result<Measured> {
     let tmp = tempfile_dir()?;
+    let server = match sink {
+        SinkKind::Spool => None,
+        SinkKind::Clickhouse => Some(::tests::clickhouse::Server::start()?),
+    };
+    let extra: Vec<String> = server.iter().flat_map(|s| ["--clickhouse".into(), s.url()]).collect();
     let spool = tmp.join("spool");
     let _busy = match load {
         Load::Idle => Vec::new(),
@@ -219,7 +345,7 @@ fn measure(
             )]
         }
     };
-    let mut agent = start_agent(profiler, rate, &spool, extra)?;
+    let (mut agent, lines) = start_agent(profiler, rate, &spool, &extra)?;
     let pid = agent.0.id();
     let start = Instant::now();
     let (cpu0, bpf0) = (cpu_seconds(pid)?, bpf_seconds(pid)?);
@@ -246,18 +372,178 @@ fn measure(
     m.total_cpu_s = cpu1 - cpu0;
     m.total_bpf_s = bpf1 - bpf0;
     // SIGTERM flushes the last window; the spool then holds the whole run.
-    // SAFETY: plain kill(2) on our child.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while agent.0.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            bail!("the agent did not exit within 30 s of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let stderr = stop_agent(&mut agent, &lines)?;
     (m.spool_bytes, m.windows) = dir_bytes(&spool);
+    if let Some(server) = &server {
+        let mut ch = delivery_stats(&stderr)?;
+        ch.bytes = clickhouse_bytes(server)?;
+        m.clickhouse = Some(ch);
+    }
     let _ = fs::remove_dir_all(&tmp);
     Ok(m)
+}
+
+struct QueryMeasured {
+    processes: usize,
+    windows: u64,
+    sample_rows: u64,
+    load_s: f64,
+    query_s: f64,
+    output_bytes: u64,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// `ms` since the epoch as RFC 3339 UTC (`query --from/--to`).
+fn rfc3339(ms: u64) -> String {
+    let (days, rem) = ((ms / 1000 / 86_400) as i64, ms / 1000 % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// The query benchmark (see the module docs).
+fn bench_query(profiler: &Path, processes: usize) -> anyhow::Result<QueryMeasured> {
+    let tmp = tempfile_dir()?.join("query");
+    let (source, fleet) = (tmp.join("source"), tmp.join("fleet"));
+    fs::create_dir_all(&fleet)?;
+    // Real windows: every process with samples in one 10 s window of a busy host.
+    {
+        let fixture = ::tests::fixtures::build("bench_work.c")?;
+        let _busy = Reaper(
+            Command::new(&fixture)
+                .args(["1000000000000", &online_cpus().to_string()])
+                .stdout(Stdio::null())
+                .spawn()
+                .context("start bench_work")?,
+        );
+        let window = ["--window".to_owned(), (QUERY_WINDOW_MS / 1000).to_string()];
+        let (mut agent, lines) = start_agent(profiler, 99, &source, &window)?;
+        std::thread::sleep(Duration::from_millis(2 * QUERY_WINDOW_MS + 5_000));
+        stop_agent(&mut agent, &lines)?;
+    }
+    // Window stems start with the window's start time: group by it, take the fullest window.
+    let mut groups: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for e in fs::read_dir(&source)? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        if let Some(stem) = name.strip_suffix(".json") {
+            groups.entry(stem[..13.min(stem.len())].to_owned()).or_default().push(stem.to_owned());
+        }
+    }
+    let stems = groups.into_values().max_by_key(Vec::len).context("the agent spooled nothing")?;
+    let mut windows = Vec::new();
+    for stem in &stems {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&fs::read(source.join(format!("{stem}.json")))?)?;
+        let profile = fs::read(source.join(format!("{stem}.pb.gz")))?;
+        windows.push((meta, profile));
+    }
+    windows.sort_by_key(|(m, _)| std::cmp::Reverse(m["samples"].as_u64().unwrap_or(0)));
+    if processes > 0 {
+        windows.truncate(processes);
+    }
+    // One hour ending two hours ago: clear of the windows the loading agent writes itself.
+    let base = (now_ms() - 3 * 3_600_000) / QUERY_WINDOW_MS * QUERY_WINDOW_MS;
+    let mut count = 0u64;
+    for h in 0..QUERY_HOSTS {
+        let host = format!("bench-host-{h:02}");
+        for i in 0..QUERY_WINDOWS {
+            let start = base + i * QUERY_WINDOW_MS;
+            for (meta, profile) in &windows {
+                let mut meta = meta.clone();
+                let id = meta["window_id"].as_str().context("no window_id")?;
+                // START_MS-PID-HASH, unique per host; the host number keeps stems apart in
+                // this one spool.
+                let rest = id.split_once('-').context("bad window_id")?.1;
+                let stem = format!("{start:013}-{rest}{h:02x}");
+                meta["window_id"] = stem.clone().into();
+                meta["start_ms"] = start.into();
+                meta["end_ms"] = (start + QUERY_WINDOW_MS).into();
+                meta["host"] = host.clone().into();
+                fs::write(fleet.join(format!("{stem}.pb.gz")), profile)?;
+                fs::write(fleet.join(format!("{stem}.json")), serde_json::to_vec(&meta)?)?;
+                count += 1;
+            }
+        }
+    }
+    println!("{count} windows spooled ({} processes per window)", windows.len());
+    // The agent delivers the spooled fleet as a backlog; it samples at 1 Hz in one long window
+    // meanwhile (its own windows fall outside the queried hour).
+    let server = ::tests::clickhouse::Server::start()?;
+    let extra = ["--window".into(), "3600".into(), "--clickhouse".into(), server.url()];
+    let t = Instant::now();
+    let (mut agent, lines) = start_agent(profiler, 1, &fleet, &extra)?;
+    let stored = || -> anyhow::Result<u64> {
+        let n = server.query("SELECT count() FROM rsprof_windows")?;
+        n.trim().parse().with_context(|| format!("bad count '{}'", n.trim()))
+    };
+    let (mut last, mut progress) = (0, Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        if let Some(status) = agent.0.try_wait()? {
+            bail!("the loading agent exited early: {status}");
+        }
+        let n = stored().unwrap_or(0);
+        if n >= count {
+            break;
+        }
+        if n > last {
+            (last, progress) = (n, Instant::now());
+        } else if progress.elapsed() > Duration::from_secs(180) {
+            bail!("ClickHouse stuck at {n} of {count} windows for 180 s:\n{}", server.log());
+        }
+    }
+    let load_s = t.elapsed().as_secs_f64();
+    let stderr = stop_agent(&mut agent, &lines)?;
+    let ch = delivery_stats(&stderr)?;
+    println!(
+        "loaded in {load_s:.0} s: {} windows in {} batches, {:.1} ms per batch",
+        ch.delivered, ch.batches, ch.mean_batch_ms
+    );
+    let sample_rows: u64 =
+        server.query("SELECT count() FROM rsprof_samples")?.trim().parse().context("count")?;
+
+    let out = tmp.join("fleet.json.gz");
+    let mut cmd = Command::new(profiler);
+    cmd.args(["query", "--clickhouse", &server.url(), "--from", &rfc3339(base), "--to"])
+        .arg(rfc3339(base + QUERY_WINDOWS * QUERY_WINDOW_MS))
+        .arg("-o")
+        .arg(&out)
+        .stdin(Stdio::null());
+    println!("$ {}", display(&cmd));
+    let t = Instant::now();
+    let status = cmd.status().with_context(|| format!("run {}", display(&cmd)))?;
+    let query_s = t.elapsed().as_secs_f64();
+    anyhow::ensure!(status.success(), "{} failed: {status}", display(&cmd));
+    let output_bytes = fs::metadata(&out)?.len();
+    let profile = ::tests::gecko_schema::load(&out)?;
+    let text = profile.to_string();
+    for h in 0..QUERY_HOSTS {
+        let host = format!("bench-host-{h:02}");
+        anyhow::ensure!(text.contains(&host), "the fleet profile has no track of {host}");
+    }
+    let _ = fs::remove_dir_all(&tmp);
+    Ok(QueryMeasured {
+        processes: windows.len(),
+        windows: count,
+        sample_rows,
+        load_s,
+        query_s,
+        output_bytes,
+    })
 }
 
 pub(crate) fn online_cpus() -> u64 {
@@ -282,22 +568,60 @@ pub fn bench_agent(args: BenchAgentArgs) -> anyhow::Result<()> {
     let profiler = profiler_binary(args.profiler.as_deref())?;
     let _stats = StatsGuard::enable()?;
     let mut rows = Vec::new();
-    for &rate in &args.rates {
-        for load in [Load::Idle, Load::Busy] {
-            step(&format!("bench-agent: spool sink, {rate} Hz, {}, {} s", load.name(), args.secs));
-            let m = measure(&profiler, rate, load, args.secs, &[])?;
-            println!(
-                "steady {:.3}% of a core (agent {:.2} s + BPF {:.2} s over {:.0} s); RSS {} → {}",
-                m.steady_pct(),
-                m.steady_cpu_s,
-                m.steady_bpf_s,
-                m.steady_wall_s,
-                mib(m.rss_after_warmup_kib),
-                mib(m.rss_end_kib)
-            );
-            rows.push(("spool", rate, load, m));
+    let sinks = if args.query_only { &[][..] } else { &args.sinks[..] };
+    for &sink in sinks {
+        for &rate in &args.rates {
+            for load in [Load::Idle, Load::Busy] {
+                step(&format!(
+                    "bench-agent: {} sink, {rate} Hz, {}, {} s",
+                    sink.name(),
+                    load.name(),
+                    args.secs
+                ));
+                let m = measure(&profiler, rate, load, args.secs, sink)?;
+                println!(
+                    "steady {:.3}% of a core (agent {:.2} s + BPF {:.2} s over {:.0} s); RSS {} → \
+                     {}",
+                    m.steady_pct(),
+                    m.steady_cpu_s,
+                    m.steady_bpf_s,
+                    m.steady_wall_s,
+                    mib(m.rss_after_warmup_kib),
+                    mib(m.rss_end_kib)
+                );
+                if let Some(ch) = &m.clickhouse {
+                    println!(
+                        "ClickHouse: {} windows in {} batches, {:.1} ms per batch, {:.2} ms per \
+                         window; {} bytes on disk",
+                        ch.delivered,
+                        ch.batches,
+                        ch.mean_batch_ms,
+                        ch.per_window_ms(),
+                        ch.bytes
+                    );
+                }
+                rows.push((sink, rate, load, m));
+            }
         }
     }
+    let query = if args.no_query {
+        None
+    } else {
+        step("bench-agent: query over a synthetic 10-host × 1-hour fleet in ClickHouse");
+        let q = bench_query(&profiler, args.query_processes)?;
+        println!(
+            "query: {:.2} s for {} windows ({} sample rows, {} hosts); loaded by the agent in \
+             {:.0} s ({:.0} windows/s); output {} bytes",
+            q.query_s,
+            q.windows,
+            q.sample_rows,
+            QUERY_HOSTS,
+            q.load_s,
+            q.windows as f64 / q.load_s,
+            q.output_bytes
+        );
+        Some(q)
+    };
     let mut md = String::new();
     let _ = writeln!(md, "## Agent cost: `cargo xtask bench-agent`\n");
     let _ = writeln!(
@@ -311,20 +635,31 @@ pub fn bench_agent(args: BenchAgentArgs) -> anyhow::Result<()> {
         md,
         "- CPU = the agent's user+sys (/proc/PID/stat) + its BPF programs' run time \
          (fdinfo `run_time_ns`, `kernel.bpf_stats_enabled=1`), after a {} s warm-up, as a share \
-         of one core. Bytes per host-hour = spool size at exit scaled to one hour.\n",
+         of one core. Bytes per host-hour = spool size at exit scaled to one hour; for \
+         ClickHouse, `bytes_on_disk` of the rsprof tables' active parts (after `OPTIMIZE … \
+         FINAL`) scaled to one hour, and the sink's mean delivery time per window (batch \
+         latency × batches / windows, from the agent's exit summary).\n",
         WARMUP.as_secs()
     );
     let _ = writeln!(
         md,
-        "| Sink | Rate | Load | CPU, steady | agent / BPF s (steady) | CPU incl. start-up | RSS after warm-up | RSS at end | RSS max | Windows | Bytes per host-hour |"
+        "| Sink | Rate | Load | CPU, steady | agent / BPF s (steady) | CPU incl. start-up | RSS after warm-up | RSS at end | RSS max | Windows | Spool bytes per host-hour | ClickHouse bytes per host-hour | Delivery per window (batches) |"
     );
-    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (sink, rate, load, m) in &rows {
         let total_pct = 100.0 * (m.total_cpu_s + m.total_bpf_s) / args.secs as f64;
-        let per_hour = m.spool_bytes as f64 * 3600.0 / args.secs as f64;
+        let per_hour = |bytes: u64| bytes as f64 * 3600.0 / args.secs as f64 / (1024.0 * 1024.0);
+        let (ch_bytes, ch_delivery) = match &m.clickhouse {
+            Some(ch) => (
+                format!("{:.1} MiB", per_hour(ch.bytes)),
+                format!("{:.1} ms ({})", ch.per_window_ms(), ch.batches),
+            ),
+            None => ("–".into(), "–".into()),
+        };
         let _ = writeln!(
             md,
-            "| {sink} | {rate} Hz | {} | {:.3} % | {:.2} / {:.2} | {:.3} % | {} | {} | {} | {} | {:.1} MiB |",
+            "| {} | {rate} Hz | {} | {:.3} % | {:.2} / {:.2} | {:.3} % | {} | {} | {} | {} | {:.1} MiB | {ch_bytes} | {ch_delivery} |",
+            sink.name(),
             load.name(),
             m.steady_pct(),
             m.steady_cpu_s,
@@ -334,13 +669,41 @@ pub fn bench_agent(args: BenchAgentArgs) -> anyhow::Result<()> {
             mib(m.rss_end_kib),
             mib(m.rss_max_kib),
             m.windows,
-            per_hour / (1024.0 * 1024.0)
+            per_hour(m.spool_bytes)
+        );
+    }
+    if let Some(q) = &query {
+        let _ = writeln!(
+            md,
+            "\n`rsprof-bpf query --clickhouse URL --from … --to … -o fleet.json.gz` over a \
+             synthetic fleet: {QUERY_HOSTS} hosts × {QUERY_WINDOWS} windows of {} s (the {} \
+             processes of one real window, with `bench_work` busy, copied per host and time): {} \
+             windows, {} sample rows, delivered by the agent in {:.0} s ({:.0} windows/s). \
+             **Query: {:.2} s** (target ≤ {} s); output {:.1} MiB, loaded by the Firefox \
+             Profiler's importer.",
+            QUERY_WINDOW_MS / 1000,
+            q.processes,
+            q.windows,
+            q.sample_rows,
+            q.load_s,
+            q.windows as f64 / q.load_s,
+            q.query_s,
+            QUERY_TARGET.as_secs(),
+            q.output_bytes as f64 / (1024.0 * 1024.0)
         );
     }
     println!("\n{md}");
     if !args.no_write {
         update_section(&workspace_root().join("BENCHMARKS.md"), SECTION_BEGIN, SECTION_END, &md)?;
         println!("updated BENCHMARKS.md");
+    }
+    if let Some(q) = &query {
+        anyhow::ensure!(
+            q.query_s <= QUERY_TARGET.as_secs_f64(),
+            "query took {:.2} s, above the {} s target",
+            q.query_s,
+            QUERY_TARGET.as_secs()
+        );
     }
     Ok(())
 }

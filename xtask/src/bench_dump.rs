@@ -64,7 +64,7 @@ pub fn bench_dump(args: BenchDumpArgs) -> anyhow::Result<()> {
         "--dump-socket".to_owned(),
         sock.display().to_string(),
     ];
-    let mut agent = start_agent(&profiler, RATE, &tmp.join("spool"), &extra)?;
+    let (mut agent, _lines) = start_agent(&profiler, RATE, &tmp.join("spool"), &extra)?;
     let pid = agent.0.id();
     // A little over the window, so the dump covers a full one.
     std::thread::sleep(Duration::from_secs(args.secs + 5));

@@ -63,9 +63,9 @@ struct Entry {
 /// A remote sink's view of the spool.
 struct SinkSlot {
     name: &'static str,
-    /// The window its forwarder is delivering: deleting it for size is counted by the
+    /// The windows its forwarder is delivering: deleting one for size is counted by the
     /// forwarder (as delivered, or dropped if the delivery fails).
-    inflight: Option<String>,
+    inflight: Vec<String>,
     /// Windows deleted for size before this sink had them.
     dropped: u64,
 }
@@ -128,7 +128,7 @@ impl Spool {
     pub fn attach_sinks(&mut self, names: &[&'static str], keep: bool) -> Result<()> {
         anyhow::ensure!(names.len() <= 64, "at most 64 remote sinks");
         self.sinks =
-            names.iter().map(|&name| SinkSlot { name, inflight: None, dropped: 0 }).collect();
+            names.iter().map(|&name| SinkSlot { name, inflight: Vec::new(), dropped: 0 }).collect();
         self.keep = keep;
         let index: std::collections::HashMap<&str, usize> =
             self.entries.iter().enumerate().map(|(i, e)| (e.stem.as_str(), i)).collect();
@@ -168,11 +168,15 @@ impl Spool {
         if self.sinks.len() >= 64 { u64::MAX } else { (1u64 << self.sinks.len()) - 1 }
     }
 
-    /// The oldest window sink `sink` is not done with, now its in-flight window.
-    pub fn next_pending(&mut self, sink: usize) -> Option<String> {
-        let stem = self.entries.iter().find(|e| e.done & (1 << sink) == 0)?.stem.clone();
-        self.sinks[sink].inflight = Some(stem.clone());
-        Some(stem)
+    /// The oldest windows (at most `max`) sink `sink` is not done with, now in flight.
+    pub fn pending(&mut self, sink: usize, max: usize) -> Vec<String> {
+        let stems: Vec<String> = (self.entries.iter())
+            .filter(|e| e.done & (1 << sink) == 0)
+            .take(max)
+            .map(|e| e.stem.clone())
+            .collect();
+        self.sinks[sink].inflight.clone_from(&stems);
+        stems
     }
 
     /// Whether window `stem` is still spooled.
@@ -188,11 +192,11 @@ impl Spool {
         )
     }
 
-    /// Sink `sink` is done with its in-flight window `stem`: `delivered` (or rejected: not to
+    /// Sink `sink` is done with an in-flight window `stem`: `delivered` (or rejected: not to
     /// be sent again), else dropped (unreadable, or deleted for size while being retried) and
     /// counted. A done window is marked, or deleted in queue mode once every sink is done.
     pub fn finish(&mut self, sink: usize, stem: &str, delivered: bool) -> Result<()> {
-        self.sinks[sink].inflight = None;
+        self.sinks[sink].inflight.retain(|s| s != stem);
         if !delivered {
             self.sinks[sink].dropped += 1;
         }
@@ -280,7 +284,7 @@ impl Spool {
             let Some(old) = self.entries.front() else { break };
             let (old, done) = (old.stem.clone(), old.done);
             for (i, s) in self.sinks.iter_mut().enumerate() {
-                if done & (1 << i) == 0 && s.inflight.as_deref() != Some(old.as_str()) {
+                if done & (1 << i) == 0 && !s.inflight.contains(&old) {
                     s.dropped += 1;
                 }
             }
@@ -360,15 +364,19 @@ mod tests {
         s.attach_sinks(&["a", "b"], true).unwrap();
         let w1 = s.write(&window(1000, 100)).unwrap();
         let w2 = s.write(&window(2000, 100)).unwrap();
-        assert_eq!(s.next_pending(0).as_deref(), Some(w1.as_str()));
+        assert_eq!(s.pending(0, 1).into_iter().next().as_deref(), Some(w1.as_str()));
         s.finish(0, &w1, true).unwrap();
-        assert_eq!(s.next_pending(0).as_deref(), Some(w2.as_str()), "oldest not done first");
+        assert_eq!(
+            s.pending(0, 1).into_iter().next().as_deref(),
+            Some(w2.as_str()),
+            "oldest not done first"
+        );
         // Reopened (a restart): a's delivery of w1 is remembered, b has both to do.
         drop(s);
         let mut s = Spool::open(&d, 1 << 20).unwrap();
         s.attach_sinks(&["a", "b"], true).unwrap();
-        assert_eq!(s.next_pending(0).as_deref(), Some(w2.as_str()));
-        assert_eq!(s.next_pending(1).as_deref(), Some(w1.as_str()));
+        assert_eq!(s.pending(0, 1).into_iter().next().as_deref(), Some(w2.as_str()));
+        assert_eq!(s.pending(1, 1).into_iter().next().as_deref(), Some(w1.as_str()));
         // b's in-flight w1 deleted for size: counted by its forwarder, not twice.
         let mut s = Spool { limit: s.total + 10, ..s };
         s.write(&window(3000, 100)).unwrap();
@@ -391,10 +399,10 @@ mod tests {
         let mut s = Spool::open(&d, 1 << 20).unwrap();
         s.attach_sinks(&["a", "b"], false).unwrap();
         let w = s.write(&window(1000, 100)).unwrap();
-        s.next_pending(0);
+        s.pending(0, 1).into_iter().next();
         s.finish(0, &w, true).unwrap();
         assert!(s.contains(&w) && d.join(format!("{w}.sent-a")).exists());
-        s.next_pending(1);
+        s.pending(1, 1).into_iter().next();
         s.finish(1, &w, true).unwrap();
         assert!(!s.contains(&w));
         let left: Vec<_> = fs::read_dir(&d).unwrap().collect();

@@ -222,16 +222,16 @@ fn remote_sinks(plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
 fn sink_summary(s: &SinkStats) -> String {
     let latency = match s.last_latency {
         Some(l) if s.latency.count > 0 => format!(
-            ", latency last {:.1} ms mean {:.1} ms",
+            ", batch latency last {:.1} ms mean {:.1} ms",
             l.as_secs_f64() * 1e3,
             s.latency.sum_secs * 1e3 / s.latency.count as f64
         ),
         _ => String::new(),
     };
     format!(
-        "sink {}: {} windows delivered, {} rejected, {} dropped (--spool-size), {} attempts, {} \
-         retries{latency}",
-        s.name, s.delivered, s.rejected, s.dropped, s.attempts, s.retries
+        "sink {}: {} windows delivered in {} batches, {} rejected, {} dropped (--spool-size), {} \
+         attempts, {} retries{latency}",
+        s.name, s.delivered, s.batches, s.rejected, s.dropped, s.attempts, s.retries
     )
 }
 

@@ -492,84 +492,123 @@ impl ClickHouseSink {
         Ok(())
     }
 
-    fn stored(&self, l: &LabelRow) -> Result<bool, Failure> {
+    /// Which of `labels` have their commit record already: one query for the batch.
+    fn stored(&self, labels: &[LabelRow]) -> Result<HashSet<(String, String)>, Failure> {
+        let list = |f: fn(&LabelRow) -> &str| {
+            let mut v: Vec<&str> = labels.iter().map(f).collect();
+            v.sort_unstable();
+            v.dedup();
+            v.into_iter().map(quote).collect::<Vec<_>>().join(", ")
+        };
+        let from = labels.iter().map(|l| l.window_start).min().unwrap_or(0);
+        let to = labels.iter().map(|l| l.window_start).max().unwrap_or(0);
+        // The sort key's prefix (service, host, time) narrows the scan; ids pick the rows.
         let sql = format!(
-            "SELECT count() FROM rsprof_windows WHERE service_name = {} AND host = {} AND \
-             window_start = toDateTime({}) AND window_id = {}",
-            quote(&l.service_name),
-            quote(&l.host),
-            l.window_start,
-            quote(&l.window_id)
+            "SELECT host, window_id FROM rsprof_windows WHERE service_name IN ({}) AND host IN \
+             ({}) AND window_start >= toDateTime({from}) AND window_start <= toDateTime({to}) \
+             AND window_id IN ({}) FORMAT JSONEachRow",
+            list(|l| &l.service_name),
+            list(|l| &l.host),
+            list(|l| &l.window_id)
         );
-        Ok(self.client.run(&sql, None)?.trim() != "0")
+        #[derive(Deserialize)]
+        struct Key {
+            host: String,
+            window_id: String,
+        }
+        let keys: Vec<Key> = json_rows(&self.client.run(&sql, None)?)
+            .map_err(|e| Failure::Transient(e.context("reading stored windows")))?;
+        Ok(keys.into_iter().map(|k| (k.host, k.window_id)).collect())
     }
 
     fn insert(&self, table: &str, rows: &[u8]) -> Result<(), Failure> {
         self.client.run(&format!("INSERT INTO {table} FORMAT JSONEachRow"), Some(rows)).map(drop)
     }
 
-    fn deliver_rows(&mut self, w: &WindowRows, stacks: &Stacks) -> Result<(), Failure> {
+    /// Inserts the windows of `batch` not stored yet: one existence check, then one insert
+    /// per table for all of them (ClickHouse makes a data part per insert, so fewer, larger
+    /// inserts are what keeps it merging), the commit records last.
+    fn deliver_rows(&mut self, batch: &[&WindowRows], stacks: &Stacks) -> Result<(), Failure> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         let ttl = self.ensure_schema()?;
         if !ttl {
             self.retention()?;
         }
-        let labels = LabelRow::of(&w.meta);
-        if self.stored(&labels)? {
-            self.stats.already_stored += 1;
+        let labels: Vec<LabelRow> = batch.iter().map(|w| LabelRow::of(&w.meta)).collect();
+        let stored = self.stored(&labels)?;
+        let new: Vec<(&WindowRows, &LabelRow)> = (batch.iter().copied().zip(&labels))
+            .filter(|(_, l)| !stored.contains(&(l.host.clone(), l.window_id.clone())))
+            .collect();
+        self.stats.already_stored += (batch.len() - new.len()) as u64;
+        if new.is_empty() {
             return Ok(());
         }
         // Midnight UTC as a DateTime: 18.16 reads a Date from JSON only as "YYYY-MM-DD".
-        let day = labels.window_start / 86_400 * 86_400;
-        let mut used: Vec<u64> = (w.rows.iter().map(|r| r.stack))
-            .filter(|&h| h != 0 && !self.sent_stacks.contains(&(day, h)))
+        let mut used: Vec<(u64, u64)> = (new.iter())
+            .flat_map(|(w, l)| {
+                let day = l.window_start / 86_400 * 86_400;
+                w.rows.iter().map(move |r| (day, r.stack))
+            })
+            .filter(|&(day, h)| h != 0 && !self.sent_stacks.contains(&(day, h)))
             .collect();
         used.sort_unstable();
         used.dedup();
-        let stack_rows = used
-            .iter()
-            .filter_map(|h| Some(StackRow::of(day, *h, stacks.get(h)?)))
+        let stack_rows = (used.iter())
+            .filter_map(|&(day, h)| Some(StackRow::of(day, h, stacks.get(&h)?)))
             .collect::<Vec<_>>();
         if !stack_rows.is_empty() {
             self.insert("rsprof_stacks", &json_lines(&stack_rows))?;
             if self.sent_stacks.len() + used.len() > SENT_STACKS_MAX {
                 self.sent_stacks.clear();
             }
-            self.sent_stacks.extend(used.iter().map(|&h| (day, h)));
+            self.sent_stacks.extend(used.iter().copied());
         }
-        let samples = w.rows.iter().map(|r| SampleRow {
-            labels: &labels,
-            tid: r.tid,
-            thread_name: &r.thread,
-            stack_hash: r.stack,
-            samples: r.samples,
-            cpu_ns: r.cpu_ns,
-            off_cpu_ns: r.off_cpu_ns,
+        let samples = new.iter().flat_map(|&(w, labels)| {
+            w.rows.iter().map(move |r| SampleRow {
+                labels,
+                tid: r.tid,
+                thread_name: &r.thread,
+                stack_hash: r.stack,
+                samples: r.samples,
+                cpu_ns: r.cpu_ns,
+                off_cpu_ns: r.off_cpu_ns,
+            })
         });
-        if !w.rows.is_empty() {
+        let sample_rows: usize = new.iter().map(|(w, _)| w.rows.len()).sum();
+        if sample_rows > 0 {
             self.insert("rsprof_samples", &json_lines(samples))?;
         }
-        let window = WindowRow {
-            labels: &labels,
+        let windows = new.iter().map(|&(w, labels)| WindowRow {
+            labels,
             samples: w.rows.iter().map(|r| r.samples).sum(),
             sample_rows: w.rows.len() as u64,
             period_ns: w.period_ns.max(0) as u64,
-        };
-        self.insert("rsprof_windows", &json_lines([window]))?;
-        self.stats.inserted += 1;
-        self.stats.sample_rows += w.rows.len() as u64;
+        });
+        self.insert("rsprof_windows", &json_lines(windows))?;
+        self.stats.inserted += new.len() as u64;
+        self.stats.sample_rows += sample_rows as u64;
         self.stats.stack_rows += stack_rows.len() as u64;
         Ok(())
     }
 
-    /// Delivers a window already in row form (what `deliver` does after decoding).
-    pub fn deliver_window(&mut self, w: &WindowRows, stacks: &Stacks) -> Result<(), SinkError> {
-        self.deliver_rows(w, stacks).map_err(|f| {
-            if matches!(&f, Failure::Refused { code: Some(UNKNOWN_TABLE), .. }) {
-                self.schema = None;
-                self.sent_stacks.clear();
-            }
-            f.into_sink_error()
-        })
+    /// Delivers windows already in row form (what `deliver_batch` does after decoding), all
+    /// or none: one result for the batch.
+    pub fn deliver_windows(
+        &mut self,
+        batch: &[&WindowRows],
+        stacks: &Stacks,
+    ) -> Result<(), SinkError> {
+        self.deliver_rows(batch, stacks).map_err(|f| self.failed(f))
+    }
+
+    fn failed(&mut self, f: Failure) -> SinkError {
+        if matches!(&f, Failure::Refused { code: Some(UNKNOWN_TABLE), .. }) {
+            self.schema = None;
+            self.sent_stacks.clear();
+        }
+        f.into_sink_error()
     }
 }
 
@@ -580,11 +619,49 @@ impl RemoteSink for ClickHouseSink {
 
     fn deliver(&mut self, meta: &WindowMeta, pprof_gz: &[u8]) -> Result<(), SinkError> {
         let mut stacks = Stacks::new();
-        let w = rows::read_pprof_gz(pprof_gz)
-            .and_then(|p| rows::from_pprof(meta.clone(), &p, &mut stacks))
-            .map_err(|e| SinkError::Reject(e.context(format!("window {}", meta.window_id))))?;
-        self.deliver_window(&w, &stacks)
+        let w = decode(meta, pprof_gz, &mut stacks)?;
+        self.deliver_windows(&[&w], &stacks)
     }
+
+    fn deliver_batch(&mut self, windows: &[(WindowMeta, Vec<u8>)]) -> Vec<Result<(), SinkError>> {
+        let mut stacks = Stacks::new();
+        let decoded: Vec<Result<WindowRows, SinkError>> =
+            windows.iter().map(|(meta, gz)| decode(meta, gz, &mut stacks)).collect();
+        let good: Vec<&WindowRows> = decoded.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let batch = match self.deliver_rows(&good, &stacks) {
+            Ok(()) => Ok(()),
+            // One refused window must not take the others with it: find it, one at a time.
+            Err(Failure::Refused { code, .. }) if good.len() > 1 && code != Some(UNKNOWN_TABLE) => {
+                return (decoded.into_iter())
+                    .map(|r| r.and_then(|w| self.deliver_windows(&[&w], &stacks)))
+                    .collect();
+            }
+            Err(f) => Err(self.failed(f)),
+        };
+        let copy = |e: &SinkError| match e {
+            SinkError::Retry(e) => SinkError::Retry(anyhow!("{e:#}")),
+            SinkError::Reject(e) => SinkError::Reject(anyhow!("{e:#}")),
+        };
+        (decoded.into_iter())
+            .map(|r| match (&batch, r) {
+                (_, Err(e)) => Err(e),
+                (Ok(()), Ok(_)) => Ok(()),
+                (Err(e), Ok(_)) => Err(copy(e)),
+            })
+            .collect()
+    }
+}
+
+/// A spooled window's rows, its stacks added to `stacks`; a window that does not decode is
+/// rejected (sending it again would not help).
+fn decode(
+    meta: &WindowMeta,
+    pprof_gz: &[u8],
+    stacks: &mut Stacks,
+) -> Result<WindowRows, SinkError> {
+    rows::read_pprof_gz(pprof_gz)
+        .and_then(|p| rows::from_pprof(meta.clone(), &p, stacks))
+        .map_err(|e| SinkError::Reject(e.context(format!("window {}", meta.window_id))))
 }
 
 /// The SQL conditions of a selection on the label columns (samples and windows tables).
@@ -817,9 +894,9 @@ mod tests {
         // A crash after the rows were inserted, before the commit record: rows without it.
         let client = Client::new(&url, Duration::from_secs(30)).unwrap();
         sink.ensure_schema().map_err(Failure::into_error).unwrap();
-        let labels = LabelRow::of(&meta);
+        let row_labels = LabelRow::of(&meta);
         let samples = w.rows.iter().map(|r| SampleRow {
-            labels: &labels,
+            labels: &row_labels,
             tid: r.tid,
             thread_name: &r.thread,
             stack_hash: r.stack,
@@ -845,9 +922,72 @@ mod tests {
         assert_eq!(sorted(windows[0].rows.clone()), sorted(w.rows.clone()), "read once each");
         // After merging, the table itself holds them once.
         server.query("OPTIMIZE TABLE rsprof_samples FINAL").unwrap();
-        let raw: usize =
-            server.query("SELECT count() FROM rsprof_samples").unwrap().trim().parse().unwrap();
-        assert_eq!(raw, n);
+        let count = |table: &str| -> usize {
+            server.query(&format!("SELECT count() FROM {table}")).unwrap().trim().parse().unwrap()
+        };
+        assert_eq!(count("rsprof_samples"), n);
+
+        // A batch: the window above (stored), a window delivered alone, and two whose batch
+        // was interrupted after its samples insert, before the commit records.
+        let a = window(t + 10_000, labels("h2", "svc", "app", None));
+        sink.deliver(&a.0, &a.1).unwrap();
+        let (b, c) = (
+            window(t, labels("h3", "svc", "app", None)),
+            window(t, labels("h4", "db", "pg", None)),
+        );
+        let partial: Vec<u8> = [&b, &c]
+            .iter()
+            .flat_map(|(m, _)| {
+                let labels = LabelRow::of(m);
+                json_lines(w.rows.iter().map(|r| SampleRow {
+                    labels: &labels,
+                    tid: r.tid,
+                    thread_name: &r.thread,
+                    stack_hash: r.stack,
+                    samples: r.samples,
+                    cpu_ns: r.cpu_ns,
+                    off_cpu_ns: r.off_cpu_ns,
+                }))
+            })
+            .collect();
+        client.run("INSERT INTO rsprof_samples FORMAT JSONEachRow", Some(&partial)).ok().unwrap();
+        assert_eq!(read_windows(&url, &all()).unwrap().0.len(), 2, "b and c not shown yet");
+        let batch = vec![(meta.clone(), gz.clone()), a.clone(), b.clone(), c.clone()];
+        let before = sink.stats;
+        let results = sink.deliver_batch(&batch);
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert_eq!(sink.stats.inserted - before.inserted, 2, "b and c inserted");
+        assert_eq!(sink.stats.already_stored - before.already_stored, 2, "the first two skipped");
+        // The batch again, as after a crash before the spool recorded its delivery.
+        let results = sink.deliver_batch(&batch);
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert_eq!(sink.stats.inserted - before.inserted, 2);
+        assert_eq!(sink.stats.already_stored - before.already_stored, 6);
+        assert_eq!(count("rsprof_samples"), 4 * n + 2 * n, "b's and c's rows twice until merged");
+        assert_eq!(count("rsprof_windows"), 4, "one commit record each");
+        let (windows, _) = read_windows(&url, &all()).unwrap();
+        let mut hosts: Vec<&str> = windows.iter().map(|w| w.meta.labels.host.as_str()).collect();
+        hosts.sort_unstable();
+        assert_eq!(hosts, ["h1", "h2", "h3", "h4"]);
+        for got in &windows {
+            assert_eq!(
+                sorted(got.rows.clone()),
+                sorted(w.rows.clone()),
+                "{}",
+                got.meta.labels.host
+            );
+        }
+        server.query("OPTIMIZE TABLE rsprof_samples FINAL").unwrap();
+        assert_eq!(count("rsprof_samples"), 4 * n);
+
+        // A window that does not decode is rejected alone; the rest of its batch goes in.
+        let d = window(t + 20_000, labels("h5", "svc", "app", None));
+        let e = window(t + 20_000, labels("h6", "svc", "app", None));
+        let results = sink.deliver_batch(&[d.clone(), (e.0.clone(), b"not gzip".to_vec()), b]);
+        assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+        assert!(matches!(results[1], Err(SinkError::Reject(_))), "{results:?}");
+        let (windows, _) = read_windows(&url, &all()).unwrap();
+        assert_eq!(windows.len(), 5, "d added, e rejected");
     }
 
     #[test]

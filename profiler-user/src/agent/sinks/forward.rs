@@ -1,8 +1,9 @@
 //! The forwarder: one thread per remote sink hands it the spooled windows, oldest first.
 //!
 //! The agent's writer thread spools every window ([`Queue::write`]) and wakes the forwarders.
-//! Each takes the oldest window its sink is not done with, reads it from disk (so memory holds
-//! one window per sink, whatever the backlog), and delivers it: `Retry` errors are retried
+//! Each takes the oldest windows its sink is not done with (up to [`BATCH_MAX`]), reads them
+//! from disk (so memory holds one batch per sink, whatever the backlog), and delivers them
+//! together ([`RemoteSink::deliver_batch`], a result per window): `Retry` errors are retried
 //! with capped exponential backoff and jitter until the server takes it or the spool deletes
 //! it for size (dropped, counted); `Reject`ed windows are not sent again (counted, the first
 //! error of each kind logged with the server's message). On stop, the forwarders get a
@@ -33,10 +34,14 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Upper bounds (seconds) of the delivery latency histogram's buckets (Prometheus' defaults).
 pub const LATENCY_BUCKETS: [f64; 11] =
     [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Windows handed to a sink at once (the oldest pending): a sink that batches sends them in
+/// one request (ClickHouse: one insert per table, where one per window made a data part per
+/// process and window), so a backlog after an outage drains quickly too.
+pub const BATCH_MAX: usize = 64;
 /// Distinct reject kinds logged per sink; more are only counted.
 const LOGGED_KINDS: usize = 32;
 
-/// Delivery latencies of successful attempts, as a cumulative-ready histogram.
+/// Latencies of successful batch deliveries, as a cumulative-ready histogram.
 #[derive(Clone, Debug, Default)]
 pub struct LatencyHistogram {
     /// Per bucket of [`LATENCY_BUCKETS`] (not cumulative), then the +Inf bucket.
@@ -59,10 +64,12 @@ impl LatencyHistogram {
 #[derive(Clone, Debug, Default)]
 pub struct SinkStats {
     pub name: &'static str,
-    /// Delivery attempts, successful or not.
+    /// Window delivery attempts, successful or not.
     pub attempts: u64,
+    /// Batches handed to the sink (`deliver_batch` calls).
+    pub batches: u64,
     pub delivered: u64,
-    /// Attempts that failed with a retryable error.
+    /// Window attempts that failed with a retryable error.
     pub retries: u64,
     pub rejected: u64,
     /// Windows the sink never had: deleted for `--spool-size` first, or unreadable.
@@ -182,17 +189,18 @@ fn forward(q: &Queue, idx: usize, mut sink: Box<dyn RemoteSink>, msgs: Messages)
     let name = sink.name();
     let mut logged: HashSet<String> = HashSet::new();
     let mut failing_since: Option<u64> = None;
-    // Kept across windows: a server that is down stays backed off from.
+    // Kept across batches: a server that is down stays backed off from.
     let mut backoff = MIN_BACKOFF;
     loop {
-        let stem = {
+        let stems = {
             let mut st = q.lock();
             loop {
                 if st.deadline.is_some_and(|d| Instant::now() >= d) {
                     return;
                 }
-                if let Some(stem) = st.spool.next_pending(idx) {
-                    break stem;
+                let stems = st.spool.pending(idx, BATCH_MAX);
+                if !stems.is_empty() {
+                    break stems;
                 }
                 if st.deadline.is_some() {
                     return;
@@ -200,80 +208,102 @@ fn forward(q: &Queue, idx: usize, mut sink: Box<dyn RemoteSink>, msgs: Messages)
                 st = q.wake.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let window = {
+        let mut batch: Vec<(String, (WindowMeta, Vec<u8>))> = Vec::new();
+        for stem in stems {
             let (labels, profile) = q.lock().spool.paths(&stem);
-            read_window(&labels, &profile)
-        };
-        let (meta, pprof_gz) = match window {
-            Ok(w) => w,
-            Err(e) => {
-                msgs.warn(format_args!("{name}: spooled window {stem} unreadable, dropped: {e:#}"));
-                let _ = q.lock().spool.finish(idx, &stem, false);
-                continue;
+            match read_window(&labels, &profile) {
+                Ok(w) => batch.push((stem, w)),
+                Err(e) => {
+                    msgs.warn(format_args!(
+                        "{name}: spooled window {stem} unreadable, dropped: {e:#}"
+                    ));
+                    let _ = q.lock().spool.finish(idx, &stem, false);
+                }
             }
-        };
-        loop {
+        }
+        while !batch.is_empty() {
+            let (stems, windows): (Vec<String>, Vec<(WindowMeta, Vec<u8>)>) =
+                std::mem::take(&mut batch).into_iter().unzip();
             let t = Instant::now();
-            let r = sink.deliver(&meta, &pprof_gz);
+            let results = sink.deliver_batch(&windows);
             let took = t.elapsed();
+            // A window without a result stays pending and is handed over again.
+            debug_assert_eq!(results.len(), windows.len(), "{name}: one result per window");
             let mut st = q.lock();
+            let mut failed: Option<anyhow::Error> = None;
+            let mut finished = Vec::new();
+            let mut ok = 0;
             let stats = &mut st.stats[idx];
-            stats.attempts += 1;
-            let done = match r {
-                Ok(()) => {
-                    backoff = MIN_BACKOFF;
-                    stats.delivered += 1;
-                    stats.last_latency = Some(took);
-                    stats.latency.observe(took);
-                    if let Some(n) = failing_since.take() {
-                        let n = stats.retries - n;
-                        msgs.info(format_args!("{name}: delivering again after {n} retries"));
+            stats.batches += 1;
+            stats.attempts += windows.len() as u64;
+            for ((stem, w), r) in stems.into_iter().zip(windows).zip(results) {
+                match r {
+                    Ok(()) => {
+                        stats.delivered += 1;
+                        ok += 1;
+                        finished.push(stem);
                     }
-                    true
+                    Err(SinkError::Reject(e)) => {
+                        stats.rejected += 1;
+                        let kind = sink.error_kind(&e);
+                        if logged.len() < LOGGED_KINDS && logged.insert(kind) {
+                            msgs.warn(format_args!(
+                                "{name}: window {stem} rejected, not retried (further \
+                                 rejections of this kind only counted): {e:#}"
+                            ));
+                        }
+                        finished.push(stem);
+                    }
+                    Err(SinkError::Retry(e)) => {
+                        stats.retries += 1;
+                        failed.get_or_insert(e);
+                        batch.push((stem, w));
+                    }
                 }
-                Err(SinkError::Reject(e)) => {
-                    stats.rejected += 1;
-                    let kind = sink.error_kind(&e);
-                    if logged.len() < LOGGED_KINDS && logged.insert(kind) {
-                        msgs.warn(format_args!(
-                            "{name}: window {stem} rejected, not retried (further rejections \
-                             of this kind only counted): {e:#}"
-                        ));
-                    }
-                    true
-                }
-                Err(SinkError::Retry(e)) => {
-                    stats.retries += 1;
-                    if failing_since.is_none() {
-                        failing_since = Some(stats.retries - 1);
-                        msgs.warn(format_args!(
-                            "{name}: delivery failed, windows wait in the spool and are retried \
-                             with backoff: {e:#}"
-                        ));
-                    }
-                    if !st.spool.contains(&stem) {
-                        // Deleted for --spool-size meanwhile: the sink will never have it.
-                        let _ = st.spool.finish(idx, &stem, false);
-                        break;
-                    }
-                    if st.deadline.is_some() {
-                        // Stopping: the server is down, leave the rest spooled.
-                        return;
-                    }
-                    let wait = jitter(backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    let (st, _) = q.wake.wait_timeout(st, wait).unwrap_or_else(|p| p.into_inner());
-                    if st.deadline.is_some_and(|d| Instant::now() >= d) {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            debug_assert!(done);
-            if let Err(e) = st.spool.finish(idx, &stem, true) {
-                msgs.warn(format_args!("{name}: {e:#}"));
             }
-            break;
+            if ok > 0 {
+                // One delivery for the batch: its latency, once.
+                stats.last_latency = Some(took);
+                stats.latency.observe(took);
+                backoff = MIN_BACKOFF;
+                if let Some(n) = failing_since.take() {
+                    let n = stats.retries - n;
+                    msgs.info(format_args!("{name}: delivering again after {n} retries"));
+                }
+            }
+            for stem in &finished {
+                if let Err(e) = st.spool.finish(idx, stem, true) {
+                    msgs.warn(format_args!("{name}: {e:#}"));
+                }
+            }
+            let Some(e) = failed else { continue };
+            if failing_since.is_none() {
+                failing_since = Some(st.stats[idx].retries - batch.len() as u64);
+                msgs.warn(format_args!(
+                    "{name}: delivery failed, windows wait in the spool and are retried with \
+                     backoff: {e:#}"
+                ));
+            }
+            // Deleted for --spool-size meanwhile: the sink will never have them.
+            let (kept, gone): (Vec<_>, Vec<_>) =
+                batch.into_iter().partition(|(stem, _)| st.spool.contains(stem));
+            for (stem, _) in gone {
+                let _ = st.spool.finish(idx, &stem, false);
+            }
+            batch = kept;
+            if batch.is_empty() {
+                break;
+            }
+            if st.deadline.is_some() {
+                // Stopping: the server is down, leave the rest spooled.
+                return;
+            }
+            let wait = jitter(backoff);
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            let (st, _) = q.wake.wait_timeout(st, wait).unwrap_or_else(|p| p.into_inner());
+            if st.deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
         }
     }
 }

@@ -41,6 +41,23 @@ pub trait RemoteSink: Send {
     /// once the server has it. Must be idempotent per `(meta.labels.host, meta.window_id)`.
     fn deliver(&mut self, meta: &WindowMeta, pprof_gz: &[u8]) -> Result<(), SinkError>;
 
+    /// Delivers several windows, oldest first: one result per window, in order. Sinks that
+    /// can send many windows in one request override it (ClickHouse: one insert per table
+    /// instead of one per window). By default one `deliver` each, stopping at the first
+    /// retryable failure (the server is likely down: the rest are not attempted, and retried).
+    fn deliver_batch(&mut self, windows: &[(WindowMeta, Vec<u8>)]) -> Vec<Result<(), SinkError>> {
+        let mut out = Vec::with_capacity(windows.len());
+        for (meta, pprof_gz) in windows {
+            if out.iter().any(|r| matches!(r, Err(SinkError::Retry(_)))) {
+                let e = anyhow::anyhow!("not attempted after an earlier window failed");
+                out.push(Err(SinkError::Retry(e)));
+            } else {
+                out.push(self.deliver(meta, pprof_gz));
+            }
+        }
+        out
+    }
+
     /// What kind of rejection `e` is: the forwarder logs the first rejection of each kind
     /// only. By default its message up to the first `": "` (e.g. `HTTP 400 Bad Request`).
     fn error_kind(&self, e: &anyhow::Error) -> String {
