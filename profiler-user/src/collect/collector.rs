@@ -153,7 +153,9 @@ impl<S: SampleSink> Collector<S> {
             MapKind::ExeText { dev, inode, path } => {
                 let ident = (*dev, *inode);
                 let module = self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, true);
-                self.processes.entry(m.pid).exe_module = Some(module);
+                let p = self.processes.entry(m.pid);
+                p.exe_module = Some(module);
+                p.meta.exe.clone_from(&self.modules.get(module).path);
                 self.modules.loaded_code(module, LoadedAt::LowestCode(m.start))
             }
             MapKind::Interp => {
@@ -267,11 +269,14 @@ impl<S: SampleSink> Collector<S> {
                 th.start = Some(t.time);
                 th.observe_name(&t.comm);
             }
-            TaskKind::Exec { argv, mm, vdso, .. } => {
+            TaskKind::Exec { argv, truncated, mm, vdso } => {
                 p.meta.name.clone_from(&t.comm);
+                // Empty when the kernel could not read it: keep what was known.
                 if !argv.is_empty() {
                     p.meta.argv = argv;
+                    p.meta.argv_truncated = truncated;
                 }
+                p.meta.exe.clear();
                 // A new image: the executable and interpreter the ELF loader mapped follow in
                 // their own records, libraries in mmap records.
                 p.space = Default::default();
@@ -329,6 +334,7 @@ fn first_sight(
         let (comm, argv) = procfs::read_identity(pid);
         p.meta.name = comm;
         p.meta.argv = argv;
+        p.meta.exe = procfs::read_exe(pid).unwrap_or_default();
     }
     first_sight_space(pid, p, modules, stats);
 }

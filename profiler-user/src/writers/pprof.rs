@@ -6,7 +6,7 @@
 //! period when that is unknown) — plus `off_cpu`/`nanoseconds`, the time spent blocked, when
 //! the recording has off-CPU samples (`--off-cpu`, `--mode wall`; those count as no CPU
 //! sample) — and labels saying whose it is: `pid`, `tid` (numbers), `process`, `thread`
-//! (strings), `container_runtime`/`container_id` or `service`, and `pod_uid`/`pod_qos`, when
+//! (strings), `cmdline` (argv, shell-quoted) and `exe`, `container_runtime`/`container_id` or `service`, and `pod_uid`/`pod_qos`, when
 //! known; an agent adds its own (`service_name`, `host`, …).
 //! The idle tasks are kept as process `[idle]`, threads `swapper/N`, with a `cpu` string label
 //! and no pid/tid (0, which readers take for no label), so they can be filtered out
@@ -219,7 +219,14 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        let container = thread.pid().and_then(|p| ctx.processes.get(&p)?.container.as_ref());
+        let meta = thread.pid().and_then(|p| ctx.processes.get(&p));
+        if let Some(m) = meta.filter(|m| !m.argv.is_empty()) {
+            strs.push(("cmdline", m.command_line()));
+        }
+        if let Some(m) = meta.filter(|m| !m.exe.is_empty()) {
+            strs.push(("exe", m.exe.clone()));
+        }
+        let container = meta.and_then(|m| m.container.as_ref());
         if let Some(c) = container {
             if c.is_container() {
                 strs.push(("container_runtime", c.runtime.name().to_owned()));
@@ -454,6 +461,8 @@ mod tests {
         assert_eq!((r.num_label(m, "pid"), r.num_label(m, "tid")), (Some(100), Some(100)));
         assert_eq!(r.str_label(m, "process"), Some("app"));
         assert_eq!(r.str_label(m, "thread"), Some("app"));
+        assert_eq!(r.str_label(m, "cmdline"), Some("app --serve 'port 80'"));
+        assert_eq!(r.str_label(m, "exe"), Some("/opt/app/bin/app"));
         assert_eq!(r.str_label(m, "container_runtime"), Some("docker"));
         assert_eq!(r.str_label(m, "container_id"), Some("3f2a9c1b0d4e"));
         let label = r.location(m.location_id[0]);

@@ -99,6 +99,8 @@ pub fn processes() -> ProcessesMeta {
     let thread = |name: &str| ThreadMeta { name: name.into(), ..Default::default() };
     let app = ProcessMeta {
         name: "app".into(),
+        exe: "/opt/app/bin/app".into(),
+        argv: vec!["app".into(), "--serve".into(), "port 80".into()],
         threads: HashMap::from([(Tid(100), thread("app")), (Tid(101), thread("worker;1"))]),
         container: Some(Identity {
             runtime: Runtime::Docker,
