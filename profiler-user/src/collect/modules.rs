@@ -29,9 +29,20 @@ pub struct Module {
     pub open_path: Option<PathBuf>,
     /// Keeps `open_path` valid when it is `/proc/self/fd/N`.
     _file: Option<File>,
+    /// GNU build-id of the file, read when it was first opened.
+    pub build_id: Option<Vec<u8>>,
 }
 
 impl Module {
+    /// Reads the build-id from the held file, else from `open_path`.
+    fn read_build_id(&mut self) {
+        self.build_id = match (&self._file, &self.open_path) {
+            (Some(f), _) => super::buildid::read(f),
+            (None, Some(p)) => File::open(p).ok().and_then(|f| super::buildid::read(&f)),
+            (None, None) => None,
+        };
+    }
+
     /// Where to read the file now: its path while that still names the file that was mapped,
     /// else the handle held on it.
     pub fn readable_path(&self) -> Option<PathBuf> {
@@ -143,7 +154,9 @@ impl ModuleTable {
             return id;
         }
         let id = ModuleId(self.modules.len() as u32);
-        self.modules.push(make());
+        let mut m = make();
+        m.read_build_id();
+        self.modules.push(m);
         self.by_key.insert(key, id);
         id
     }
@@ -238,6 +251,7 @@ impl ModuleTable {
                 path: interp,
                 open_path: Some(fd_path),
                 _file: Some(file),
+                build_id: None,
             }
         });
         self.by_file.entry((dev, meta.ino())).or_insert(id);
@@ -251,6 +265,7 @@ impl ModuleTable {
             name: "[vdso]".into(),
             open_path: vdso_image(),
             _file: None,
+            build_id: None,
         })
     }
 
@@ -261,6 +276,7 @@ impl ModuleTable {
             name: "[anon]".into(),
             open_path: None,
             _file: None,
+            build_id: None,
         })
     }
 
@@ -313,6 +329,7 @@ impl ModuleTable {
             use std::os::fd::AsRawFd as _;
             m.open_path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
             m._file = Some(f);
+            m.read_build_id();
         }
         id
     }
@@ -360,11 +377,11 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
     let path = m.path.clone();
     let name = file_name(&path);
     if path == "[vdso]" {
-        return Module { open_path: vdso_image(), path, name, _file: None };
+        return Module { open_path: vdso_image(), path, name, _file: None, build_id: None };
     }
     if m.inode == 0 {
         // [anon:...] and other pseudo mappings have no file.
-        return Module { path, name, open_path: None, _file: None };
+        return Module { path, name, open_path: None, _file: None, build_id: None };
     }
     // Prefer the plain path when it is the very same file (debug-link lookups work relative
     // to it); otherwise hold the process's own handle on the mapped file.
@@ -377,7 +394,13 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
         let held = File::open(&path)
             .ok()
             .filter(|f| f.metadata().is_ok_and(|h| h.ino() == meta.ino() && h.dev() == meta.dev()));
-        return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: held };
+        return Module {
+            open_path: Some(PathBuf::from(&path)),
+            path,
+            name,
+            _file: held,
+            build_id: None,
+        };
     }
     open_map_file(pid, m)
 }
@@ -394,9 +417,9 @@ fn open_map_file(pid: Pid, m: &MapsLine) -> Module {
         {
             use std::os::fd::AsRawFd as _;
             let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-            Module { path, name, open_path: Some(fd_path), _file: Some(f) }
+            Module { path, name, open_path: Some(fd_path), _file: Some(f), build_id: None }
         }
-        _ => Module { path, name, open_path: None, _file: None },
+        _ => Module { path, name, open_path: None, _file: None, build_id: None },
     }
 }
 
@@ -472,16 +495,8 @@ pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpa
         .into_iter()
         .filter(|m| m.exec)
         .map(|m| {
-            let module = if m.path.is_empty() {
-                modules.intern((0, 0, "[anon]".into()), || Module {
-                    path: "[anon]".into(),
-                    name: "[anon]".into(),
-                    open_path: None,
-                    _file: None,
-                })
-            } else {
-                modules.module_for(pid, &m)
-            };
+            let module =
+                if m.path.is_empty() { modules.anon() } else { modules.module_for(pid, &m) };
             Mapping { start: m.start, end: m.end, file_offset: m.offset, module }
         })
         .collect();
@@ -567,6 +582,10 @@ mod tests {
         let full = MappedPath { path: exe.display().to_string(), complete: true };
         let a = mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &full, false);
         assert_eq!(mods.get(a).open_path.as_deref(), Some(exe.as_path()));
+        // Its build-id was read when it was opened.
+        let own = crate::collect::buildid::read(&File::open(&exe).unwrap());
+        assert!(own.is_some(), "the test binary has a build-id");
+        assert_eq!(mods.get(a).build_id, own);
         // A cut walk finds the same file by (dev, inode).
         let name = exe.file_name().unwrap().to_string_lossy().into_owned();
         let cut = MappedPath { path: name, complete: false };

@@ -4,7 +4,10 @@
 
 pub mod output;
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::Result;
 
@@ -25,7 +28,10 @@ use crate::{
         codec::{MarkerField, StoredEvent, StoredMarker},
         snapshot::{StoreSnapshot, read_events},
     },
-    symbolize::{ModuleSource, SymbolizeErrors, Symbols, module_sources, name_labels, symbolize},
+    symbolize::{
+        ModuleSource, SymbolizeErrors, Symbols, module_build_ids, module_sources, name_labels,
+        symbolize,
+    },
     writers::{
         EventSink, Format, ProfileContext,
         summary::{ProfileStats, SummaryCounts},
@@ -135,6 +141,7 @@ impl ExportJob {
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) = (self.snapshot.unique_frames())
             .into_iter()
             .partition(|a| matches!(a, FrameAddr::Label { .. }));
+        let build_ids = module_build_ids(&self.modules);
         let (mut symbols, symbolize_errors) = symbolize(addrs, self.modules)?;
         name_labels(&mut symbols, &labels, &self.processes);
         let me = Pid(std::process::id());
@@ -155,7 +162,7 @@ impl ExportJob {
                 format,
                 &self.snapshot,
                 &self.processes,
-                &symbols,
+                (&symbols, &build_ids),
                 &self.info,
                 &self.marker_schemas,
                 &self.open,
@@ -172,6 +179,8 @@ pub struct Symbolized {
     pub snapshot: StoreSnapshot,
     pub processes: ProcessesMeta,
     pub symbols: Symbols,
+    /// Build-ids by module name (see `module_build_ids`).
+    pub build_ids: HashMap<String, String>,
     pub info: RecordingInfo,
     pub errors: SymbolizeErrors,
 }
@@ -199,6 +208,7 @@ impl ExportJob {
         frames.dedup();
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
+        let build_ids = module_build_ids(&self.modules);
         let (mut symbols, errors) = match service {
             Some(s) => s.symbolize(addrs, self.modules)?,
             None => symbolize(addrs, self.modules)?,
@@ -208,6 +218,7 @@ impl ExportJob {
             snapshot: self.snapshot,
             processes: self.processes,
             symbols,
+            build_ids,
             info: self.info,
             errors,
         })
@@ -216,7 +227,9 @@ impl ExportJob {
 
 impl Symbolized {
     pub fn stacks(&self) -> SymbolizedStacks {
-        SymbolizedStacks::new(&self.snapshot.stacks, &self.symbols)
+        let mut stacks = SymbolizedStacks::new(&self.snapshot.stacks, &self.symbols);
+        stacks.module_build_ids.clone_from(&self.build_ids);
+        stacks
     }
 
     /// Hands every event to `sinks`; returns what could not be read.
@@ -233,14 +246,15 @@ pub fn write_profile(
     format: Format,
     snapshot: &StoreSnapshot,
     processes: &ProcessesMeta,
-    symbols: &Symbols,
+    (symbols, build_ids): (&Symbols, &HashMap<String, String>),
     info: &RecordingInfo,
     marker_schemas: &[MarkerSchema],
     open: &[(ThreadKey, Marker)],
     empty_note: (ThreadKey, &Marker),
     out: &mut dyn std::io::Write,
 ) -> std::io::Result<(ProfileStats, bool)> {
-    let stacks = SymbolizedStacks::new(&snapshot.stacks, symbols);
+    let mut stacks = SymbolizedStacks::new(&snapshot.stacks, symbols);
+    stacks.module_build_ids.clone_from(build_ids);
     let ctx = ProfileContext {
         info,
         stacks: &stacks,

@@ -295,6 +295,11 @@ impl<'a> Builder<'a> {
         self.mappings.push(proto::Mapping {
             id,
             filename: self.strings.id(&f.module),
+            build_id: self
+                .stacks
+                .module_build_ids
+                .get(f.module.as_str())
+                .map_or(0, |id| self.strings.id(id)),
             // Already symbolized: readers must not look for the file to do it again.
             has_functions: true,
             ..Default::default()
@@ -437,12 +442,14 @@ mod tests {
         let mapping = |l: &proto::Location| &p.mapping[l.mapping_id as usize - 1];
         let m = mapping(work);
         assert_eq!(r.s(m.filename), "app");
+        assert_eq!(r.s(m.build_id), "0123abcd");
         assert!(m.has_functions && m.has_inline_frames && m.has_line_numbers && m.has_filenames);
         let [sys] = r.sample_with(&["main", "work", "inl", "hot", "do_syscall_64"])[..] else {
             panic!()
         };
         let k = mapping(r.location(sys.location_id[0]));
         assert_eq!(r.s(k.filename), "[kernel.kallsyms]");
+        assert_eq!(k.build_id, 0, "no build-id known");
         assert!(k.has_functions && !k.has_inline_frames);
         assert_eq!(sys.location_id[1..], hot.location_id[..], "shared locations");
         assert_eq!(p.mapping.len(), 2);
