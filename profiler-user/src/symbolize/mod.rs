@@ -36,6 +36,9 @@ pub struct ModuleSource {
     pub open_path: Option<PathBuf>,
     /// GNU build-id, lower-case hex.
     pub build_id: Option<String>,
+    /// Keeps `open_path` readable when it is `/proc/self/fd/N`, even after the collector
+    /// released the module.
+    pub hold: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// Build-id of each module name, for writers whose mappings are keyed by name (profiles
@@ -67,6 +70,7 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
                 name: m.name.clone(),
                 open_path: m.readable_path(),
                 build_id: m.build_id.as_deref().map(crate::collect::buildid::hex),
+                hold: m.hold(),
             }
         })
         .collect()
