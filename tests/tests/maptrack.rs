@@ -15,7 +15,7 @@ use tests::{
     fixtures,
     gecko_schema::validate,
     harness::{Recording, output_path},
-    profile_query::{ThreadInfo, contains_path, module_name, sample_stacks, threads},
+    profile_query::{ThreadInfo, contains_path, markers, module_name, sample_stacks, threads},
 };
 
 /// Records `--all` while `workload` runs; returns the validated profile and rsprof's stderr.
@@ -116,10 +116,12 @@ fn maptrack_exec_storm_processes_have_named_stacks() {
 fn maptrack_process_living_5ms_is_named_with_frames() {
     let exe = fixtures::build("mapburn").unwrap();
     let mut pids = Vec::new();
+    // A distinctive argument, and one with a space, to find in the profile's command lines.
+    let tag = format!("--tag=argv-{}", std::process::id());
     let (profile, _, _) = record_all("five_ms", || {
         // Several, so that some are sampled (5 ms at 999 Hz is ~5 samples).
         for _ in 0..20 {
-            let mut c = Command::new(&exe).arg("5").spawn().unwrap();
+            let mut c = Command::new(&exe).args(["5", &tag, "two words"]).spawn().unwrap();
             pids.push(u64::from(c.id()));
             assert!(c.wait().unwrap().success());
         }
@@ -127,9 +129,26 @@ fn maptrack_process_living_5ms_is_named_with_frames() {
     let ts: Vec<ThreadInfo> =
         threads(&profile).into_iter().filter(|t| pids.contains(&t.pid)).collect();
     assert!(ts.len() >= 15, "{} of 20 five-ms processes in the profile", ts.len());
+    // The kernel walks the real path (no symlinks), as /proc/PID/exe shows it.
+    let real_exe = std::fs::canonicalize(&exe).unwrap();
+    let want_argv = format!("{} 5 {tag} 'two words'", exe.display());
     for t in &ts {
         assert_eq!(t.process_name, "mapburn");
         assert!(t.thread["unregisterTime"].is_number(), "exit time of {}", t.pid);
+        // Exe and argv, read by the kernel at exec: /proc is gone before a 5 ms process is
+        // first looked at.
+        let ms = markers(t.thread);
+        let Some(m) = ms.iter().find(|m| m.name == "Process") else {
+            panic!(
+                "no Process marker on {}: {:?}",
+                t.pid,
+                ms.iter().map(|m| m.name).collect::<Vec<_>>()
+            )
+        };
+        assert_eq!(m.data["argv"], want_argv.as_str(), "argv of {}", t.pid);
+        assert_eq!(m.data["exe"], real_exe.to_str().unwrap(), "exe of {}", t.pid);
+        assert_eq!(m.data["pid"], t.pid);
+        assert_eq!(m.end, t.thread["unregisterTime"].as_f64(), "spans the life of {}", t.pid);
     }
     let stacks: Vec<Vec<String>> = ts.iter().flat_map(|t| sample_stacks(t.thread)).collect();
     // Where each sample ran is named: its innermost user frame is in a known mapping (an

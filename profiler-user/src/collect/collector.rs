@@ -55,6 +55,8 @@ pub struct CollectorStats {
     /// Exited processes dropped from the process table once their last stored event was
     /// recycled.
     pub forgotten_processes: u64,
+    /// Modules released: no known process maps them and no stored stack names them.
+    pub released_modules: u64,
 }
 
 pub struct Collector<S> {
@@ -66,7 +68,16 @@ pub struct Collector<S> {
     /// Samples per (process, innermost label), for samples taken under `rsprof:label_push`.
     pub label_samples: std::collections::HashMap<(Pid, LabelId), u64>,
     frames: Vec<FrameAddr>,
+    /// Processes forgotten since the module table was last swept, and when that was.
+    forgotten_since_sweep: u64,
+    last_sweep: MonoNs,
 }
+
+/// How long an exited process without stored events is kept: samples taken on other CPUs
+/// before its exit may still be in the ring buffer behind the exit record.
+pub const EXIT_GRACE_NS: u64 = 1_000_000_000;
+/// Sweeps of the module table (a pass over the stored stacks) are at least this far apart.
+pub const MODULE_SWEEP_INTERVAL_NS: u64 = 10_000_000_000;
 
 impl<S: SampleSink> Collector<S> {
     pub fn new(store: S) -> Self {
@@ -78,6 +89,8 @@ impl<S: SampleSink> Collector<S> {
             outbox: Outbox::default(),
             label_samples: Default::default(),
             frames: Vec::with_capacity(256),
+            forgotten_since_sweep: 0,
+            last_sweep: MonoNs(0),
         }
     }
 
@@ -153,7 +166,9 @@ impl<S: SampleSink> Collector<S> {
             MapKind::ExeText { dev, inode, path } => {
                 let ident = (*dev, *inode);
                 let module = self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, true);
-                self.processes.entry(m.pid).exe_module = Some(module);
+                let p = self.processes.entry(m.pid);
+                p.exe_module = Some(module);
+                p.meta.exe.clone_from(&self.modules.get(module).path);
                 self.modules.loaded_code(module, LoadedAt::LowestCode(m.start))
             }
             MapKind::Interp => {
@@ -199,8 +214,45 @@ impl<S: SampleSink> Collector<S> {
         self.store.push_sample(key, sample);
         let released = self.store.take_released_pids();
         if !released.is_empty() {
-            self.stats.forgotten_processes += self.processes.forget_exited(&released) as u64;
+            self.forget(&released);
         }
+        self.prune(s.time);
+    }
+
+    fn forget(&mut self, pids: &[Pid]) {
+        let n = self.processes.forget_exited(pids) as u64;
+        self.stats.forgotten_processes += n;
+        self.forgotten_since_sweep += n;
+    }
+
+    /// Keeps the process and module tables bounded on a host where processes come and go:
+    /// forgets exited processes that no stored event refers to, and now and then releases the
+    /// modules nothing refers to any more.
+    fn prune(&mut self, now: MonoNs) {
+        while let Some(&(exit, pid)) = self.processes.pending_exits.front() {
+            if now.0 < exit.0.saturating_add(EXIT_GRACE_NS) {
+                break;
+            }
+            self.processes.pending_exits.pop_front();
+            if !self.store.holds_pid(pid) {
+                self.forget(&[pid]);
+            }
+        }
+        if self.forgotten_since_sweep > 0
+            && now.0 >= self.last_sweep.0.saturating_add(MODULE_SWEEP_INTERVAL_NS)
+        {
+            self.sweep_modules();
+            self.last_sweep = now;
+        }
+    }
+
+    /// Releases the modules that no known process maps and no stored stack names.
+    pub fn sweep_modules(&mut self) {
+        let mut referenced = std::collections::HashSet::new();
+        self.processes.referenced_modules(&mut referenced);
+        self.store.referenced_modules(&mut referenced);
+        self.stats.released_modules += self.modules.release_unreferenced(&referenced) as u64;
+        self.forgotten_since_sweep = 0;
     }
 
     /// Updates what is known of a sampled task's process and thread, normalizes its stack
@@ -250,6 +302,10 @@ impl<S: SampleSink> Collector<S> {
             // parent's is read now, once); the kernel's records follow it from here.
             let space = self.known(parent_pid).space.clone();
             let p = self.processes.entry(t.pid);
+            if p.exited {
+                // The pid was reused: this is another process.
+                *p = Default::default();
+            }
             p.space = space;
             p.mm = mm;
             p.space_source = SpaceSource::Kernel;
@@ -267,11 +323,14 @@ impl<S: SampleSink> Collector<S> {
                 th.start = Some(t.time);
                 th.observe_name(&t.comm);
             }
-            TaskKind::Exec { argv, mm, vdso, .. } => {
+            TaskKind::Exec { argv, truncated, mm, vdso } => {
                 p.meta.name.clone_from(&t.comm);
+                // Empty when the kernel could not read it: keep what was known.
                 if !argv.is_empty() {
                     p.meta.argv = argv;
+                    p.meta.argv_truncated = truncated;
                 }
+                p.meta.exe.clear();
                 // A new image: the executable and interpreter the ELF loader mapped follow in
                 // their own records, libraries in mmap records.
                 p.space = Default::default();
@@ -292,14 +351,17 @@ impl<S: SampleSink> Collector<S> {
                     p.meta.name.clone_from(&t.comm);
                 }
                 p.meta.threads.entry(t.tid).or_default().end = Some(t.time);
+                p.thread_exited(t.tid);
                 self.outbox.thread_exited(t.tid);
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
                     p.meta.end = Some(t.time);
                     p.exited = true;
+                    self.processes.pending_exits.push_back((t.time, t.pid));
                 }
             }
         }
+        self.prune(t.time);
     }
 }
 
@@ -329,6 +391,7 @@ fn first_sight(
         let (comm, argv) = procfs::read_identity(pid);
         p.meta.name = comm;
         p.meta.argv = argv;
+        p.meta.exe = procfs::read_exe(pid).unwrap_or_default();
     }
     first_sight_space(pid, p, modules, stats);
 }
@@ -352,4 +415,104 @@ fn vdso_len() -> Option<u64> {
         let line = procfs::parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")?;
         Some(line.end - line.start)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        bpf::decode::MappedPath,
+        model::ids::Tid,
+        store::{ChunkedStore, chunks::ChunkedBuffer},
+    };
+
+    /// Pids above the kernel's `pid_max` limit (2^22): never a real process, so nothing is
+    /// read from /proc for them.
+    const PID_BASE: u32 = 1 << 23;
+    const TEXT: u64 = 0x7f00_0000_0000;
+
+    fn task(time: MonoNs, pid: u32, kind: TaskKind) -> KernelEvent {
+        let (pid, tid) = (Pid(pid), Tid(pid));
+        KernelEvent::Task(TaskEvent { time, pid, tid, comm: "short".into(), kind })
+    }
+
+    /// One short process: exec, a library of its own mapped, `samples` samples in it, exit.
+    fn short_process(c: &mut Collector<ChunkedStore>, i: u32, time: MonoNs, samples: u32) {
+        let pid = PID_BASE + i;
+        let exec = TaskKind::Exec { argv: vec!["short".into()], truncated: false, mm: 1, vdso: 0 };
+        c.handle(task(time, pid, exec));
+        let path = MappedPath { path: format!("/nonexistent/rsprof/lib{i}.so"), complete: true };
+        let kind = MapKind::File { offset: 0, dev: 1, inode: 1000 + u64::from(i), path };
+        let (start, end) = (TEXT, TEXT + 0x1000);
+        let (pid, tid) = (Pid(pid), Tid(pid));
+        c.handle(KernelEvent::Map(MapEvent { time, pid, tid, mm: 1, start, end, kind }));
+        for k in 0..samples {
+            c.handle(KernelEvent::Sample(Sample {
+                time: MonoNs(time.0 + u64::from(k)),
+                cpu: 0,
+                pid,
+                tid,
+                cgroup_id: 0,
+                cpu_time_ns: u64::from(k) * 1000,
+                comm: "short".into(),
+                flags: profiler_common::SAMPLE_USER_MODE,
+                kernel_stack: Vec::new(),
+                user_stack: vec![TEXT + 0x10 + u64::from(k)],
+                labels: Vec::new(),
+                off_cpu: None,
+            }));
+        }
+        c.handle(task(MonoNs(time.0 + 5_000_000), pid.0, TaskKind::Exit));
+    }
+
+    /// Processes come and go for 60 s (each with its own library, half of them never sampled):
+    /// the process and module tables stay bounded by what the store still refers to plus the
+    /// last seconds' processes, and every module a stored stack names is still the right one.
+    #[test]
+    fn tables_stay_bounded_as_processes_come_and_go() {
+        let store =
+            ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(64 << 10, 8 << 10), 32 << 10);
+        let mut c = Collector::new(store);
+        c.initial_scan_done();
+        let n = 6000;
+        let mut peak = (0, 0);
+        for i in 0..n {
+            // 100 processes a second.
+            let time = MonoNs(1_000_000_000 + u64::from(i) * 10_000_000);
+            short_process(&mut c, i, time, if i % 2 == 0 { 3 } else { 0 });
+            peak = (peak.0.max(c.processes.len()), peak.1.max(c.modules.live()));
+        }
+        eprintln!(
+            "{n} processes: peak {} processes, {} modules held; {} forgotten, {} modules released, {} slots",
+            peak.0,
+            peak.1,
+            c.stats.forgotten_processes,
+            c.stats.released_modules,
+            c.modules.len()
+        );
+        assert!(c.stats.forgotten_processes > u64::from(n) * 9 / 10);
+        assert!(c.stats.released_modules > u64::from(n) * 8 / 10);
+        // A 10 s sweep interval at 100 processes/s bounds the modules by ~1000 plus those the
+        // store still names; the processes by the 1 s grace plus the stored ones.
+        assert!(peak.0 < 600, "peak {} processes", peak.0);
+        assert!(peak.1 < 1600, "peak {} modules", peak.1);
+        assert!(c.modules.len() < 1600, "{} module slots", c.modules.len());
+        // Nothing a stored stack refers to was released or reused for another file.
+        let mut stored = std::collections::HashSet::new();
+        c.store.referenced_modules(&mut stored);
+        assert!(!stored.is_empty());
+        let snap = c.store.snapshot();
+        for node in snap.stacks.iter().flatten() {
+            if let (_, FrameAddr::User { module, offset }) = node {
+                let m = c.modules.get(*module);
+                assert!(m.name.starts_with("lib"), "stored stack names released {module:?}");
+                let i: u64 = m.name["lib".len()..m.name.len() - 3].parse().unwrap();
+                assert_eq!(i % 2, 0, "only even processes were sampled");
+                assert!(*offset >= 0x10 && *offset < 0x13, "offset {offset:#x}");
+            }
+        }
+        // The last processes (within the grace period) are still known, with their argv.
+        let last = c.processes.get(Pid(PID_BASE + n - 1)).expect("last process kept");
+        assert_eq!(last.meta.argv, ["short"]);
+    }
 }

@@ -3,6 +3,7 @@
 //! (file, offset) while the process is alive, `stack` normalizes a sample's stack, and
 //! `outbox` holds what other parts act on after each drain.
 
+pub mod buildid;
 pub mod collector;
 pub mod modules;
 pub mod outbox;

@@ -5,11 +5,11 @@
 //! still the one symbolized.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::File,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    sync::OnceLock,
+    sync::{Arc, OnceLock},
 };
 
 use crate::model::ids::ModuleId;
@@ -27,11 +27,34 @@ pub struct Module {
     pub name: String,
     /// Where this process can read the same file now, if anywhere.
     pub open_path: Option<PathBuf>,
-    /// Keeps `open_path` valid when it is `/proc/self/fd/N`.
-    _file: Option<File>,
+    /// Keeps `open_path` valid when it is `/proc/self/fd/N`; shared with exports in flight
+    /// (see [`Module::hold`]), so releasing the module does not close it under them.
+    _file: Option<Arc<File>>,
+    /// GNU build-id of the file, read when it was first opened.
+    pub build_id: Option<Vec<u8>>,
 }
 
 impl Module {
+    /// What a released slot holds until it is reused.
+    /// A handle keeping the file (and `/proc/self/fd/N` paths to it) open.
+    pub fn hold(&self) -> Option<Arc<File>> {
+        self._file.clone()
+    }
+
+    fn released() -> Self {
+        let name = "[released]".to_owned();
+        Module { path: name.clone(), name, open_path: None, _file: None, build_id: None }
+    }
+
+    /// Reads the build-id from the held file, else from `open_path`.
+    fn read_build_id(&mut self) {
+        self.build_id = match (&self._file, &self.open_path) {
+            (Some(f), _) => super::buildid::read(f.as_ref()),
+            (None, Some(p)) => File::open(p).ok().and_then(|f| super::buildid::read(&f)),
+            (None, None) => None,
+        };
+    }
+
     /// Where to read the file now: its path while that still names the file that was mapped,
     /// else the handle held on it.
     pub fn readable_path(&self) -> Option<PathBuf> {
@@ -61,6 +84,14 @@ pub struct ModuleTable {
     by_file: HashMap<(u64, u64), ModuleId>,
     /// Program headers of executables and interpreters, read once per module.
     layouts: HashMap<ModuleId, Option<ElfLayout>>,
+    /// Slots of released modules, reused by the next new ones.
+    free: Vec<ModuleId>,
+    /// (creation number, id) of the modules held, by creation: what
+    /// [`ModuleTable::created_since`] reports. Released ones leave it.
+    creations: std::collections::VecDeque<(u64, ModuleId)>,
+    created: u64,
+    /// Modules released so far (see [`ModuleTable::release_unreferenced`]).
+    pub released: u64,
 }
 
 /// Where the ELF loader put a file's code (see [`ModuleTable::loaded_code`]).
@@ -130,8 +161,48 @@ impl ModuleTable {
         &self.modules[id.0 as usize]
     }
 
+    /// Slots, released ones included: ids are below this.
     pub fn len(&self) -> usize {
         self.modules.len()
+    }
+
+    /// The modules created since `cursor` (0 at first) that are still held, and the cursor
+    /// to pass next time. Ids are reused after a release, so "ids above the last seen" would
+    /// miss files.
+    pub fn created_since(&self, cursor: u64) -> (Vec<ModuleId>, u64) {
+        let from = self.creations.partition_point(|&(n, _)| n < cursor);
+        (self.creations.range(from..).map(|&(_, id)| id).collect(), self.created)
+    }
+
+    /// Modules held now (not released).
+    pub fn live(&self) -> usize {
+        self.modules.len() - self.free.len()
+    }
+
+    /// Releases every module but those in `referenced` (and the vDSO and anonymous memory,
+    /// which cost nothing): its open file is closed and its slot reused by a later module.
+    /// `referenced` must hold every id that anything may still look up, i.e. those in live
+    /// processes' address spaces and those in stored stacks; an export already captured keeps
+    /// its files through the handles in its `ModuleSource`s. Returns how many were released.
+    pub fn release_unreferenced(&mut self, referenced: &HashSet<ModuleId>) -> usize {
+        let keep = |key: &(u64, u64, String)| key.0 == 0 && key.1 == 0;
+        let mut gone = std::collections::HashSet::new();
+        self.by_key.retain(|key, id| {
+            let live = keep(key) || referenced.contains(id);
+            if !live {
+                gone.insert(*id);
+            }
+            live
+        });
+        self.by_file.retain(|_, id| !gone.contains(id));
+        self.creations.retain(|(_, id)| !gone.contains(id));
+        for &id in &gone {
+            self.layouts.remove(&id);
+            self.modules[id.0 as usize] = Module::released();
+        }
+        self.free.extend(&gone);
+        self.released += gone.len() as u64;
+        gone.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -142,8 +213,20 @@ impl ModuleTable {
         if let Some(&id) = self.by_key.get(&key) {
             return id;
         }
-        let id = ModuleId(self.modules.len() as u32);
-        self.modules.push(make());
+        let mut m = make();
+        m.read_build_id();
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.modules[id.0 as usize] = m;
+                id
+            }
+            None => {
+                self.modules.push(m);
+                ModuleId(self.modules.len() as u32 - 1)
+            }
+        };
+        self.creations.push_back((self.created, id));
+        self.created += 1;
         self.by_key.insert(key, id);
         id
     }
@@ -237,7 +320,8 @@ impl ModuleTable {
                 name: file_name(&interp),
                 path: interp,
                 open_path: Some(fd_path),
-                _file: Some(file),
+                _file: Some(Arc::new(file)),
+                build_id: None,
             }
         });
         self.by_file.entry((dev, meta.ino())).or_insert(id);
@@ -251,6 +335,7 @@ impl ModuleTable {
             name: "[vdso]".into(),
             open_path: vdso_image(),
             _file: None,
+            build_id: None,
         })
     }
 
@@ -261,6 +346,7 @@ impl ModuleTable {
             name: "[anon]".into(),
             open_path: None,
             _file: None,
+            build_id: None,
         })
     }
 
@@ -312,7 +398,8 @@ impl ModuleTable {
         {
             use std::os::fd::AsRawFd as _;
             m.open_path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
-            m._file = Some(f);
+            m._file = Some(Arc::new(f));
+            m.read_build_id();
         }
         id
     }
@@ -360,11 +447,11 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
     let path = m.path.clone();
     let name = file_name(&path);
     if path == "[vdso]" {
-        return Module { open_path: vdso_image(), path, name, _file: None };
+        return Module { open_path: vdso_image(), path, name, _file: None, build_id: None };
     }
     if m.inode == 0 {
         // [anon:...] and other pseudo mappings have no file.
-        return Module { path, name, open_path: None, _file: None };
+        return Module { path, name, open_path: None, _file: None, build_id: None };
     }
     // Prefer the plain path when it is the very same file (debug-link lookups work relative
     // to it); otherwise hold the process's own handle on the mapped file.
@@ -377,7 +464,13 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
         let held = File::open(&path)
             .ok()
             .filter(|f| f.metadata().is_ok_and(|h| h.ino() == meta.ino() && h.dev() == meta.dev()));
-        return Module { open_path: Some(PathBuf::from(&path)), path, name, _file: held };
+        return Module {
+            open_path: Some(PathBuf::from(&path)),
+            path,
+            name,
+            _file: held.map(Arc::new),
+            build_id: None,
+        };
     }
     open_map_file(pid, m)
 }
@@ -394,9 +487,15 @@ fn open_map_file(pid: Pid, m: &MapsLine) -> Module {
         {
             use std::os::fd::AsRawFd as _;
             let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-            Module { path, name, open_path: Some(fd_path), _file: Some(f) }
+            Module {
+                path,
+                name,
+                open_path: Some(fd_path),
+                _file: Some(Arc::new(f)),
+                build_id: None,
+            }
         }
-        _ => Module { path, name, open_path: None, _file: None },
+        _ => Module { path, name, open_path: None, _file: None, build_id: None },
     }
 }
 
@@ -422,6 +521,11 @@ pub struct AddressSpace {
 }
 
 impl AddressSpace {
+    /// The modules mapped (with repeats).
+    pub fn modules(&self) -> impl Iterator<Item = ModuleId> + '_ {
+        self.mappings.iter().map(|m| m.module)
+    }
+
     pub fn lookup(&self, addr: u64) -> Option<(ModuleId, u64)> {
         let i = self.mappings.partition_point(|m| m.start <= addr);
         let m = self.mappings.get(i.checked_sub(1)?)?;
@@ -472,16 +576,8 @@ pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpa
         .into_iter()
         .filter(|m| m.exec)
         .map(|m| {
-            let module = if m.path.is_empty() {
-                modules.intern((0, 0, "[anon]".into()), || Module {
-                    path: "[anon]".into(),
-                    name: "[anon]".into(),
-                    open_path: None,
-                    _file: None,
-                })
-            } else {
-                modules.module_for(pid, &m)
-            };
+            let module =
+                if m.path.is_empty() { modules.anon() } else { modules.module_for(pid, &m) };
             Mapping { start: m.start, end: m.end, file_offset: m.offset, module }
         })
         .collect();
@@ -567,6 +663,10 @@ mod tests {
         let full = MappedPath { path: exe.display().to_string(), complete: true };
         let a = mods.kernel_module(Pid(1), (0, 0x1000), (dev, meta.ino()), &full, false);
         assert_eq!(mods.get(a).open_path.as_deref(), Some(exe.as_path()));
+        // Its build-id was read when it was opened.
+        let own = crate::collect::buildid::read(&File::open(&exe).unwrap());
+        assert!(own.is_some(), "the test binary has a build-id");
+        assert_eq!(mods.get(a).build_id, own);
         // A cut walk finds the same file by (dev, inode).
         let name = exe.file_name().unwrap().to_string_lossy().into_owned();
         let cut = MappedPath { path: name, complete: false };

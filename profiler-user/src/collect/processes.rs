@@ -2,13 +2,14 @@
 //! profile shows (`model::process`), plus what collecting needs: the current address space,
 //! each thread's last CPU time, and the process's cgroup.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::{
     collect::modules::AddressSpace,
     model::{
-        ids::{LabelId, Pid, Tid},
+        ids::{LabelId, ModuleId, Pid, Tid},
         process::{ProcessMeta, ProcessesMeta},
+        time::MonoNs,
     },
     system::cgroup::{fs::PathCache, membership::ProcessCgroup},
 };
@@ -58,6 +59,12 @@ impl ProcessInfo {
         let prev = self.last_cpu_time_ns.insert(tid, cpu_time_ns);
         prev.map_or(0, |prev| cpu_time_ns.saturating_sub(prev))
     }
+
+    /// Forgets what only a running thread needs (a process running for months starts and
+    /// ends many threads).
+    pub fn thread_exited(&mut self, tid: Tid) {
+        self.last_cpu_time_ns.remove(&tid);
+    }
 }
 
 /// What [`ProcessTable::name_label`] did.
@@ -76,6 +83,9 @@ pub struct ProcessTable {
     pub processes: BTreeMap<Pid, ProcessInfo>,
     /// cgroup id → path, for processes gone before their cgroup was read.
     pub cgroup_paths: PathCache,
+    /// Processes that exited, by exit time: forgotten a grace period later unless stored
+    /// events refer to them (those are forgotten when the last such event is recycled).
+    pub pending_exits: VecDeque<(MonoNs, Pid)>,
 }
 
 impl ProcessTable {
@@ -124,6 +134,14 @@ impl ProcessTable {
                 (pid, meta)
             })
             .collect()
+    }
+
+    /// Adds the modules that processes still known may look up.
+    pub fn referenced_modules(&self, out: &mut std::collections::HashSet<ModuleId>) {
+        for p in self.processes.values() {
+            out.extend(p.space.modules());
+            out.extend(p.exe_module);
+        }
     }
 
     /// Forgets processes that have exited, among `pids` (whose stored events are all gone).

@@ -4,7 +4,10 @@
 
 pub mod output;
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::Result;
 
@@ -25,7 +28,10 @@ use crate::{
         codec::{MarkerField, StoredEvent, StoredMarker},
         snapshot::{StoreSnapshot, read_events},
     },
-    symbolize::{ModuleSource, SymbolizeErrors, Symbols, module_sources, name_labels, symbolize},
+    symbolize::{
+        ModuleSource, SymbolizeErrors, Symbols, module_build_ids, module_sources, name_labels,
+        symbolize,
+    },
     writers::{
         EventSink, Format, ProfileContext,
         summary::{ProfileStats, SummaryCounts},
@@ -169,6 +175,7 @@ impl ExportJob {
         };
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
+        let build_ids = module_build_ids(&self.modules);
         let (mut symbols, errors) = match symbolizer {
             Some(s) => s.symbolize(addrs, std::mem::take(&mut self.modules))?,
             None => symbolize(addrs, std::mem::take(&mut self.modules))?,
@@ -191,6 +198,7 @@ impl ExportJob {
             snapshot: self.snapshot,
             processes: self.processes,
             symbols,
+            build_ids,
             info: self.info,
             marker_schemas: self.marker_schemas,
             open: self.open,
@@ -205,6 +213,8 @@ struct Prepared {
     snapshot: StoreSnapshot,
     processes: ProcessesMeta,
     symbols: Symbols,
+    /// Build-ids by module name, for writers whose mappings carry them.
+    build_ids: HashMap<String, String>,
     info: RecordingInfo,
     marker_schemas: Vec<MarkerSchema>,
     open: Vec<(ThreadKey, Marker)>,
@@ -222,7 +232,7 @@ impl Prepared {
             format,
             &self.snapshot,
             &self.processes,
-            &self.symbols,
+            (&self.symbols, &self.build_ids),
             &self.info,
             &self.marker_schemas,
             &self.open,
@@ -237,6 +247,8 @@ pub struct Symbolized {
     pub snapshot: StoreSnapshot,
     pub processes: ProcessesMeta,
     pub symbols: Symbols,
+    /// Build-ids by module name (see `module_build_ids`).
+    pub build_ids: HashMap<String, String>,
     pub info: RecordingInfo,
     pub errors: SymbolizeErrors,
 }
@@ -270,6 +282,7 @@ impl ExportJob {
         let frames = self.used_frames();
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
+        let build_ids = module_build_ids(&self.modules);
         let (mut symbols, errors) = match service {
             Some(s) => s.symbolize(addrs, self.modules)?,
             None => symbolize(addrs, self.modules)?,
@@ -279,6 +292,7 @@ impl ExportJob {
             snapshot: self.snapshot,
             processes: self.processes,
             symbols,
+            build_ids,
             info: self.info,
             errors,
         })
@@ -287,7 +301,9 @@ impl ExportJob {
 
 impl Symbolized {
     pub fn stacks(&self) -> SymbolizedStacks {
-        SymbolizedStacks::new(&self.snapshot.stacks, &self.symbols)
+        let mut stacks = SymbolizedStacks::new(&self.snapshot.stacks, &self.symbols);
+        stacks.module_build_ids.clone_from(&self.build_ids);
+        stacks
     }
 
     /// Hands every event to `sinks`; returns what could not be read.
@@ -304,14 +320,15 @@ pub fn write_profile(
     format: Format,
     snapshot: &StoreSnapshot,
     processes: &ProcessesMeta,
-    symbols: &Symbols,
+    (symbols, build_ids): (&Symbols, &HashMap<String, String>),
     info: &RecordingInfo,
     marker_schemas: &[MarkerSchema],
     open: &[(ThreadKey, Marker)],
     empty_note: (ThreadKey, &Marker),
     out: &mut dyn std::io::Write,
 ) -> std::io::Result<(ProfileStats, bool)> {
-    let stacks = SymbolizedStacks::new(&snapshot.stacks, symbols);
+    let mut stacks = SymbolizedStacks::new(&snapshot.stacks, symbols);
+    stacks.module_build_ids.clone_from(build_ids);
     let ctx = ProfileContext {
         info,
         stacks: &stacks,

@@ -39,7 +39,13 @@ impl ThreadMeta {
 pub struct ProcessMeta {
     /// Executable name (`comm` of the main thread after exec).
     pub name: String,
+    /// Path of its executable as it was mapped (empty if never seen).
+    pub exe: String,
+    /// Command line, read by the kernel at exec (or from /proc/PID/cmdline once, for a
+    /// process that existed before the recording).
     pub argv: Vec<String>,
+    /// `argv` was longer than the kernel copies (`CMDLINE_MAX` bytes) and was cut.
+    pub argv_truncated: bool,
     pub start: Option<MonoNs>,
     pub end: Option<MonoNs>,
     pub threads: HashMap<Tid, ThreadMeta>,
@@ -47,6 +53,30 @@ pub struct ProcessMeta {
     pub container: Option<Identity>,
     /// `rsprof:label_push` texts.
     pub labels: HashMap<LabelId, String>,
+}
+
+impl ProcessMeta {
+    /// `argv` as one line, arguments with spaces or quotes single-quoted (shell style), `…`
+    /// appended when it was cut; empty when unknown.
+    pub fn command_line(&self) -> String {
+        let mut s = String::new();
+        for (i, a) in self.argv.iter().enumerate() {
+            if i > 0 {
+                s.push(' ');
+            }
+            if !a.is_empty() && !a.contains(|c: char| c.is_whitespace() || "'\"\\$`".contains(c)) {
+                s.push_str(a);
+            } else {
+                s.push('\'');
+                s.push_str(&a.replace('\'', r"'\''"));
+                s.push('\'');
+            }
+        }
+        if self.argv_truncated {
+            s.push('…');
+        }
+        s
+    }
 }
 
 pub type ProcessesMeta = HashMap<Pid, ProcessMeta>;

@@ -44,6 +44,8 @@ pub struct SymbolizedStacks {
     frame_lists: Vec<FrameIndex>,
     /// By frame: the first frame equal to it but for `inlined` (they display the same).
     same_display: Vec<FrameIndex>,
+    /// GNU build-id (hex) of modules by the name frames carry, where known and unambiguous.
+    pub module_build_ids: HashMap<String, String>,
 }
 
 impl SymbolizedStacks {
@@ -95,7 +97,7 @@ impl SymbolizedStacks {
             })
             .collect();
         let same_display = same_display(&frames);
-        Self { frames, nodes, frame_lists, same_display }
+        Self { frames, nodes, frame_lists, same_display, module_build_ids: HashMap::new() }
     }
 
     /// Frames that display the same (equal but for `inlined`) share this index.

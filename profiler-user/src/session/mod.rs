@@ -261,7 +261,7 @@ impl<'p> Recorder<'p> {
             bpf_programs: self.bpf.all_run_stats(),
             processes: c.processes.len(),
             threads: c.processes.processes.values().map(|p| p.meta.threads.len()).sum(),
-            modules: c.modules.len(),
+            modules: c.modules.live(),
             collector: c.stats,
             store: c.store.stats,
             store_bytes: buffer.allocated_bytes(),

@@ -10,7 +10,7 @@
 //! used. If the tables alone outgrow half the buffer size (e.g. every sample a new deep stack),
 //! the oldest chunks are recycled early until they fit.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 pub mod chunks;
 pub mod codec;
@@ -21,7 +21,7 @@ pub mod snapshot;
 use crate::{
     model::{
         address::FrameAddr,
-        ids::{Pid, StackId, StringId, ThreadKey},
+        ids::{ModuleId, Pid, StackId, StringId, ThreadKey},
     },
     store::{
         chunks::{ChunkedBuffer, PushError, RecycledChunk},
@@ -63,6 +63,10 @@ pub trait SampleSink {
     fn push_marker(&mut self, thread: ThreadKey, marker: StoredMarker);
     /// Processes no stored event refers to any more (their last events were recycled).
     fn take_released_pids(&mut self) -> Vec<Pid>;
+    /// Whether a stored event refers to `pid`.
+    fn holds_pid(&self, pid: Pid) -> bool;
+    /// Adds the modules stored stacks refer to.
+    fn referenced_modules(&self, out: &mut HashSet<ModuleId>);
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -315,6 +319,18 @@ impl SampleSink for ChunkedStore {
 
     fn take_released_pids(&mut self) -> Vec<Pid> {
         std::mem::take(&mut self.released)
+    }
+
+    fn holds_pid(&self, pid: Pid) -> bool {
+        self.pid_last_chunk.contains_key(&pid)
+    }
+
+    fn referenced_modules(&self, out: &mut HashSet<ModuleId>) {
+        for (_, f) in self.stacks.slots().iter().flatten() {
+            if let FrameAddr::User { module, .. } = f {
+                out.insert(*module);
+            }
+        }
     }
 }
 

@@ -34,6 +34,28 @@ pub struct ModuleSource {
     pub name: String,
     /// Readable path to the file, if any (`[vdso]`, anonymous memory have none).
     pub open_path: Option<PathBuf>,
+    /// GNU build-id, lower-case hex.
+    pub build_id: Option<String>,
+    /// Keeps `open_path` readable when it is `/proc/self/fd/N`, even after the collector
+    /// released the module.
+    pub hold: Option<std::sync::Arc<std::fs::File>>,
+}
+
+/// Build-id of each module name, for writers whose mappings are keyed by name (profiles
+/// name modules by file name); a name shared by files with different build-ids gets none.
+pub fn module_build_ids(modules: &[ModuleSource]) -> HashMap<String, String> {
+    let mut ids: HashMap<String, Option<String>> = HashMap::new();
+    for m in modules {
+        let Some(id) = &m.build_id else { continue };
+        ids.entry(m.name.clone())
+            .and_modify(|known| {
+                if known.as_ref() != Some(id) {
+                    *known = None;
+                }
+            })
+            .or_insert_with(|| Some(id.clone()));
+    }
+    ids.into_iter().filter_map(|(name, id)| Some((name, id?))).collect()
 }
 
 pub type Symbols = HashMap<FrameAddr, Vec<Frame>>;
@@ -44,7 +66,12 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
     (0..table.len())
         .map(|i| {
             let m = table.get(ModuleId(i as u32));
-            ModuleSource { name: m.name.clone(), open_path: m.readable_path() }
+            ModuleSource {
+                name: m.name.clone(),
+                open_path: m.readable_path(),
+                build_id: m.build_id.as_deref().map(crate::collect::buildid::hex),
+                hold: m.hold(),
+            }
         })
         .collect()
 }

@@ -111,6 +111,13 @@ pub fn read_identity(pid: Pid) -> (String, Vec<String>) {
     (comm, argv)
 }
 
+/// Path of a live process's executable (`/proc/PID/exe`), without the ` (deleted)` suffix.
+pub fn read_exe(pid: Pid) -> Option<String> {
+    let link = std::fs::read_link(format!("/proc/{}/exe", pid.0)).ok()?;
+    let s = link.to_string_lossy();
+    Some(s.strip_suffix(" (deleted)").unwrap_or(&s).to_owned())
+}
+
 /// Pids of every process now in /proc.
 pub fn all_pids() -> Vec<Pid> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -146,6 +153,8 @@ mod tests {
         let (comm, argv) = read_identity(me);
         assert!(!comm.is_empty());
         assert!(!argv.is_empty());
+        let exe = read_exe(me).unwrap();
+        assert_eq!(Some(std::path::Path::new(&exe)), std::env::current_exe().ok().as_deref());
         assert!(read_maps(me).unwrap().iter().any(|m| m.exec && m.is_file()));
         assert!(all_pids().contains(&me));
     }

@@ -38,7 +38,7 @@ use crate::{
     bpf::{counters::Counters, decode::RawUsdtHit, object::BpfObject},
     collect::{collector::Collector, processes::LabelNaming},
     model::{
-        ids::{LabelId, ModuleId, Pid, ThreadKey},
+        ids::{LabelId, Pid, ThreadKey},
         markers::{Marker, MarkerSchema},
     },
     store::SampleSink,
@@ -134,8 +134,8 @@ pub struct Attacher {
 pub struct UsdtSession {
     shared: Arc<Mutex<Attacher>>,
     gate: Option<ExecGate>,
-    /// Modules of the collector's (append-only) module table looked at so far.
-    next_module: usize,
+    /// Cursor into the collector's module creations (`ModuleTable::created_since`).
+    next_module: u64,
     /// Set once the initial scan is done: files found later in mappings are late.
     started: bool,
     recovered: u64,
@@ -287,11 +287,10 @@ impl UsdtSession {
     /// the start; after it, files mapped by new processes.
     pub fn scan_new_modules<S>(&mut self, collector: &Collector<S>) {
         let modules = &collector.modules;
-        if self.next_module >= modules.len() {
-            return;
-        }
-        for i in self.next_module..modules.len() {
-            let m = modules.get(ModuleId(i as u32));
+        let (new, next) = modules.created_since(self.next_module);
+        self.next_module = next;
+        for id in new {
+            let m = modules.get(id);
             // `[vdso]` and anonymous code carry no notes.
             if m.path.starts_with('[') || m.path.is_empty() {
                 continue;
@@ -301,7 +300,6 @@ impl UsdtSession {
                 lock_attacher(&self.shared).scan_module(&open, &m.path, self.started);
             }
         }
-        self.next_module = modules.len();
     }
 
     /// Files found in mappings from now on were mapped by processes that started during the

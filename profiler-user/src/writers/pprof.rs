@@ -6,7 +6,7 @@
 //! period when that is unknown) — plus `off_cpu`/`nanoseconds`, the time spent blocked, when
 //! the recording has off-CPU samples (`--off-cpu`, `--mode wall`; those count as no CPU
 //! sample) — and labels saying whose it is: `pid`, `tid` (numbers), `process`, `thread`
-//! (strings), `container_runtime`/`container_id` or `service`, and `pod_uid`/`pod_qos`, when
+//! (strings), `cmdline` (argv, shell-quoted) and `exe`, `container_runtime`/`container_id` or `service`, and `pod_uid`/`pod_qos`, when
 //! known; an agent adds its own (`service_name`, `host`, …).
 //! The idle tasks are kept as process `[idle]`, threads `swapper/N`, with a `cpu` string label
 //! and no pid/tid (0, which readers take for no label), so they can be filtered out
@@ -219,7 +219,14 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        let container = thread.pid().and_then(|p| ctx.processes.get(&p)?.container.as_ref());
+        let meta = thread.pid().and_then(|p| ctx.processes.get(&p));
+        if let Some(m) = meta.filter(|m| !m.argv.is_empty()) {
+            strs.push(("cmdline", m.command_line()));
+        }
+        if let Some(m) = meta.filter(|m| !m.exe.is_empty()) {
+            strs.push(("exe", m.exe.clone()));
+        }
+        let container = meta.and_then(|m| m.container.as_ref());
         if let Some(c) = container {
             if c.is_container() {
                 strs.push(("container_runtime", c.runtime.name().to_owned()));
@@ -288,6 +295,11 @@ impl<'a> Builder<'a> {
         self.mappings.push(proto::Mapping {
             id,
             filename: self.strings.id(&f.module),
+            build_id: self
+                .stacks
+                .module_build_ids
+                .get(f.module.as_str())
+                .map_or(0, |id| self.strings.id(id)),
             // Already symbolized: readers must not look for the file to do it again.
             has_functions: true,
             ..Default::default()
@@ -430,12 +442,14 @@ mod tests {
         let mapping = |l: &proto::Location| &p.mapping[l.mapping_id as usize - 1];
         let m = mapping(work);
         assert_eq!(r.s(m.filename), "app");
+        assert_eq!(r.s(m.build_id), "0123abcd");
         assert!(m.has_functions && m.has_inline_frames && m.has_line_numbers && m.has_filenames);
         let [sys] = r.sample_with(&["main", "work", "inl", "hot", "do_syscall_64"])[..] else {
             panic!()
         };
         let k = mapping(r.location(sys.location_id[0]));
         assert_eq!(r.s(k.filename), "[kernel.kallsyms]");
+        assert_eq!(k.build_id, 0, "no build-id known");
         assert!(k.has_functions && !k.has_inline_frames);
         assert_eq!(sys.location_id[1..], hot.location_id[..], "shared locations");
         assert_eq!(p.mapping.len(), 2);
@@ -454,6 +468,8 @@ mod tests {
         assert_eq!((r.num_label(m, "pid"), r.num_label(m, "tid")), (Some(100), Some(100)));
         assert_eq!(r.str_label(m, "process"), Some("app"));
         assert_eq!(r.str_label(m, "thread"), Some("app"));
+        assert_eq!(r.str_label(m, "cmdline"), Some("app --serve 'port 80'"));
+        assert_eq!(r.str_label(m, "exe"), Some("/opt/app/bin/app"));
         assert_eq!(r.str_label(m, "container_runtime"), Some("docker"));
         assert_eq!(r.str_label(m, "container_id"), Some("3f2a9c1b0d4e"));
         let label = r.location(m.location_id[0]);

@@ -174,6 +174,14 @@ pub fn render(i: &SummaryInput) -> String {
         i.stats.maps_reads,
         i.stats.maps_reads_late
     );
+    if i.stats.forgotten_processes > 0 || i.stats.released_modules > 0 {
+        let _ = writeln!(
+            s,
+            "  tables kept bounded: {} exited processes forgotten (nothing stored referred to \
+             them any more), {} files no longer mapped or referred to released",
+            i.stats.forgotten_processes, i.stats.released_modules
+        );
+    }
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)
         + c.get(counter::OFF_CPU_NOT_CAPTURED)

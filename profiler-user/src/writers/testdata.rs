@@ -59,7 +59,7 @@ pub fn stacks() -> SymbolizedStacks {
     inl.line = Some(3);
     inl.inlined = true;
     let f = |i: u32| FrameIndex(i);
-    SymbolizedStacks::from_parts(
+    let mut stacks = SymbolizedStacks::from_parts(
         vec![
             frame(FrameKind::User, "main", "app"),
             work,
@@ -79,7 +79,9 @@ pub fn stacks() -> SymbolizedStacks {
             (Some(S_MAIN), vec![f(6)]),
             (Some(StackId(5)), vec![f(7)]),
         ],
-    )
+    );
+    stacks.module_build_ids.insert("app".into(), "0123abcd".into());
+    stacks
 }
 
 pub fn info() -> RecordingInfo {
@@ -99,6 +101,8 @@ pub fn processes() -> ProcessesMeta {
     let thread = |name: &str| ThreadMeta { name: name.into(), ..Default::default() };
     let app = ProcessMeta {
         name: "app".into(),
+        exe: "/opt/app/bin/app".into(),
+        argv: vec!["app".into(), "--serve".into(), "port 80".into()],
         threads: HashMap::from([(Tid(100), thread("app")), (Tid(101), thread("worker;1"))]),
         container: Some(Identity {
             runtime: Runtime::Docker,

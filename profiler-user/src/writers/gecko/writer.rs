@@ -22,6 +22,7 @@ use crate::{
         gecko::{
             container,
             markers::{field_keys, payload, schema_json},
+            process,
             tables::{self, GeckoMeta, GeckoProcess, GeckoThread, ThreadTables},
         },
     },
@@ -146,6 +147,7 @@ impl ProfileWriter for GeckoWriter<'_> {
         let info = ctx.info;
         let mut marker_schema: Vec<_> = ctx.marker_schemas.iter().map(schema_json).collect();
         marker_schema.push(container::marker_schema());
+        marker_schema.push(process::marker_schema());
         marker_schema.push(off_cpu_marker_schema());
         let r = ctx.recycled;
         let dropped_ms = r.range.map(|(a, b)| (info.ms(a), info.ms(b)));
@@ -224,21 +226,21 @@ fn group_processes(
                 .unwrap_or_else(|| if idle { IDLE_PROCESS_NAME.into() } else { pid.to_string() });
             let container = meta.and_then(|p| p.container.as_ref());
             let end_time_ms = meta.and_then(|p| p.end).map(|t| info.ms(t));
+            // Identity markers span the process's life, on its main thread.
+            threads.sort_by_key(|t| (!t.is_main, t.tid));
+            let start = threads.iter().map(|t| t.register_time_ms).fold(f64::MAX, f64::min);
+            let end = end_time_ms.unwrap_or(info.ms(info.end)).max(start);
+            let mut markers = Vec::new();
+            if let Some(data) = meta.and_then(|p| process::marker(pid, p)) {
+                markers.push((process::MARKER_NAME, data));
+            }
             if let Some(c) = container {
-                // One identity marker per process, spanning its life, on its main thread.
-                threads.sort_by_key(|t| (!t.is_main, t.tid));
-                let start = threads.iter().map(|t| t.register_time_ms).fold(f64::MAX, f64::min);
-                let end = end_time_ms.unwrap_or(info.ms(info.end)).max(start);
-                let (marker_name, data) = container::marker(c);
-                if let Some(t) = threads.first_mut() {
-                    t.tables.add_marker(
-                        marker_name,
-                        Some(start),
-                        Some(end),
-                        1,
-                        tables::CATEGORY_OTHER,
-                        &data,
-                    );
+                markers.push(container::marker(c));
+            }
+            if let Some(t) = threads.first_mut() {
+                for (marker_name, data) in markers {
+                    let other = tables::CATEGORY_OTHER;
+                    t.tables.add_marker(marker_name, Some(start), Some(end), 1, other, &data);
                 }
             }
             GeckoProcess {

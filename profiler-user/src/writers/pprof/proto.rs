@@ -84,6 +84,9 @@ pub struct Mapping {
     pub file_offset: u64,
     #[prost(int64, tag = "5")]
     pub filename: i64,
+    /// String-table index of the file's build-id (GNU build-id in hex), 0 if unknown.
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
     #[prost(bool, tag = "7")]
     pub has_functions: bool,
     #[prost(bool, tag = "8")]
