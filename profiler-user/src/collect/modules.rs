@@ -90,6 +90,8 @@ pub struct ModuleTable {
     /// [`ModuleTable::created_since`] reports. Released ones leave it.
     creations: std::collections::VecDeque<(u64, ModuleId)>,
     created: u64,
+    /// Creation number of the module in each slot: a slot's module changes when it is reused.
+    serials: Vec<u64>,
     /// Modules released so far (see [`ModuleTable::release_unreferenced`]).
     pub released: u64,
 }
@@ -157,6 +159,11 @@ impl ElfLayout {
 }
 
 impl ModuleTable {
+    /// Which module a slot holds: changes when a released slot is reused.
+    pub fn serial(&self, id: ModuleId) -> u64 {
+        self.serials[id.0 as usize]
+    }
+
     pub fn get(&self, id: ModuleId) -> &Module {
         &self.modules[id.0 as usize]
     }
@@ -218,10 +225,12 @@ impl ModuleTable {
         let id = match self.free.pop() {
             Some(id) => {
                 self.modules[id.0 as usize] = m;
+                self.serials[id.0 as usize] = self.created;
                 id
             }
             None => {
                 self.modules.push(m);
+                self.serials.push(self.created);
                 ModuleId(self.modules.len() as u32 - 1)
             }
         };

@@ -32,6 +32,8 @@ pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 #[derive(Clone, Debug)]
 pub struct ModuleSource {
     pub name: String,
+    /// Which module its id stands for now (ids of released modules are reused).
+    pub serial: u64,
     /// Readable path to the file, if any (`[vdso]`, anonymous memory have none).
     pub open_path: Option<PathBuf>,
     /// GNU build-id, lower-case hex.
@@ -68,6 +70,7 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
             let m = table.get(ModuleId(i as u32));
             ModuleSource {
                 name: m.name.clone(),
+                serial: table.serial(ModuleId(i as u32)),
                 open_path: m.readable_path(),
                 build_id: m.build_id.as_deref().map(crate::collect::buildid::hex),
                 hold: m.hold(),
@@ -140,8 +143,8 @@ const SERVICE_CACHE_ENTRIES: usize = 256 * 1024;
 
 /// A symbolizer that outlives one call. The agent symbolizes every window with it: each address
 /// is named once, instead of re-reading every library's symbols and DWARF every window (which
-/// was most of an agent's CPU time). Addresses are `FrameAddr`s of one recording, whose `ModuleId`s are
-/// never reused, so a cached name stays right.
+/// was most of an agent's CPU time). A module id whose file changed (the module table reuses
+/// released ids) has its names dropped.
 pub struct Service {
     tx: mpsc::Sender<Request>,
     stats: Arc<Mutex<ServiceStats>>,
@@ -174,12 +177,33 @@ impl Service {
             .name("symbolizer".into())
             .spawn(move || {
                 let mut cache: Symbols = HashMap::new();
+                // What each module id named when its addresses were cached: the module table
+                // reuses the id of a released module for a new file.
+                let mut named: Vec<u64> = Vec::new();
                 let mut ksym = Some(new_symbolizer());
                 for req in rx {
                     let mut st = ServiceStats::default();
                     if cache.len() > SERVICE_CACHE_ENTRIES {
                         cache.clear();
                         st.resets = 1;
+                    }
+                    let mut changed = std::collections::HashSet::new();
+                    for (i, m) in req.modules.iter().enumerate() {
+                        let now = m.serial;
+                        match named.get_mut(i) {
+                            Some(was) if *was != now => {
+                                changed.insert(i as u32);
+                                *was = now;
+                            }
+                            Some(_) => {}
+                            None => named.push(now),
+                        }
+                    }
+                    if !changed.is_empty() {
+                        cache.retain(|a, _| match a {
+                            FrameAddr::User { module, .. } => !changed.contains(&module.0),
+                            _ => true,
+                        });
                     }
                     // A new blazesym `Symbolizer` per call: it keeps every file it parsed
                     // (whole DWARF sections of big libraries), which grew an agent to 190 MiB
