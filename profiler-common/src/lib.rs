@@ -256,7 +256,17 @@ pub struct Config {
     /// Blocks shorter than this are summed per thread (see [`OffCpuHeader`]); 8-aligned after
     /// an even number of u32 fields.
     pub off_cpu_min_ns: u64,
+    /// `UNWIND_MODE_*`: how user stacks are walked.
+    pub unwind_mode: u32,
+    pub _pad: u32,
 }
+
+/// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
+pub const UNWIND_MODE_FP: u32 = 0;
+/// Unwind tables (`UNWIND_ROWS`); a frame without a table ends the walk.
+pub const UNWIND_MODE_DWARF: u32 = 1;
+/// Unwind tables, following frame pointers through code without one (flagged).
+pub const UNWIND_MODE_DWARF_FP: u32 = 2;
 
 impl Config {
     pub const ZERO: Config = Config {
@@ -291,6 +301,8 @@ impl Config {
         fdtable_max_fds: 0,
         off_cpu: 0,
         off_cpu_min_ns: 0,
+        unwind_mode: UNWIND_MODE_FP,
+        _pad: 0,
     };
 }
 
@@ -384,7 +396,30 @@ pub mod counter {
     pub const MAP_EVENTS_LOST: u32 = 31;
     /// Mapped files whose path could not be walked to the root (cut, too deep, unreadable).
     pub const MAP_PATH_INCOMPLETE: u32 = 32;
-    pub const COUNT: u32 = 33;
+    // DWARF unwinding (`Config::unwind_mode` not `UNWIND_MODE_FP`): every sample sent whose
+    // user stack was walked by the unwinder lands in exactly one of the next nine, by how the
+    // walk ended (`UNWIND_END_*`, in the same order from `UNWIND_END_COMPLETE`).
+    pub const UNWIND_COMPLETE: u32 = 33;
+    pub const UNWIND_DEPTH: u32 = 34;
+    pub const UNWIND_NO_PROCESS: u32 = 35;
+    pub const UNWIND_NO_MAPPING: u32 = 36;
+    pub const UNWIND_NO_TABLE: u32 = 37;
+    pub const UNWIND_NO_CFI: u32 = 38;
+    pub const UNWIND_UNSUPPORTED: u32 = 39;
+    pub const UNWIND_READ_FAULT: u32 = 40;
+    pub const UNWIND_FRAME_POINTER: u32 = 41;
+    /// Walks that followed frame pointers for some frames (code without a table).
+    pub const UNWIND_USED_FP: u32 = 42;
+    pub const COUNT: u32 = 43;
+
+    /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
+    pub const fn unwind_end(end: u32) -> Option<u32> {
+        if end == 0 || end >= super::UNWIND_END_COUNT {
+            None
+        } else {
+            Some(UNWIND_COMPLETE + end - 1)
+        }
+    }
 }
 
 /// Size of the `USDT_SPECS` array: probe sites attached at once.

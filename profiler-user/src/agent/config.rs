@@ -125,6 +125,8 @@ impl AgentPlan {
             mode: Mode::Cpu,
             off_cpu: false,
             off_cpu_min: 1.0,
+            unwind: crate::cli::args::Unwind::Dwarf,
+            unwind_table_mb: 64,
         };
         let host = match args.host.or(file.host) {
             Some(h) if h.is_empty() => bail!("invalid host: empty"),

@@ -57,6 +57,17 @@ impl Outbox {
         }
     }
 
+    /// Processes whose mappings changed since the last take, without taking them (the unwind
+    /// loader looks before the USDT session takes).
+    pub fn pending_maps_changed(&self) -> &[Pid] {
+        &self.maps_changed
+    }
+
+    /// Processes that exited since the last take, without taking them.
+    pub fn pending_process_exits(&self) -> &[Pid] {
+        &self.exited_processes
+    }
+
     /// Processes whose mappings changed, each once.
     pub fn take_maps_changed(&mut self) -> Vec<Pid> {
         let mut pids = std::mem::take(&mut self.maps_changed);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{Config, FILTER_TARGETS, counter};
+use profiler_common::{Config, FILTER_TARGETS, UNWIND_MODE_FP, counter};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::{Signal, SignalKind, signal},
@@ -57,6 +57,8 @@ pub struct Recorder<'p> {
     bpf: BpfObject,
     collector: Collector<ChunkedStore>,
     usdt: UsdtSession,
+    /// Unwind tables (None with `--unwind fp`).
+    unwind: Option<crate::unwind::UnwindLoader>,
     ring: AsyncFd<RingBuf<MapData>>,
     info: RecordingInfo,
     child_exit: Option<oneshot::Receiver<i32>>,
@@ -75,8 +77,16 @@ impl<'p> Recorder<'p> {
         }
         config.off_cpu = plan.off_cpu;
         config.off_cpu_min_ns = plan.off_cpu_min_ns;
+        config.unwind_mode = plan.unwind_mode;
         let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
-        let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes)?;
+        // Frame-pointer mode loads no tables: a one-row array.
+        let rows = if plan.unwind_mode == UNWIND_MODE_FP { 1 } else { plan.unwind_rows };
+        let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
+        let mut unwind = if plan.unwind_mode == UNWIND_MODE_FP {
+            None
+        } else {
+            Some(crate::unwind::maps(&mut bpf)?)
+        };
         if let Some(c) = &plan.cgroups {
             bpf.add_cgroups(&c.ids())?;
         }
@@ -117,6 +127,10 @@ impl<'p> Recorder<'p> {
         for &pid in &targets {
             collector.register_existing(pid);
         }
+        // Tables of the processes that already run are in the kernel before sampling starts.
+        if let Some(u) = &mut unwind {
+            u.after_drain(&mut collector);
+        }
         let ring = bpf.take_ring()?;
         let (start, start_wall_ms) = clock_pair();
         bpf.attach(plan.frequency)?;
@@ -149,7 +163,18 @@ impl<'p> Recorder<'p> {
             product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
             oscpu: host::oscpu(),
         };
-        Ok(Self { plan, msgs, bpf, collector, usdt, ring, info, child_exit, snapshots: Vec::new() })
+        Ok(Self {
+            plan,
+            msgs,
+            bpf,
+            collector,
+            usdt,
+            unwind,
+            ring,
+            info,
+            child_exit,
+            snapshots: Vec::new(),
+        })
     }
 
     fn info_at(&self, end: MonoNs) -> RecordingInfo {
@@ -164,6 +189,9 @@ impl<'p> Recorder<'p> {
         ring::drain(self.ring.get_mut(), |rec| {
             let _ = collector.handle_record(rec);
         });
+        if let Some(u) = &mut self.unwind {
+            u.after_drain(&mut self.collector);
+        }
         self.usdt.after_drain(&mut self.collector);
     }
 
@@ -358,6 +386,9 @@ impl<'p> Recorder<'p> {
             output_bytes: bytes,
             stop_reason,
         }));
+        if let Some(u) = &self.unwind {
+            self.msgs.block(&u.render());
+        }
         if !usdt_report.is_empty() {
             self.msgs.block(&usdt_report.render());
         }

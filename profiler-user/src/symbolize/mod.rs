@@ -22,6 +22,8 @@ use crate::{
 };
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+/// The "library" of the root pseudo-frame of a truncated user stack.
+pub const TRUNCATED_MODULE: &str = "rsprof unwind";
 
 /// What the symbolizer thread needs to know about a module.
 #[derive(Clone, Debug)]
@@ -131,6 +133,21 @@ impl SymbolizerThread {
                 }
                 // Named from the process's label texts, see `name_labels`.
                 FrameAddr::Label { .. } => {}
+                FrameAddr::Truncated { end, module } => {
+                    let name = module.map(|m| modules[m.0 as usize].name.as_str());
+                    self.out.insert(
+                        a,
+                        vec![Frame {
+                            kind: FrameKind::Truncated,
+                            function: end.describe(name),
+                            module: TRUNCATED_MODULE.into(),
+                            file: None,
+                            line: None,
+                            column: None,
+                            inlined: false,
+                        }],
+                    );
+                }
             }
         }
         self.kernel(&kernel);
