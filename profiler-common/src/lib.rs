@@ -396,9 +396,10 @@ pub mod counter {
     pub const MAP_EVENTS_LOST: u32 = 31;
     /// Mapped files whose path could not be walked to the root (cut, too deep, unreadable).
     pub const MAP_PATH_INCOMPLETE: u32 = 32;
-    // DWARF unwinding (`Config::unwind_mode` not `UNWIND_MODE_FP`): every sample sent whose
-    // user stack was walked by the unwinder lands in exactly one of the next nine, by how the
-    // walk ended (`UNWIND_END_*`, in the same order from `UNWIND_END_COMPLETE`).
+    // DWARF unwinding (`Config::unwind_mode` not `UNWIND_MODE_FP`): every CPU sample of a
+    // task with a user address space (sent or not) lands in exactly one of the next nine, by
+    // how its user stack walk ended (`UNWIND_END_*`, in order from `UNWIND_END_COMPLETE`).
+    // Off-CPU and USDT walks are not counted here.
     pub const UNWIND_COMPLETE: u32 = 33;
     pub const UNWIND_DEPTH: u32 = 34;
     pub const UNWIND_NO_PROCESS: u32 = 35;

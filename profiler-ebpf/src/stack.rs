@@ -49,6 +49,7 @@ static UNWIND_PROCS: HashMap<u32, UnwindProcess> =
 /// Slot of `UNWIND_STATE` per walker, so the sampler and the off-CPU tracker never share one.
 pub const SLOT_SAMPLER: u32 = 0;
 pub const SLOT_OFF_CPU: u32 = 1;
+pub const SLOT_USDT: u32 = 2;
 
 /// A walk in progress (registers of the frame being unwound) and its output.
 #[repr(C)]
@@ -69,7 +70,7 @@ pub struct WalkState {
 }
 
 #[map]
-static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
+static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(3, 0);
 
 /// What [`walk`] found.
 pub struct Walked {
@@ -132,9 +133,31 @@ pub unsafe fn walk<C: EbpfContext>(
 }
 
 /// The table walk of the current task's user stack into `out` (room for `MAX_STACK_DEPTH`):
-/// (frames, `UNWIND_END_*`, flags). Counts the end.
+/// (frames, `UNWIND_END_*`, flags). The sampler's walks are counted (one counter each).
 #[inline(always)]
-unsafe fn walk_tables(out: *mut u64, user_regs: Option<UserRegs>, slot: u32) -> (u64, u32, u32) {
+pub unsafe fn walk_tables(
+    out: *mut u64,
+    user_regs: Option<UserRegs>,
+    slot: u32,
+) -> (u64, u32, u32) {
+    let r = unsafe { walk_tables_uncounted(out, user_regs, slot) };
+    if slot == SLOT_SAMPLER {
+        if let Some(c) = counter::unwind_end(r.1) {
+            count(c);
+        }
+        if r.2 & SAMPLE_UNWIND_USED_FP != 0 {
+            count(counter::UNWIND_USED_FP);
+        }
+    }
+    r
+}
+
+#[inline(always)]
+unsafe fn walk_tables_uncounted(
+    out: *mut u64,
+    user_regs: Option<UserRegs>,
+    slot: u32,
+) -> (u64, u32, u32) {
     let cfg = config();
     // SAFETY: returns the current task pointer.
     let task = unsafe { bpf_get_current_task() };
@@ -207,12 +230,6 @@ unsafe fn walk_tables(out: *mut u64, user_regs: Option<UserRegs>, slot: u32) -> 
 
 #[inline(always)]
 fn finish(n: u64, end: u32, flags: u32) -> (u64, u32, u32) {
-    if let Some(c) = counter::unwind_end(end) {
-        count(c);
-    }
-    if flags & SAMPLE_UNWIND_USED_FP != 0 {
-        count(counter::UNWIND_USED_FP);
-    }
     (n, end, flags)
 }
 

@@ -37,7 +37,8 @@ fn build_no_fp(name: &str) -> PathBuf {
     out
 }
 
-/// Starts `cmd` and waits for its "ready" line.
+/// Starts `cmd` and waits for its "ready" line. Fixtures run long enough for two recordings
+/// (loading the BPF programs takes seconds on a busy machine) and are killed when dropped.
 fn start_ready(cmd: &mut Command) -> Background {
     let mut child = cmd.stdout(Stdio::piped()).spawn().expect("start fixture");
     let mut line = String::new();
@@ -97,7 +98,7 @@ fn summary_count(stderr: &str, cause: &str) -> u64 {
 #[test]
 fn unwind_no_frame_pointer_chain_is_complete_and_fp_is_not() {
     let exe = build_no_fp("unwind_chain");
-    let fixture = start_ready(Command::new(&exe).arg("12"));
+    let fixture = start_ready(Command::new(&exe).arg("120"));
     let pid = fixture.0.id();
     let chain = ["main", "a_top", "b_mid", "c_hot"];
     let (dwarf, stderr) = record("chain", pid, "dwarf", "3");
@@ -113,6 +114,7 @@ fn unwind_no_frame_pointer_chain_is_complete_and_fp_is_not() {
         .count();
     let rate = share(complete, d.len());
     let f: Vec<&Vec<String>> = fp.iter().filter(|s| hot(s)).collect();
+    assert!(f.len() > 200, "only {} samples in c_hot with --unwind fp", f.len());
     let fp_rate = share(f.iter().filter(|s| has_path(s, &chain)).count(), f.len());
     eprintln!(
         "chain: dwarf {complete}/{} = {:.1}% complete main→a_top→b_mid→c_hot; fp {:.1}% of {}",
@@ -133,7 +135,7 @@ fn unwind_no_frame_pointer_chain_is_complete_and_fp_is_not() {
 #[test]
 fn unwind_write_storm_keeps_the_caller_of_libc() {
     let exe = build_no_fp("unwind_write");
-    let fixture = start_ready(Command::new(&exe).arg("10"));
+    let fixture = start_ready(Command::new(&exe).arg("120"));
     let pid = fixture.0.id();
     let (dwarf, stderr) = record("write", pid, "dwarf", "3");
     let (fp, _) = record("write", pid, "fp", "2");
@@ -151,6 +153,7 @@ fn unwind_write_storm_keeps_the_caller_of_libc() {
     let d: Vec<&Vec<String>> = dwarf.iter().filter(in_libc).collect();
     let f: Vec<&Vec<String>> = fp.iter().filter(in_libc).collect();
     assert!(d.len() > 100, "only {} libc-leaf samples of {}", d.len(), dwarf.len());
+    assert!(f.len() > 100, "only {} libc-leaf samples with --unwind fp", f.len());
     let rate = share(with_caller(&d), d.len());
     let fp_rate = share(with_caller(&f), f.len());
     eprintln!(
@@ -172,7 +175,7 @@ fn unwind_python_samples_reach_the_start() {
         std::path::Path::new(python).exists(),
         "{python} is needed (Debian package python3.11; `cargo xtask setup`)"
     );
-    let script = "import sys, time\nprint('ready', flush=True)\nend = time.time() + 10\n\
+    let script = "import sys, time\nprint('ready', flush=True)\nend = time.time() + 120\n\
                   def work(n):\n    s = 0\n    for i in range(n):\n        s += i * i\n    \
                   return s\nwhile time.time() < end:\n    work(10000)\n";
     let fixture = start_ready(Command::new(python).args(["-c", script]));
@@ -195,6 +198,8 @@ fn unwind_python_samples_reach_the_start() {
         fp.len()
     );
     assert!(dwarf.len() > 200, "only {} samples", dwarf.len());
+    assert!(fp.len() > 200, "only {} samples with --unwind fp", fp.len());
+    assert!(fp_rate < rate, "fp {fp_rate} vs dwarf {rate}");
     let bad: Vec<_> = dwarf.iter().filter(|s| !rooted(s)).take(3).collect();
     assert!(rate >= 0.95, "{:.1}% complete; e.g. {bad:?}\n{stderr}", rate * 100.0);
 }
@@ -202,7 +207,7 @@ fn unwind_python_samples_reach_the_start() {
 #[test]
 fn unwind_deep_recursion_is_flagged_depth_limited() {
     let exe = build_no_fp("unwind_deep");
-    let fixture = start_ready(Command::new(&exe).arg("8"));
+    let fixture = start_ready(Command::new(&exe).arg("120"));
     let pid = fixture.0.id();
     let (dwarf, stderr) = record("deep", pid, "dwarf", "3");
     drop(fixture);
