@@ -55,8 +55,8 @@ fn record(test: &str, pid: u32, mode: &str, secs: &str) -> (Vec<Vec<String>>, St
     let p = pid.to_string();
     let done = run(&["-p", &p, "-d", secs, "-F", "499", "--unwind", mode, "-o", o]).unwrap();
     assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
-    let text = std::fs::read_to_string(&out).expect("profile written");
-    let profile: Value = serde_json::from_str(&text).expect("profile is JSON");
+    // Also imported by the Firefox Profiler's own code.
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
     if let Err(problems) = validate(&profile) {
         panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
     }
@@ -224,4 +224,46 @@ fn unwind_deep_recursion_is_flagged_depth_limited() {
     // The pseudo-frame has its own module, and the summary counts the cause.
     assert_eq!(module_name(&deep[0][0]), Some("rsprof unwind"));
     assert!(summary_count(&stderr, "depth limit") >= flagged as u64 / 2, "{stderr}");
+}
+
+#[test]
+fn unwind_command_started_by_the_recording_is_complete_or_flagged() {
+    // `-- CMD`: the process execs after sampling began, so its tables are loaded from its
+    // mapping records while it runs; its first samples may come before them.
+    let exe = build_no_fp("unwind_chain");
+    let out = output_path("unwind_cmd", "json");
+    let o = out.to_str().unwrap();
+    let done = run(&["-F", "499", "-o", o, "--", exe.to_str().unwrap(), "4"]).unwrap();
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let stacks: Vec<Vec<String>> = tests::profile_query::threads(&profile)
+        .iter()
+        .filter(|t| t.process_name == "unwind_chain")
+        .flat_map(|t| sample_stacks(t.thread))
+        .filter(|s| !s.is_empty())
+        .collect();
+    let hot: Vec<&Vec<String>> =
+        stacks.iter().filter(|s| functions(s).last() == Some(&"c_hot")).collect();
+    assert!(hot.len() > 200, "only {} samples in c_hot of {}", hot.len(), stacks.len());
+    let chain = ["__libc_start_call_main", "main", "a_top", "b_mid", "c_hot"];
+    let complete = hot.iter().filter(|s| truncated(s).is_none() && has_path(s, &chain)).count();
+    // Anything not complete says so at its root: nothing passes for complete.
+    // (A thread in exit_group after its address space is gone has no user stack at all.)
+    let user = |s: &&Vec<String>| s.iter().any(|f| module_name(f) != Some("[kernel.kallsyms]"));
+    let unflagged: Vec<_> = stacks
+        .iter()
+        .filter(user)
+        .filter(|s| truncated(s).is_none() && !has_path(s, &chain[..2]))
+        .collect();
+    let rate = share(complete, hot.len());
+    eprintln!("-- CMD: {complete}/{} = {:.1}% complete", hot.len(), rate * 100.0);
+    assert!(rate >= 0.95, "{:.1}% complete\n{}", rate * 100.0, done.stderr);
+    assert!(
+        unflagged.iter().all(|s| functions(s).iter().any(|f| *f == "_start" || *f == "_dl_start")),
+        "stacks neither complete nor flagged: {:?}",
+        unflagged.iter().take(3).collect::<Vec<_>>()
+    );
 }

@@ -168,6 +168,11 @@ impl BpfObject {
         (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
     }
 
+    /// Instructions the verifier processed to load `prog` (its `verified_insns`).
+    pub fn verified_insns(&self, prog: &str) -> Option<u32> {
+        self.ebpf.program(prog)?.info().ok()?.verified_instruction_count()
+    }
+
     /// Stops sampling and lifecycle events; maps stay readable for the final drain.
     pub fn detach(&mut self) {
         if let Some(p) = self.ebpf.program_mut("on_cpu_clock") {

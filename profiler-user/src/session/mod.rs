@@ -400,9 +400,10 @@ impl<'p> Recorder<'p> {
             ("on_enter_munmap", "munmap hook"),
         ] {
             if let Some((runs, time)) = self.bpf.run_stats(prog) {
+                let verified = self.bpf.verified_insns(prog).unwrap_or(0);
                 self.msgs.info(format_args!(
                     "BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s \
-                     in all",
+                     in all; {verified} instructions verified",
                     time.as_nanos() as f64 / runs as f64,
                     time.as_secs_f64()
                 ));

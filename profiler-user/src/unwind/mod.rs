@@ -64,6 +64,8 @@ pub struct UnwindStats {
     /// Files that could not be read (their mappings have no table).
     pub files_unreadable: u64,
     pub compile_time: Duration,
+    /// Time writing rows into the kernel map (one update per row).
+    pub load_time: Duration,
     /// Writes of a process's mapping table, and processes removed (exit or exec).
     pub process_updates: u64,
     pub processes_removed: u64,
@@ -171,6 +173,11 @@ impl UnwindLoader {
             e.flags = UNWIND_MAPPING_ANON | UNWIND_MAPPING_NO_CFI;
             return e;
         }
+        // Kernel pseudo mappings other than the vDSO (`[vsyscall]`): no file, no CFI.
+        if m.path.starts_with('[') && m.path != "[vdso]" {
+            e.flags = UNWIND_MAPPING_NO_CFI;
+            return e;
+        }
         let Some((table, layout)) = self.module_table(modules, module) else {
             e.flags = UNWIND_MAPPING_NO_CFI;
             return e;
@@ -259,12 +266,14 @@ impl UnwindLoader {
             return FileTable::Full;
         }
         let first = self.next_row;
+        let started = Instant::now();
         for (i, row) in rows.iter().enumerate() {
             if self.rows.set(first + i as u32, *row, 0).is_err() {
                 self.stats.tables_not_loaded_full += 1;
                 return FileTable::Full;
             }
         }
+        self.stats.load_time += started.elapsed();
         self.next_row += count;
         self.stats.tables_loaded += 1;
         self.stats.rows_loaded += u64::from(count);
@@ -286,7 +295,8 @@ impl UnwindLoader {
         let _ = writeln!(
             out,
             "unwind tables: {} files loaded, {} rows ({:.1} MiB of {:.1} MiB); {} files without \
-             CFI, {} not loaded (table full), {} unreadable; compiled in {:.0} ms",
+             CFI, {} not loaded (table full), {} unreadable; compiled in {:.0} ms, loaded in {:.0} \
+             ms",
             s.tables_loaded,
             s.rows_loaded,
             (s.rows_loaded * row) as f64 / 1048576.0,
@@ -294,7 +304,8 @@ impl UnwindLoader {
             s.files_without_cfi,
             s.tables_not_loaded_full,
             s.files_unreadable,
-            s.compile_time.as_secs_f64() * 1e3
+            s.compile_time.as_secs_f64() * 1e3,
+            s.load_time.as_secs_f64() * 1e3
         );
         let _ = writeln!(
             out,
