@@ -22,6 +22,9 @@ use crate::{bpf::counters::Counters, model::ids::Pid};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
+/// The unwind walker's rows array and per-process mapping tables.
+pub type UnwindMaps = (Array<MapData, UnwindRow>, BpfHashMap<MapData, u32, UnwindProcess>);
+
 /// The BPF programs and maps of one recording.
 pub struct BpfObject {
     ebpf: Ebpf,
@@ -130,9 +133,7 @@ impl BpfObject {
     }
 
     /// The unwind walker's rows array and per-process mapping tables.
-    pub fn take_unwind_maps(
-        &mut self,
-    ) -> Result<(Array<MapData, UnwindRow>, BpfHashMap<MapData, u32, UnwindProcess>)> {
+    pub fn take_unwind_maps(&mut self) -> Result<UnwindMaps> {
         let rows = self.ebpf.take_map("UNWIND_ROWS").context("UNWIND_ROWS map")?;
         let procs = self.ebpf.take_map("UNWIND_PROCS").context("UNWIND_PROCS map")?;
         Ok((Array::try_from(rows)?, BpfHashMap::try_from(procs)?))

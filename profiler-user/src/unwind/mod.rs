@@ -144,7 +144,7 @@ impl UnwindLoader {
         }
         self.scratch.count = n as u32;
         self.stats.process_updates += 1;
-        if self.procs.insert(pid.0, &*self.scratch, 0).is_err() {
+        if self.procs.insert(pid.0, self.scratch.as_ref(), 0).is_err() {
             self.stats.process_update_errors += 1;
         } else {
             self.loaded_pids.insert(pid);
