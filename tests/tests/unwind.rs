@@ -233,7 +233,8 @@ fn unwind_command_started_by_the_recording_is_complete_or_flagged() {
     let exe = build_no_fp("unwind_chain");
     let out = output_path("unwind_cmd", "json");
     let o = out.to_str().unwrap();
-    let done = run(&["-F", "499", "-o", o, "--", exe.to_str().unwrap(), "4"]).unwrap();
+    let args = ["-F", "499", "--unwind", "dwarf", "-o", o, "--", exe.to_str().unwrap(), "4"];
+    let done = run(&args).unwrap();
     assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
     let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
     if let Err(problems) = validate(&profile) {

@@ -125,7 +125,7 @@ impl AgentPlan {
             mode: Mode::Cpu,
             off_cpu: false,
             off_cpu_min: 1.0,
-            unwind: crate::cli::args::Unwind::Dwarf,
+            unwind: crate::cli::args::Unwind::Fp,
             unwind_table_mb: 64,
         };
         let host = match args.host.or(file.host) {

@@ -157,7 +157,8 @@ pub struct RecordArgs {
     /// `.debug_frame`) of the mapped files, in the kernel; `dwarf-fp` the same, following frame
     /// pointers through code without tables (JIT code; such stacks are flagged); `fp` frame
     /// pointers only (what most distribution binaries lack).
-    #[arg(long, value_enum, default_value_t = Unwind::Dwarf)]
+    /// Default `fp` until tables load fast enough for `--all` (one map update per row today).
+    #[arg(long, value_enum, default_value_t = Unwind::Fp)]
     pub unwind: Unwind,
 
     /// Kernel memory for unwind tables (MiB; 8 bytes a row). Files that do not fit are
