@@ -296,8 +296,17 @@ pub struct Config {
     pub off_cpu_min_ns: u64,
     /// Offset of the user instruction pointer in `struct pt_regs` (an off-CPU block's site).
     pub pt_regs_ip: u32,
+    /// `UNWIND_MODE_*`: how user stacks are walked.
+    pub unwind_mode: u32,
     pub _pad: u32,
 }
+
+/// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
+pub const UNWIND_MODE_FP: u32 = 0;
+/// Unwind tables (`UNWIND_ROWS`); a frame without a table ends the walk.
+pub const UNWIND_MODE_DWARF: u32 = 1;
+/// Unwind tables, following frame pointers through code without one (flagged).
+pub const UNWIND_MODE_DWARF_FP: u32 = 2;
 
 impl Config {
     pub const ZERO: Config = Config {
@@ -333,6 +342,7 @@ impl Config {
         off_cpu: 0,
         off_cpu_min_ns: 0,
         pt_regs_ip: 0,
+        unwind_mode: UNWIND_MODE_FP,
         _pad: 0,
     };
 }
@@ -432,7 +442,31 @@ pub mod counter {
     pub const OFF_CPU_NOT_CAPTURED: u32 = 33;
     /// Off-CPU switch-outs whose stacks were walked (not a block count: a cost).
     pub const OFF_CPU_WALKS: u32 = 34;
-    pub const COUNT: u32 = 35;
+    // DWARF unwinding (`Config::unwind_mode` not `UNWIND_MODE_FP`): every CPU sample of a
+    // task with a user address space (sent or not) lands in exactly one of the next nine, by
+    // how its user stack walk ended (`UNWIND_END_*`, in order from `UNWIND_END_COMPLETE`).
+    // Off-CPU and USDT walks are not counted here.
+    pub const UNWIND_COMPLETE: u32 = 35;
+    pub const UNWIND_DEPTH: u32 = 36;
+    pub const UNWIND_NO_PROCESS: u32 = 37;
+    pub const UNWIND_NO_MAPPING: u32 = 38;
+    pub const UNWIND_NO_TABLE: u32 = 39;
+    pub const UNWIND_NO_CFI: u32 = 40;
+    pub const UNWIND_UNSUPPORTED: u32 = 41;
+    pub const UNWIND_READ_FAULT: u32 = 42;
+    pub const UNWIND_FRAME_POINTER: u32 = 43;
+    /// Walks that followed frame pointers for some frames (code without a table).
+    pub const UNWIND_USED_FP: u32 = 44;
+    pub const COUNT: u32 = 45;
+
+    /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
+    pub const fn unwind_end(end: u32) -> Option<u32> {
+        if end == 0 || end >= super::UNWIND_END_COUNT {
+            None
+        } else {
+            Some(UNWIND_COMPLETE + end - 1)
+        }
+    }
 }
 
 /// Size of the `USDT_SPECS` array: probe sites attached at once.

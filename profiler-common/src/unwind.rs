@@ -74,3 +74,83 @@ impl UnwindRow {
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding (4 + 2 + 1 + 1 bytes).
 unsafe impl aya::Pod for UnwindRow {}
+
+/// Executable mappings kept per process for the walker ([`UnwindProcess`]); more are counted
+/// by userspace and their frames end the walk as "no mapping".
+pub const UNWIND_MAX_MAPPINGS: usize = 256;
+
+/// [`UnwindMapping::flags`]: the file has no usable CFI (none, or it failed to compile).
+pub const UNWIND_MAPPING_NO_CFI: u32 = 1 << 0;
+/// The file's table is not in the rows array (not compiled yet, or the array was full).
+pub const UNWIND_MAPPING_NOT_LOADED: u32 = 1 << 1;
+/// Anonymous executable memory (JIT code): no file, no CFI.
+pub const UNWIND_MAPPING_ANON: u32 = 1 << 2;
+
+/// One executable mapping of a process as the walker sees it: `start..end` at runtime, the
+/// load bias to subtract from a PC to get the file-relative address the rows use, and the
+/// file's rows `first..first + count` in `UNWIND_ROWS` (count 0: no table, see `flags`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    pub first: u32,
+    pub count: u32,
+    /// `UNWIND_MAPPING_*`.
+    pub flags: u32,
+    /// Userspace's module id of the file, echoed in nothing; for debugging map dumps.
+    pub module: u32,
+}
+
+/// Value of `UNWIND_PROCS` (keyed by thread-group id): the process's executable mappings
+/// sorted by `start`, non-overlapping; only the first `count` are valid. One value per
+/// process, rewritten whole when its mappings change, so the walker never sees half an
+/// update of the order it binary-searches.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindProcess {
+    pub count: u32,
+    pub _pad: u32,
+    pub mappings: [UnwindMapping; UNWIND_MAX_MAPPINGS],
+}
+
+/// How a sample's user stack walk ended, in bits `SAMPLE_UNWIND_SHIFT..` of the sample flags.
+/// `NONE`: no walk (frame-pointer mode, whose end is unknown, or no user stack: a kernel
+/// thread).
+pub const UNWIND_END_NONE: u32 = 0;
+/// Reached the outermost frame (CFI says the return address is undefined, or it is 0).
+pub const UNWIND_END_COMPLETE: u32 = 1;
+/// Stopped at `MAX_STACK_DEPTH` frames: the root side is missing.
+pub const UNWIND_END_DEPTH: u32 = 2;
+/// The process has no mapping table in the kernel yet (just started, or not loaded).
+pub const UNWIND_END_NO_PROCESS: u32 = 3;
+/// A PC in no executable mapping the walker knows.
+pub const UNWIND_END_NO_MAPPING: u32 = 4;
+/// A PC in a file whose table is not loaded (not compiled yet, or the rows array is full).
+pub const UNWIND_END_NO_TABLE: u32 = 5;
+/// A PC in a file without CFI, or in a gap its CFI does not cover (and no frame-pointer
+/// fallback was asked for).
+pub const UNWIND_END_NO_CFI: u32 = 6;
+/// A CFI rule the table cannot express (`UNWIND_CFA_UNSUPPORTED`, or a CFA based on an rbp
+/// whose value was lost).
+pub const UNWIND_END_UNSUPPORTED: u32 = 7;
+/// Reading the stack (return address, saved rbp, signal frame) faulted.
+pub const UNWIND_END_READ_FAULT: u32 = 8;
+/// The frame-pointer fallback ended the walk (rbp chain ended or went astray): the root is
+/// probably but not certainly reached.
+pub const UNWIND_END_FRAME_POINTER: u32 = 9;
+/// Number of `UNWIND_END_*` values.
+pub const UNWIND_END_COUNT: u32 = 10;
+/// Bits of the sample flags holding the `UNWIND_END_*` value.
+pub const SAMPLE_UNWIND_SHIFT: u32 = 8;
+pub const SAMPLE_UNWIND_MASK: u32 = 0xf << SAMPLE_UNWIND_SHIFT;
+/// Some frames of the walk were found by following frame pointers (code without a table).
+pub const SAMPLE_UNWIND_USED_FP: u32 = 1 << 12;
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding (3 * 8 + 4 * 4 bytes).
+unsafe impl aya::Pod for UnwindMapping {}
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers and an array of Pod structs, no padding.
+unsafe impl aya::Pod for UnwindProcess {}

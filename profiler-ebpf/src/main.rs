@@ -11,6 +11,7 @@ mod stack;
 mod usdt;
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_RB_NO_WAKEUP,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
@@ -122,7 +123,11 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         s.comm = bpf_get_current_comm().unwrap_or([0; 16]);
 
         let frames = (*rec).frames.as_mut_ptr();
-        let w = stack::walk(&ctx, frames, 0);
+        let regs = stack::perf_user_regs(ctx.as_ptr());
+        if regs.is_some() {
+            s.flags |= profiler_common::SAMPLE_USER_MODE;
+        }
+        let w = stack::walk(&ctx, frames, 0, regs, stack::SLOT_SAMPLER);
         s.flags |= w.errors;
         if w.errors & SAMPLE_KERNEL_STACK_ERROR != 0 {
             count(counter::KERNEL_STACK_ERRORS);

@@ -184,7 +184,7 @@ unsafe fn switch_out(
         let frames = (*e).frames.as_mut_ptr();
         // Skips this program's frame and the tracepoint's `bpf_trace_run4`: the stack starts
         // at `__schedule`, like the thread's own view of where it blocked.
-        let w = crate::stack::walk(ctx, frames, 2);
+        let w = crate::stack::walk(ctx, frames, 2, None, crate::stack::SLOT_OFF_CPU);
         r.flags = w.errors;
         if w.errors & SAMPLE_KERNEL_STACK_ERROR != 0 {
             count(counter::OFF_CPU_STACK_ERRORS);

@@ -1,26 +1,101 @@
-//! Stack walking shared by the CPU sampler and the off-CPU tracker: the kernel stack, then the
-//! user stack right after it in the same buffer (`bpf_get_stack`, frame pointers). The
-//! in-kernel unwinder will replace the user half here.
+//! Stack walking shared by the CPU sampler and the off-CPU tracker: the kernel stack
+//! (`bpf_get_stack`), then the user stack right after it in the same buffer, walked either by
+//! frame pointers (`bpf_get_stack`, `UNWIND_MODE_FP`) or with unwind tables (`UNWIND_MODE_DWARF*`).
+//!
+//! The table walk: userspace compiles each mapped file's CFI into [`UnwindRow`]s in the one
+//! `UNWIND_ROWS` array and keeps, per process, its executable mappings sorted by address in
+//! `UNWIND_PROCS` (one hash lookup, then a binary search inside one map value: no per-range
+//! keys as an LPM trie would need for arbitrary ranges, and one value rewritten whole per
+//! change, so a walk never sees a half-updated order). Each frame: find the PC's mapping,
+//! binary-search its file's rows for `pc - bias`, compute the CFA, read the return address
+//! (CFA - 8) and the saved rbp. Frames run in a `bpf_loop` callback, so the verifier checks
+//! one frame, not 127; the state lives in a per-CPU map the callback looks up.
 
-use aya_ebpf::{EbpfContext, bindings::BPF_F_USER_STACK, helpers::generated::bpf_get_stack};
-use profiler_common::{MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR};
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, pt_regs},
+    helpers::{
+        bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_loop,
+            bpf_task_pt_regs,
+        },
+    },
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use profiler_common::{
+    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP,
+    SAMPLE_USER_STACK_ERROR, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP,
+    UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
+    UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
+    UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
+    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP,
+    UNWIND_MODE_FP, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindMapping, UnwindProcess,
+    UnwindRow, counter,
+};
+
+use crate::{config, count};
+
+/// The compiled tables of every loaded file; sized by the loader (`--unwind-table-mb`).
+#[map]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
+
+/// Executable mappings per thread-group id. Not preallocated: a value is 8 KiB.
+#[map]
+static UNWIND_PROCS: HashMap<u32, UnwindProcess> =
+    HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
+
+/// Slot of `UNWIND_STATE` per walker, so the sampler and the off-CPU tracker never share one.
+pub const SLOT_SAMPLER: u32 = 0;
+pub const SLOT_OFF_CPU: u32 = 1;
+pub const SLOT_USDT: u32 = 2;
+
+/// A walk in progress (registers of the frame being unwound) and its output.
+#[repr(C)]
+pub struct WalkState {
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    tgid: u32,
+    n: u32,
+    end: u32,
+    /// `SAMPLE_UNWIND_USED_FP`.
+    flags: u32,
+    /// 0 once rbp's value is unknown (a frame whose rbp rule the table cannot express).
+    bp_known: u32,
+    /// `pc` is a return address (look up `pc - 1`, the call) rather than an interrupted PC.
+    pc_is_return: u32,
+    frames: [u64; MAX_STACK_DEPTH],
+}
+
+#[map]
+static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(3, 0);
 
 /// What [`walk`] found.
 pub struct Walked {
     pub kernel_frames: u16,
     pub user_frames: u16,
-    /// `SAMPLE_KERNEL_STACK_ERROR` / `SAMPLE_USER_STACK_ERROR` for a walk that failed.
+    /// `SAMPLE_KERNEL_STACK_ERROR` / `SAMPLE_USER_STACK_ERROR` for a walk that failed, plus
+    /// the table walk's end (`UNWIND_END_* << SAMPLE_UNWIND_SHIFT`, `SAMPLE_UNWIND_USED_FP`).
     pub errors: u32,
 }
 
 /// Writes the kernel stack (skipping its innermost `skip` frames) to `frames`, then the user
-/// stack after it. The kernel takes the user registers from task_pt_regs when the event hit
-/// kernel mode, so syscall-time stacks still get the thread's user stack.
+/// stack after it. `user_regs`: the registers the event interrupted, when they are user
+/// registers (a perf sample in user mode); otherwise the task's saved user registers
+/// (`task_pt_regs`) are used, so syscall-time stacks still get the thread's user stack.
 ///
 /// # Safety
 /// `frames` must have room for `2 * MAX_STACK_DEPTH` entries.
 #[inline(always)]
-pub unsafe fn walk<C: EbpfContext>(ctx: &C, frames: *mut u64, skip: u64) -> Walked {
+pub unsafe fn walk<C: EbpfContext>(
+    ctx: &C,
+    frames: *mut u64,
+    skip: u64,
+    user_regs: Option<UserRegs>,
+    slot: u32,
+) -> Walked {
     const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
     let mut errors = 0;
     let kret = unsafe { bpf_get_stack(ctx.as_ptr(), frames.cast(), STACK_BYTES, skip) };
@@ -34,22 +109,338 @@ pub unsafe fn walk<C: EbpfContext>(ctx: &C, frames: *mut u64, skip: u64) -> Walk
     if kframes > MAX_STACK_DEPTH as u64 {
         kframes = MAX_STACK_DEPTH as u64;
     }
-    let uret = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            frames.add(kframes as usize).cast(),
-            STACK_BYTES,
-            BPF_F_USER_STACK as u64,
-        )
-    };
+    let user = unsafe { frames.add(kframes as usize) };
+    let cfg = config();
     let mut uframes: u64 = 0;
-    if uret < 0 {
-        errors |= SAMPLE_USER_STACK_ERROR;
+    // Off-CPU stacks stay on frame pointers for now: table walks from sched_switch lost the
+    // callers of the blocking function in the off-CPU tests (not understood yet).
+    if cfg.unwind_mode == UNWIND_MODE_FP || slot == SLOT_OFF_CPU {
+        let uret = unsafe {
+            bpf_get_stack(ctx.as_ptr(), user.cast(), STACK_BYTES, BPF_F_USER_STACK as u64)
+        };
+        if uret < 0 {
+            errors |= SAMPLE_USER_STACK_ERROR;
+        } else {
+            uframes = (uret as u64) / 8;
+        }
     } else {
-        uframes = (uret as u64) / 8;
+        let (n, end, flags) = unsafe { walk_tables(user, user_regs, slot) };
+        uframes = n;
+        errors |= (end << SAMPLE_UNWIND_SHIFT) | flags;
     }
     if uframes > MAX_STACK_DEPTH as u64 {
         uframes = MAX_STACK_DEPTH as u64;
     }
     Walked { kernel_frames: kframes as u16, user_frames: uframes as u16, errors }
+}
+
+/// The table walk of the current task's user stack into `out` (room for `MAX_STACK_DEPTH`):
+/// (frames, `UNWIND_END_*`, flags). The sampler's walks are counted (one counter each).
+#[inline(always)]
+pub unsafe fn walk_tables(
+    out: *mut u64,
+    user_regs: Option<UserRegs>,
+    slot: u32,
+) -> (u64, u32, u32) {
+    let r = unsafe { walk_tables_uncounted(out, user_regs, slot) };
+    if slot == SLOT_SAMPLER {
+        if let Some(c) = counter::unwind_end(r.1) {
+            count(c);
+        }
+        if r.2 & SAMPLE_UNWIND_USED_FP != 0 {
+            count(counter::UNWIND_USED_FP);
+        }
+    }
+    r
+}
+
+#[inline(always)]
+unsafe fn walk_tables_uncounted(
+    out: *mut u64,
+    user_regs: Option<UserRegs>,
+    slot: u32,
+) -> (u64, u32, u32) {
+    let cfg = config();
+    // SAFETY: returns the current task pointer.
+    let task = unsafe { bpf_get_current_task() };
+    // Kernel threads have no user stack.
+    let mm = unsafe { crate::read_kernel_u64(task + cfg.task_mm as u64) }.unwrap_or(0);
+    if mm == 0 {
+        return (0, UNWIND_END_NONE, 0);
+    }
+    let UserRegs { pc, sp, bp } = match user_regs {
+        Some(r) => r,
+        None => {
+            // SAFETY: the helper returns the current task's saved user registers; the reads
+            // are fault-checked.
+            let (pc, sp, bp) = unsafe {
+                let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+                (
+                    bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)),
+                    bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rsp)),
+                    bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rbp)),
+                )
+            };
+            let (Ok(pc), Ok(sp), Ok(bp)) = (pc, sp, bp) else {
+                return finish(0, UNWIND_END_READ_FAULT, 0);
+            };
+            UserRegs { pc, sp, bp }
+        }
+    };
+    let Some(st) = UNWIND_STATE.get_ptr_mut(slot) else {
+        return finish(0, UNWIND_END_READ_FAULT, 0);
+    };
+    // SAFETY: this CPU's state slot of this walker; BPF programs on one CPU do not nest
+    // within one walker.
+    let st = unsafe { &mut *st };
+    st.pc = pc;
+    st.sp = sp;
+    st.bp = bp;
+    st.tgid = (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32;
+    st.n = 0;
+    st.end = UNWIND_END_DEPTH;
+    st.flags = 0;
+    st.bp_known = 1;
+    st.pc_is_return = 0;
+    if unsafe { UNWIND_PROCS.get(&st.tgid) }.is_none() {
+        // The leaf alone still says where the sample was.
+        st.frames[0] = pc;
+        return finish(1, UNWIND_END_NO_PROCESS, 0);
+    }
+    let mut ctx_slot = slot;
+    // SAFETY: `step` is a BPF subprogram with the callback signature; the context is this
+    // stack slot, which outlives the call.
+    unsafe {
+        bpf_loop(
+            MAX_STACK_DEPTH as u32,
+            step as *mut core::ffi::c_void,
+            core::ptr::addr_of_mut!(ctx_slot).cast(),
+            0,
+        )
+    };
+    let n = if st.n as usize > MAX_STACK_DEPTH { MAX_STACK_DEPTH } else { st.n as usize };
+    if n > 0 {
+        // SAFETY: `out` has room for MAX_STACK_DEPTH frames; `n` is bounded by it.
+        let dst = unsafe { core::slice::from_raw_parts_mut(out.cast::<u8>(), n * 8) };
+        let _ =
+            unsafe { aya_ebpf::helpers::bpf_probe_read_kernel_buf(st.frames.as_ptr().cast(), dst) };
+    }
+    let end = st.end;
+    let flags = st.flags;
+    finish(n as u64, end, flags)
+}
+
+#[inline(always)]
+fn finish(n: u64, end: u32, flags: u32) -> (u64, u32, u32) {
+    (n, end, flags)
+}
+
+/// `bpf_loop` callback: records the current frame and unwinds one step. 0 continues, 1 stops.
+#[inline(never)]
+extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the caller's `u32` slot.
+    let slot = unsafe { *(ctx as *const u32) };
+    let Some(st) = UNWIND_STATE.get_ptr_mut(slot) else { return 1 };
+    // SAFETY: see `walk_tables`.
+    let st = unsafe { &mut *st };
+    let i = st.n as usize;
+    if i >= MAX_STACK_DEPTH {
+        st.end = UNWIND_END_DEPTH;
+        return 1;
+    }
+    st.frames[i] = st.pc;
+    st.n += 1;
+    match unsafe { unwind_one(st) } {
+        Ok(()) => 0,
+        Err(end) => {
+            st.end = end;
+            1
+        }
+    }
+}
+
+/// Moves `st` from its frame to the caller's; Err(`UNWIND_END_*`) when the walk ends.
+#[inline(always)]
+unsafe fn unwind_one(st: &mut WalkState) -> Result<(), u32> {
+    let Some(proc_) = (unsafe { UNWIND_PROCS.get(&st.tgid) }) else {
+        return Err(UNWIND_END_NO_PROCESS);
+    };
+    let addr = if st.pc_is_return != 0 { st.pc.wrapping_sub(1) } else { st.pc };
+    let Some(m) = find_mapping(proc_, addr) else { return Err(UNWIND_END_NO_MAPPING) };
+    if m.count == 0 {
+        if config().unwind_mode == UNWIND_MODE_DWARF_FP {
+            return unsafe { frame_pointer_step(st) };
+        }
+        return Err(if m.flags & UNWIND_MAPPING_NOT_LOADED != 0 {
+            UNWIND_END_NO_TABLE
+        } else if m.flags & UNWIND_MAPPING_NO_CFI != 0 {
+            UNWIND_END_NO_CFI
+        } else {
+            UNWIND_END_NO_TABLE
+        });
+    }
+    let file_addr = addr.wrapping_sub(m.bias);
+    if file_addr > u32::MAX as u64 {
+        return Err(UNWIND_END_NO_CFI);
+    }
+    let Some(row) = find_row(m.first, m.count, file_addr as u32) else {
+        if config().unwind_mode == UNWIND_MODE_DWARF_FP {
+            return unsafe { frame_pointer_step(st) };
+        }
+        return Err(UNWIND_END_NO_CFI);
+    };
+    let cfa = match row.cfa_kind() {
+        UNWIND_CFA_RSP => st.sp.wrapping_add(row.cfa_offset as u64),
+        UNWIND_CFA_RBP => {
+            if st.bp_known == 0 {
+                return Err(UNWIND_END_UNSUPPORTED);
+            }
+            st.bp.wrapping_add(row.cfa_offset as u64)
+        }
+        UNWIND_CFA_PLT => {
+            let extra = if (st.pc & 15) as i64 >= row.aux as i64 { 8 } else { 0 };
+            st.sp.wrapping_add(row.cfa_offset as u64 + extra)
+        }
+        UNWIND_CFA_END => return Err(UNWIND_END_COMPLETE),
+        UNWIND_CFA_SIGNAL => return unsafe { signal_step(st) },
+        UNWIND_CFA_NONE => {
+            if config().unwind_mode == UNWIND_MODE_DWARF_FP {
+                return unsafe { frame_pointer_step(st) };
+            }
+            return Err(UNWIND_END_NO_CFI);
+        }
+        _ => return Err(UNWIND_END_UNSUPPORTED),
+    };
+    let ra = read_user(cfa.wrapping_sub(8))?;
+    match row.rbp_kind() {
+        UNWIND_RBP_CFA_OFFSET => {
+            st.bp = read_user(cfa.wrapping_add(row.rbp_offset() as u64))?;
+            st.bp_known = 1;
+        }
+        UNWIND_RBP_UNSUPPORTED => st.bp_known = 0,
+        _ => {}
+    }
+    if ra == 0 {
+        return Err(UNWIND_END_COMPLETE);
+    }
+    st.pc = ra;
+    st.sp = cfa;
+    st.pc_is_return = 1;
+    Ok(())
+}
+
+/// Code without a table (`UNWIND_MODE_DWARF_FP`): the caller's frame by the rbp chain.
+#[inline(always)]
+unsafe fn frame_pointer_step(st: &mut WalkState) -> Result<(), u32> {
+    st.flags |= SAMPLE_UNWIND_USED_FP;
+    // An rbp below the stack pointer is no frame pointer of this stack.
+    if st.bp_known == 0 || st.bp < st.sp || st.bp == 0 {
+        return Err(UNWIND_END_FRAME_POINTER);
+    }
+    let Ok(ra) = read_user(st.bp.wrapping_add(8)) else { return Err(UNWIND_END_FRAME_POINTER) };
+    let Ok(next_bp) = read_user(st.bp) else { return Err(UNWIND_END_FRAME_POINTER) };
+    if ra == 0 {
+        return Err(UNWIND_END_FRAME_POINTER);
+    }
+    st.pc = ra;
+    st.sp = st.bp.wrapping_add(16);
+    st.bp = next_bp;
+    st.pc_is_return = 1;
+    Ok(())
+}
+
+/// A signal trampoline (`__restore_rt`): rsp points at the `ucontext` the kernel pushed; the
+/// interrupted rip/rsp/rbp are in its `sigcontext` (x86-64 layout: `uc_mcontext` at 40; rbp,
+/// rsp, rip at 0x78, 0xa0, 0xa8 of the ucontext).
+#[inline(always)]
+unsafe fn signal_step(st: &mut WalkState) -> Result<(), u32> {
+    let uc = st.sp;
+    st.bp = read_user(uc + 0x78)?;
+    st.sp = read_user(uc + 0xa0)?;
+    st.pc = read_user(uc + 0xa8)?;
+    st.bp_known = 1;
+    // The interrupted instruction itself, not a return address.
+    st.pc_is_return = 0;
+    Ok(())
+}
+
+#[inline(always)]
+fn read_user(addr: u64) -> Result<u64, u32> {
+    // SAFETY: fault-checked read of user memory.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.map_err(|_| UNWIND_END_READ_FAULT)
+}
+
+/// The mapping of `proc_` holding `addr`: binary search over its sorted mappings.
+#[inline(always)]
+fn find_mapping(proc_: &UnwindProcess, addr: u64) -> Option<&UnwindMapping> {
+    const MASK: usize = UNWIND_MAX_MAPPINGS - 1;
+    let count = proc_.count as usize;
+    if count == 0 || count > UNWIND_MAX_MAPPINGS {
+        return None;
+    }
+    // Last mapping with start <= addr, in [lo, lo + n).
+    let (mut lo, mut n) = (0usize, count);
+    for _ in 0..9 {
+        if n <= 1 {
+            break;
+        }
+        let half = n / 2;
+        let mid = (lo + half) & MASK;
+        if proc_.mappings[mid].start <= addr {
+            lo = mid;
+            n -= half;
+        } else {
+            n = half;
+        }
+    }
+    let m = &proc_.mappings[lo & MASK];
+    (m.start <= addr && addr < m.end).then_some(m)
+}
+
+/// The row of `first..first + count` covering `addr` (the last with `pc <= addr`), if it is
+/// not a gap (`UNWIND_CFA_NONE` is returned as a row; the caller tells it apart).
+#[inline(always)]
+fn find_row(first: u32, count: u32, addr: u32) -> Option<UnwindRow> {
+    // Userspace keeps tables below 2^24 rows, so 24 halvings always suffice.
+    let (mut lo, mut n) = (first, count);
+    for _ in 0..24 {
+        if n <= 1 {
+            break;
+        }
+        let half = n / 2;
+        let mid = lo + half;
+        let row = UNWIND_ROWS.get(mid)?;
+        if row.pc <= addr {
+            lo = mid;
+            n -= half;
+        } else {
+            n = half;
+        }
+    }
+    let row = *UNWIND_ROWS.get(lo)?;
+    (row.pc <= addr).then_some(row)
+}
+
+/// The registers a user stack walk starts from.
+#[derive(Clone, Copy)]
+pub struct UserRegs {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// The user registers of a perf sample, when it interrupted user mode (CPL 3).
+///
+/// # Safety
+/// `ctx` must be a perf_event program context (`bpf_perf_event_data`, registers first).
+#[inline(always)]
+pub unsafe fn perf_user_regs(ctx: *mut core::ffi::c_void) -> Option<UserRegs> {
+    let regs = ctx as *const pt_regs;
+    // SAFETY: the context starts with the interrupted registers, read directly (ctx access).
+    unsafe {
+        if (*regs).cs & 3 != 3 {
+            return None;
+        }
+        Some(UserRegs { pc: (*regs).rip, sp: (*regs).rsp, bp: (*regs).rbp })
+    }
 }

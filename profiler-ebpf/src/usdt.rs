@@ -188,6 +188,16 @@ fn label_push(ctx: &ProbeContext, tid: u32, addr: u64) {
 #[inline(always)]
 fn user_depth(ctx: &ProbeContext) -> u64 {
     let Some(buf) = PUSH_STACK.get_ptr_mut(0) else { return 0 };
+    if crate::config().unwind_mode != profiler_common::UNWIND_MODE_FP {
+        let regs = ctx.as_ptr() as *const aya_ebpf::bindings::pt_regs;
+        // SAFETY: a uprobe's context is the user registers, read directly; `buf` has room
+        // for MAX_STACK_DEPTH frames.
+        let (n, _, _) = unsafe {
+            let r = crate::stack::UserRegs { pc: (*regs).rip, sp: (*regs).rsp, bp: (*regs).rbp };
+            crate::stack::walk_tables(buf.cast(), Some(r), crate::stack::SLOT_USDT)
+        };
+        return n;
+    }
     let size = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: `buf` is this CPU's scratch of exactly `size` bytes.
     let n = unsafe { bpf_get_stack(ctx.as_ptr(), buf.cast(), size, BPF_F_USER_STACK as u64) };

@@ -25,5 +25,6 @@ pub mod session;
 pub mod store;
 pub mod symbolize;
 pub mod system;
+pub mod unwind;
 pub mod usdt;
 pub mod writers;

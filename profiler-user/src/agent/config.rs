@@ -159,6 +159,8 @@ impl AgentPlan {
             mode: Mode::Cpu,
             off_cpu: args.off_cpu || file.off_cpu.unwrap_or(false),
             off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
+            unwind: crate::cli::args::Unwind::Fp,
+            unwind_table_mb: 64,
         };
         let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
             .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);

@@ -143,6 +143,40 @@ pub const COUNTERS: &[CounterDef] = &[
         "off_cpu_stack_walks",
         "Off-CPU switch-outs whose stacks were walked",
     ),
+    def(counter::UNWIND_COMPLETE, "unwind_complete", "User stacks walked to the outermost frame"),
+    def(counter::UNWIND_DEPTH, "unwind_depth_limit", "User stacks cut at the depth limit"),
+    def(
+        counter::UNWIND_NO_PROCESS,
+        "unwind_no_process",
+        "User stacks of processes whose mappings were not in the kernel yet",
+    ),
+    def(counter::UNWIND_NO_MAPPING, "unwind_no_mapping", "User stacks ended at an unmapped PC"),
+    def(
+        counter::UNWIND_NO_TABLE,
+        "unwind_no_table",
+        "User stacks ended in a file whose unwind table is not loaded",
+    ),
+    def(counter::UNWIND_NO_CFI, "unwind_no_cfi", "User stacks ended in code without CFI"),
+    def(
+        counter::UNWIND_UNSUPPORTED,
+        "unwind_unsupported",
+        "User stacks ended at a CFI rule the tables cannot express",
+    ),
+    def(
+        counter::UNWIND_READ_FAULT,
+        "unwind_read_fault",
+        "User stacks ended by an unreadable stack",
+    ),
+    def(
+        counter::UNWIND_FRAME_POINTER,
+        "unwind_frame_pointer_end",
+        "User stacks ended while following frame pointers",
+    ),
+    def(
+        counter::UNWIND_USED_FP,
+        "unwind_used_frame_pointers",
+        "User stacks that followed frame pointers through code without tables",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

@@ -38,6 +38,11 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// How the walk of its user stack ended.
+    pub fn user_stack_end(&self) -> crate::model::address::UserStackEnd {
+        crate::model::address::UserStackEnd::from_flags(self.flags)
+    }
+
     /// The kernel runs each CPU's idle task as pid 0.
     pub fn thread(&self) -> ThreadKey {
         if self.pid.0 == 0 {

@@ -16,11 +16,14 @@ use aya::{
     },
     util::online_cpus,
 };
-use profiler_common::{CgroupFilter, Config, UsdtSpec};
+use profiler_common::{CgroupFilter, Config, UnwindProcess, UnwindRow, UsdtSpec};
 
 use crate::{bpf::counters::Counters, model::ids::Pid};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+/// The unwind walker's rows array and per-process mapping tables.
+pub type UnwindMaps = (Array<MapData, UnwindRow>, BpfHashMap<MapData, u32, UnwindProcess>);
 
 /// The BPF programs and maps of one recording.
 pub struct BpfObject {
@@ -34,12 +37,19 @@ pub struct BpfObject {
 impl BpfObject {
     /// Loads the programs (not yet attached). `ring_bytes` must be a power-of-two multiple of
     /// the page size.
-    pub fn load(config: Config, cgroups: CgroupFilter, ring_bytes: u32) -> Result<Self> {
+    /// `unwind_rows`: capacity of the unwind table rows array (at least 1).
+    pub fn load(
+        config: Config,
+        cgroups: CgroupFilter,
+        ring_bytes: u32,
+        unwind_rows: u32,
+    ) -> Result<Self> {
         bump_memlock_rlimit();
         let ebpf = EbpfLoader::new()
             .override_global("CONFIG", &config, true)
             .override_global("CGROUP_FILTER", &cgroups, true)
             .map_max_entries("EVENTS", ring_bytes)
+            .map_max_entries("UNWIND_ROWS", unwind_rows.max(1))
             .load(BPF_OBJECT)
             .context("load BPF programs")?;
         let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
@@ -122,6 +132,13 @@ impl BpfObject {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// The unwind walker's rows array and per-process mapping tables.
+    pub fn take_unwind_maps(&mut self) -> Result<UnwindMaps> {
+        let rows = self.ebpf.take_map("UNWIND_ROWS").context("UNWIND_ROWS map")?;
+        let procs = self.ebpf.take_map("UNWIND_PROCS").context("UNWIND_PROCS map")?;
+        Ok((Array::try_from(rows)?, BpfHashMap::try_from(procs)?))
+    }
+
     /// Loads the USDT uprobe program; returns its fd (for links `usdt::attach` creates) and
     /// the spec array its cookies index.
     pub fn usdt_program(&mut self) -> Result<(std::os::fd::OwnedFd, Array<MapData, UsdtSpec>)> {
@@ -165,6 +182,11 @@ impl BpfObject {
             .collect();
         v.sort();
         v
+    }
+
+    /// Instructions the verifier processed to load `prog` (its `verified_insns`).
+    pub fn verified_insns(&self, prog: &str) -> Option<u32> {
+        self.ebpf.program(prog)?.info().ok()?.verified_instruction_count()
     }
 
     /// Stops sampling and lifecycle events; maps stay readable for the final drain.

@@ -223,6 +223,19 @@ pub struct RecordArgs {
     #[arg(long)]
     pub off_cpu: bool,
 
+    /// How user stacks are walked: `dwarf` with the unwind tables (`.eh_frame`,
+    /// `.debug_frame`) of the mapped files, in the kernel; `dwarf-fp` the same, following frame
+    /// pointers through code without tables (JIT code; such stacks are flagged); `fp` frame
+    /// pointers only (what most distribution binaries lack).
+    /// Default `fp` until tables load fast enough for `--all` (one map update per row today).
+    #[arg(long, value_enum, default_value_t = Unwind::Fp)]
+    pub unwind: Unwind,
+
+    /// Kernel memory for unwind tables (MiB; 8 bytes a row). Files that do not fit are
+    /// counted, and their frames end the walk.
+    #[arg(long, default_value_t = 64, value_name = "MIB")]
+    pub unwind_table_mb: u32,
+
     /// Off-CPU blocks shorter than this (ms) are summed per thread and sent with the stack of
     /// the block that brings the sum to this length, which keeps context-switch storms cheap;
     /// longer ones are sent one by one.
@@ -280,6 +293,13 @@ pub fn parse_format(s: &str) -> Result<Format, String> {
         let names: Vec<_> = Format::ALL.iter().map(|f| f.name()).collect();
         format!("unknown format '{s}' (one of: {})", names.join(", "))
     })
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwind {
+    Dwarf,
+    DwarfFp,
+    Fp,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

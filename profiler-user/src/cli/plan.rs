@@ -7,7 +7,7 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{Result, bail};
 
 use crate::{
-    cli::args::{Mode, RecordArgs},
+    cli::args::{Mode, RecordArgs, Unwind},
     model::ids::Pid,
     system::{cgroup::filter::Selection, host},
     usdt::{self, ProbeRequest},
@@ -44,6 +44,10 @@ pub struct RecordPlan {
     /// `profiler_common::OFF_CPU_*`.
     pub off_cpu: u32,
     pub off_cpu_min_ns: u64,
+    /// `profiler_common::UNWIND_MODE_*`.
+    pub unwind_mode: u32,
+    /// Capacity of the unwind rows array.
+    pub unwind_rows: u32,
 }
 
 impl RecordPlan {
@@ -76,6 +80,16 @@ impl RecordPlan {
             (Mode::Cpu, true) => profiler_common::OFF_CPU_BLOCKED,
             (Mode::Cpu, false) => profiler_common::OFF_CPU_NONE,
         };
+        if args.unwind_table_mb == 0 || args.unwind_table_mb > 4096 {
+            bail!("invalid --unwind-table-mb {}: must be between 1 and 4096", args.unwind_table_mb);
+        }
+        let unwind_mode = match args.unwind {
+            Unwind::Dwarf => profiler_common::UNWIND_MODE_DWARF,
+            Unwind::DwarfFp => profiler_common::UNWIND_MODE_DWARF_FP,
+            Unwind::Fp => profiler_common::UNWIND_MODE_FP,
+        };
+        let row = std::mem::size_of::<profiler_common::UnwindRow>() as u64;
+        let unwind_rows = (u64::from(args.unwind_table_mb) << 20) / row;
         let (usdt_requests, usdt_intervals) =
             usdt::requests_from_args(&args.usdt, &args.usdt_interval)?;
         let target = if !args.command.is_empty() {
@@ -105,6 +119,8 @@ impl RecordPlan {
             usdt_dump: args.usdt_dump,
             off_cpu,
             off_cpu_min_ns: (args.off_cpu_min * 1e6) as u64,
+            unwind_mode,
+            unwind_rows: unwind_rows as u32,
         })
     }
 

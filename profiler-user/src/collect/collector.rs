@@ -123,6 +123,7 @@ impl<S: SampleSink> Collector<S> {
         if p.space_source == SpaceSource::Unknown {
             first_sight(pid, p, &mut self.modules, &mut self.stats);
         }
+        self.outbox.maps_changed(pid);
     }
 
     /// Processes that existed at the start are registered: reads of /proc/PID/maps from now
@@ -134,7 +135,7 @@ impl<S: SampleSink> Collector<S> {
     /// The process, its address space read from /proc first if it is one that existed before
     /// the recording and was not seen yet.
     fn known(&mut self, pid: Pid) -> &mut ProcessInfo {
-        known(&mut self.processes, pid, &mut self.modules, &mut self.stats)
+        known(&mut self.processes, pid, &mut self.modules, &mut self.stats, &mut self.outbox)
     }
 
     fn on_map(&mut self, m: MapEvent) {
@@ -186,6 +187,7 @@ impl<S: SampleSink> Collector<S> {
         for mapping in mappings {
             p.space.insert(mapping);
         }
+        self.outbox.maps_changed(m.pid);
     }
 
     fn on_sample(&mut self, s: Sample) {
@@ -259,7 +261,7 @@ impl<S: SampleSink> Collector<S> {
     /// into `frames`, and returns its CPU time since its previous sample (0 for off-CPU time,
     /// which carries no CPU time reading).
     fn observe_task(&mut self, s: &Sample) -> u64 {
-        known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats);
+        known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats, &mut self.outbox);
         let main_thread = s.tid.0 == s.pid.0;
         let cgroup_paths = &mut self.processes.cgroup_paths;
         let p = self.processes.processes.get_mut(&s.pid).expect("just added");
@@ -344,6 +346,7 @@ impl<S: SampleSink> Collector<S> {
                     let m = Mapping { start: vdso, end: vdso + len, file_offset: 0, module };
                     p.space.insert(m);
                 }
+                self.outbox.maps_changed(t.pid);
                 p.meta.threads.entry(t.tid).or_default().observe_name(&t.comm);
             }
             TaskKind::Exit => {
@@ -372,10 +375,12 @@ fn known<'a>(
     pid: Pid,
     modules: &mut ModuleTable,
     stats: &mut CollectorStats,
+    outbox: &mut Outbox,
 ) -> &'a mut ProcessInfo {
     let p = processes.processes.entry(pid).or_default();
     if p.space_source == SpaceSource::Unknown {
         first_sight(pid, p, modules, stats);
+        outbox.maps_changed(pid);
     }
     p
 }

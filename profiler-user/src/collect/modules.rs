@@ -145,10 +145,13 @@ impl ElfLayout {
                         layout.readonly.push((vaddr, ph.p_filesz(endian), ph.p_offset(endian)));
                     }
                 }
+                // Beyond the bytes read in a library that is also a program (libc.so.6):
+                // its code is still placed.
                 elf::PT_INTERP => {
-                    let raw = ph.data(endian, &*data).ok()?;
-                    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-                    layout.interp = Some(String::from_utf8_lossy(&raw[..end]).into_owned());
+                    if let Ok(raw) = ph.data(endian, &*data) {
+                        let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+                        layout.interp = Some(String::from_utf8_lossy(&raw[..end]).into_owned());
+                    }
                 }
                 _ => {}
             }
@@ -543,6 +546,11 @@ impl AddressSpace {
 
     pub fn len(&self) -> usize {
         self.mappings.len()
+    }
+
+    /// The mappings, sorted by address, non-overlapping.
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,5 +1,5 @@
-//! What the collector noticed that other parts act on after each drain (the USDT session
-//! today): typed mailboxes instead of public vectors to empty by hand.
+//! What the collector noticed that other parts act on after each drain (the USDT session,
+//! the unwinder's table loader): typed mailboxes instead of public vectors to empty by hand.
 
 use crate::{
     bpf::decode::RawUsdtHit,
@@ -11,6 +11,8 @@ pub struct Outbox {
     usdt_hits: Vec<RawUsdtHit>,
     exited_threads: Vec<Tid>,
     exited_processes: Vec<Pid>,
+    /// Processes whose executable mappings changed (the unwinder's tables follow them).
+    maps_changed: Vec<Pid>,
 }
 
 /// Threads and processes that exited since the last look.
@@ -27,6 +29,10 @@ impl Outbox {
 
     pub fn thread_exited(&mut self, tid: Tid) {
         self.exited_threads.push(tid);
+    }
+
+    pub fn maps_changed(&mut self, pid: Pid) {
+        self.maps_changed.push(pid);
     }
 
     pub fn process_exited(&mut self, pid: Pid) {
@@ -49,6 +55,19 @@ impl Outbox {
             hits.clear();
             self.usdt_hits = hits;
         }
+    }
+
+    /// Processes that exited since the last take, without taking them.
+    pub fn pending_process_exits(&self) -> &[Pid] {
+        &self.exited_processes
+    }
+
+    /// Processes whose mappings changed, each once.
+    pub fn take_maps_changed(&mut self) -> Vec<Pid> {
+        let mut pids = std::mem::take(&mut self.maps_changed);
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     pub fn take_exits(&mut self) -> Exits {

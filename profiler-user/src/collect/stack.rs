@@ -21,6 +21,8 @@ use crate::{
 pub struct Normalized {
     /// User frames in no mapping of their process.
     pub unmapped: u64,
+    /// The user stack walk did not reach the root (a `Truncated` root frame was added).
+    pub truncated: bool,
 }
 
 /// Fills `frames` (cleared first) with the normalized stack of `s`, a sample of process `p`.
@@ -57,6 +59,16 @@ pub fn normalize(s: &Sample, p: &ProcessInfo, frames: &mut Vec<FrameAddr>) -> No
     }
     frames.extend(s.labels[next_label..].iter().map(label));
     frames.extend(kernel_frames(&s.kernel_stack));
+    let end = s.user_stack_end();
+    if end.is_truncated() {
+        // The file the walk stopped in: that of its outermost frame.
+        let module = s.user_stack.last().and_then(|&a| {
+            let a = if n > 1 { a.saturating_sub(1) } else { a };
+            p.space.lookup(a).map(|(m, _)| m)
+        });
+        frames.insert(0, FrameAddr::Truncated { end, module });
+        out.truncated = true;
+    }
     out
 }
 

@@ -23,4 +23,69 @@ pub enum FrameAddr {
     /// Stands for the stack of an off-CPU block whose stack the kernel did not take (see
     /// `profiler_common::OffCpuTrack`), so its time shows as such, never under no frame.
     OffCpuNotCaptured,
+    /// A pseudo-frame at the root of a user stack whose walk did not reach the outermost
+    /// frame, saying why (and in which file, when the walk stopped in one), so an incomplete
+    /// stack is never taken for a complete one.
+    Truncated {
+        end: UserStackEnd,
+        module: Option<ModuleId>,
+    },
+}
+
+/// How the walk of a sample's user stack ended (`profiler_common::UNWIND_END_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UserStackEnd {
+    /// Frame pointers (`--unwind fp`), whose end is unknown, or no user stack at all.
+    NotWalked,
+    Complete,
+    DepthLimit,
+    NoProcess,
+    NoMapping,
+    NoTable,
+    NoCfi,
+    Unsupported,
+    ReadFault,
+    FramePointer,
+}
+
+impl UserStackEnd {
+    /// From a sample's flags (bits `SAMPLE_UNWIND_SHIFT..`).
+    pub fn from_flags(flags: u32) -> Self {
+        use profiler_common as c;
+        match (flags & c::SAMPLE_UNWIND_MASK) >> c::SAMPLE_UNWIND_SHIFT {
+            c::UNWIND_END_COMPLETE => Self::Complete,
+            c::UNWIND_END_DEPTH => Self::DepthLimit,
+            c::UNWIND_END_NO_PROCESS => Self::NoProcess,
+            c::UNWIND_END_NO_MAPPING => Self::NoMapping,
+            c::UNWIND_END_NO_TABLE => Self::NoTable,
+            c::UNWIND_END_NO_CFI => Self::NoCfi,
+            c::UNWIND_END_UNSUPPORTED => Self::Unsupported,
+            c::UNWIND_END_READ_FAULT => Self::ReadFault,
+            c::UNWIND_END_FRAME_POINTER => Self::FramePointer,
+            _ => Self::NotWalked,
+        }
+    }
+
+    /// Whether the stack misses its root side and gets a pseudo-frame saying so.
+    pub fn is_truncated(self) -> bool {
+        !matches!(self, Self::NotWalked | Self::Complete)
+    }
+
+    /// The pseudo-frame's name; `module`: the file the walk stopped in.
+    pub fn describe(self, module: Option<&str>) -> String {
+        let m = module.unwrap_or("?");
+        let why = match self {
+            Self::NotWalked => "not walked".to_owned(),
+            Self::Complete => "complete".to_owned(),
+            Self::DepthLimit => "depth limit".to_owned(),
+            Self::NoProcess => "process not loaded yet".to_owned(),
+            Self::NoMapping => "address in no known mapping".to_owned(),
+            Self::NoTable => format!("no unwind table for {m}"),
+            Self::NoCfi => format!("no CFI in {m}"),
+            Self::Unsupported => format!("unsupported CFI rule in {m}"),
+            Self::ReadFault => "stack unreadable".to_owned(),
+            Self::FramePointer => format!("frame pointers ended in {m}"),
+        };
+        format!("[truncated: {why}]")
+    }
 }

@@ -12,6 +12,9 @@ pub enum FrameKind {
     Kernel,
     /// An `rsprof:label_push` label: the text is `function`, the module `rsprof label`.
     Label,
+    /// The root pseudo-frame of a user stack whose walk did not reach the outermost frame
+    /// (`FrameAddr::Truncated`): `function` says why.
+    Truncated,
 }
 
 /// One symbolized frame. An address whose function could not be named keeps its module and

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{Config, FILTER_TARGETS, counter};
+use profiler_common::{Config, FILTER_TARGETS, UNWIND_MODE_FP, counter};
 use tokio::{
     io::{Interest, unix::AsyncFd},
     signal::unix::{Signal, SignalKind, signal},
@@ -96,6 +96,8 @@ pub struct Recorder<'p> {
     bpf: BpfObject,
     collector: Collector<ChunkedStore>,
     usdt: UsdtSession,
+    /// Unwind tables (None with `--unwind fp`).
+    unwind: Option<crate::unwind::UnwindLoader>,
     ring: AsyncFd<RingBuf<MapData>>,
     info: RecordingInfo,
     child_exit: Option<oneshot::Receiver<i32>>,
@@ -120,8 +122,16 @@ impl<'p> Recorder<'p> {
         }
         config.off_cpu = plan.off_cpu;
         config.off_cpu_min_ns = plan.off_cpu_min_ns;
+        config.unwind_mode = plan.unwind_mode;
         let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
-        let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes)?;
+        // Frame-pointer mode loads no tables: a one-row array.
+        let rows = if plan.unwind_mode == UNWIND_MODE_FP { 1 } else { plan.unwind_rows };
+        let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
+        let mut unwind = if plan.unwind_mode == UNWIND_MODE_FP {
+            None
+        } else {
+            Some(crate::unwind::maps(&mut bpf)?)
+        };
         if let Some(c) = &plan.cgroups {
             bpf.add_cgroups(&c.ids())?;
         }
@@ -160,6 +170,10 @@ impl<'p> Recorder<'p> {
         let mut collector = Collector::new(ChunkedStore::new(plan.buffer_bytes));
         for &pid in &targets {
             collector.register_existing(pid);
+        }
+        // Tables of the processes that already run are in the kernel before sampling starts.
+        if let Some(u) = &mut unwind {
+            u.after_drain(&mut collector);
         }
         let ring = bpf.take_ring()?;
         let (start, start_wall_ms) = clock_pair();
@@ -211,6 +225,7 @@ impl<'p> Recorder<'p> {
             bpf,
             collector,
             usdt,
+            unwind,
             ring,
             info,
             child_exit,
@@ -234,6 +249,9 @@ impl<'p> Recorder<'p> {
         ring::drain(self.ring.get_mut(), |rec| {
             let _ = collector.handle_record(rec);
         });
+        if let Some(u) = &mut self.unwind {
+            u.after_drain(&mut self.collector);
+        }
         self.usdt.after_drain(&mut self.collector);
     }
 
@@ -522,6 +540,9 @@ impl<'p> Recorder<'p> {
             output_bytes: bytes,
             stop_reason,
         }));
+        if let Some(u) = &self.unwind {
+            self.msgs.block(&u.render());
+        }
         if !usdt_report.is_empty() {
             self.msgs.block(&usdt_report.render());
         }
@@ -533,9 +554,10 @@ impl<'p> Recorder<'p> {
             ("on_enter_munmap", "munmap hook"),
         ] {
             if let Some((runs, time)) = self.bpf.run_stats(prog) {
+                let verified = self.bpf.verified_insns(prog).unwrap_or(0);
                 self.msgs.info(format_args!(
                     "BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s \
-                     in all",
+                     in all; {verified} instructions verified",
                     time.as_nanos() as f64 / runs as f64,
                     time.as_secs_f64()
                 ));

@@ -27,6 +27,8 @@ use crate::{
 };
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+/// The "library" of the root pseudo-frame of a truncated user stack.
+pub const TRUNCATED_MODULE: &str = "rsprof unwind";
 
 /// What the symbolizer thread needs to know about a module.
 #[derive(Clone, Debug)]
@@ -201,7 +203,10 @@ impl Service {
                     }
                     if !changed.is_empty() {
                         cache.retain(|a, _| match a {
-                            FrameAddr::User { module, .. } => !changed.contains(&module.0),
+                            FrameAddr::User { module, .. }
+                            | FrameAddr::Truncated { module: Some(module), .. } => {
+                                !changed.contains(&module.0)
+                            }
                             _ => true,
                         });
                     }
@@ -297,6 +302,21 @@ impl SymbolizerThread {
                 FrameAddr::Label { .. } => {}
                 FrameAddr::OffCpuNotCaptured => {
                     self.out.insert(a, vec![off_cpu_not_captured()]);
+                }
+                FrameAddr::Truncated { end, module } => {
+                    let name = module.map(|m| modules[m.0 as usize].name.as_str());
+                    self.out.insert(
+                        a,
+                        vec![Frame {
+                            kind: FrameKind::Truncated,
+                            function: end.describe(name),
+                            module: TRUNCATED_MODULE.into(),
+                            file: None,
+                            line: None,
+                            column: None,
+                            inlined: false,
+                        }],
+                    );
                 }
             }
         }

@@ -129,7 +129,7 @@ fn frame_text(f: &Frame) -> String {
     let text = if unnamed { format!("{}+{}", f.module, f.function) } else { f.function.clone() };
     match f.kind {
         FrameKind::Kernel => format!("{}_[k]", clean(&text)),
-        FrameKind::User | FrameKind::Label => clean(&text),
+        FrameKind::User | FrameKind::Label | FrameKind::Truncated => clean(&text),
     }
 }
 

@@ -182,6 +182,28 @@ pub fn render(i: &SummaryInput) -> String {
             i.stats.forgotten_processes, i.stats.released_modules
         );
     }
+    let walked: u64 =
+        (counter::UNWIND_COMPLETE..=counter::UNWIND_FRAME_POINTER).map(|i| c.get(i)).sum();
+    if walked > 0 {
+        let pct = |n: u64| 100.0 * n as f64 / walked as f64;
+        let _ = writeln!(
+            s,
+            "  user stacks: {walked} walked with unwind tables: complete {} ({:.1}%), depth limit \
+             {}, process not loaded {}, no mapping {}, no table {}, no CFI {}, unsupported rule \
+             {}, read fault {}, frame pointers ended {}; frame-pointer fallback in {}",
+            c.get(counter::UNWIND_COMPLETE),
+            pct(c.get(counter::UNWIND_COMPLETE)),
+            c.get(counter::UNWIND_DEPTH),
+            c.get(counter::UNWIND_NO_PROCESS),
+            c.get(counter::UNWIND_NO_MAPPING),
+            c.get(counter::UNWIND_NO_TABLE),
+            c.get(counter::UNWIND_NO_CFI),
+            c.get(counter::UNWIND_UNSUPPORTED),
+            c.get(counter::UNWIND_READ_FAULT),
+            c.get(counter::UNWIND_FRAME_POINTER),
+            c.get(counter::UNWIND_USED_FP),
+        );
+    }
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)
         + c.get(counter::OFF_CPU_NOT_CAPTURED)

@@ -44,8 +44,10 @@ pub const CATEGORY_LABEL: u32 = 4;
 pub const CATEGORY_USDT: u32 = 5;
 /// Off-CPU time: every frame of an off-CPU sample, and the long-block markers.
 pub const CATEGORY_OFF_CPU: u32 = 6;
+/// The root pseudo-frame of a user stack that is not complete (see `FrameKind::Truncated`).
+pub const CATEGORY_TRUNCATED: u32 = 7;
 
-const CATEGORIES: [(&str, &str); 7] = [
+const CATEGORIES: [(&str, &str); 8] = [
     ("Other", "grey"),
     ("Idle", "transparent"),
     ("User", "yellow"),
@@ -53,6 +55,7 @@ const CATEGORIES: [(&str, &str); 7] = [
     ("Label", "lightblue"),
     ("USDT", "magenta"),
     ("Off-CPU", "purple"),
+    ("Truncated stack", "red"),
 ];
 
 fn categories() -> Value {
@@ -329,6 +332,7 @@ impl ThreadTables {
             FrameKind::User => CATEGORY_USER,
             FrameKind::Kernel => CATEGORY_KERNEL,
             FrameKind::Label => CATEGORY_LABEL,
+            FrameKind::Truncated => CATEGORY_TRUNCATED,
         });
         if let Some(&id) = self.frame_ids.get(&(f, category)) {
             return Some(id);
@@ -712,7 +716,10 @@ mod tests {
         assert_eq!(j["meta"]["rsprof"]["buffer"], 1);
         let cats: Vec<_> =
             j["meta"]["categories"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
-        assert_eq!(cats, ["Other", "Idle", "User", "Kernel", "Label", "USDT", "Off-CPU"]);
+        assert_eq!(
+            cats,
+            ["Other", "Idle", "User", "Kernel", "Label", "USDT", "Off-CPU", "Truncated stack"]
+        );
         assert_eq!(j["threads"].as_array().unwrap().len(), 0);
         // One sub-process per process, busiest first, main thread first.
         let procs = j["processes"].as_array().unwrap();

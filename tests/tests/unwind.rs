@@ -1,0 +1,270 @@
+//! The in-kernel unwinder (`--unwind dwarf`, the default) on code built without frame
+//! pointers: complete user stacks from the files' `.eh_frame`, every incomplete stack flagged
+//! by a `[truncated: …]` root frame, compared with `--unwind fp` on the same programs. Real
+//! recordings of real processes (`-p PID`, started before the recording, so their tables are
+//! loaded when sampling begins); assertions on the fixture's own samples.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+use tests::{
+    fixtures,
+    gecko_schema::validate,
+    harness::{Background, output_path, run},
+    profile_query::{function_name, module_name, sample_stacks, threads_of_pid},
+};
+
+/// Builds `tests/fixtures/NAME.c` with `gcc -O2 -g -fomit-frame-pointer` (what distributions
+/// ship: no frame pointers) into the fixture cache.
+fn build_no_fp(name: &str) -> PathBuf {
+    let src = fixtures::source_dir().join(format!("{name}.c"));
+    let dir = fixtures::cache_dir().join("unwind");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp.{}", std::process::id()));
+    let st = Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .status()
+        .expect("run gcc (is it installed? `cargo xtask setup`)");
+    assert!(st.success(), "building {}", src.display());
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
+
+/// Starts `cmd` and waits for its "ready" line. Fixtures run long enough for two recordings
+/// (loading the BPF programs takes seconds on a busy machine) and are killed when dropped.
+fn start_ready(cmd: &mut Command) -> Background {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().expect("start fixture");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "fixture did not start");
+    Background(child)
+}
+
+/// Records `pid` for `secs` with `--unwind MODE`; returns the validated profile's stacks of
+/// that process (root first) and rsprof's stderr.
+fn record(test: &str, pid: u32, mode: &str, secs: &str) -> (Vec<Vec<String>>, String) {
+    let out = output_path(&format!("{test}_{mode}"), "json");
+    let o = out.to_str().unwrap();
+    let p = pid.to_string();
+    let done = run(&["-p", &p, "-d", secs, "-F", "499", "--unwind", mode, "-o", o]).unwrap();
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    // Also imported by the Firefox Profiler's own code.
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let stacks = threads_of_pid(&profile, pid)
+        .iter()
+        .flat_map(|t| sample_stacks(t.thread))
+        .filter(|s| !s.is_empty())
+        .collect();
+    (stacks, done.stderr)
+}
+
+fn truncated(stack: &[String]) -> Option<&str> {
+    let root = function_name(stack.first()?);
+    root.starts_with("[truncated").then_some(root)
+}
+
+fn functions(stack: &[String]) -> Vec<&str> {
+    stack.iter().map(|f| function_name(f)).collect()
+}
+
+/// `needle` appears consecutively in `stack`.
+fn has_path(stack: &[String], needle: &[&str]) -> bool {
+    functions(stack).windows(needle.len()).any(|w| w == needle)
+}
+
+fn share(n: usize, of: usize) -> f64 {
+    if of == 0 { 0.0 } else { n as f64 / of as f64 }
+}
+
+/// The summary's count for an unwind end cause ("complete 123").
+fn summary_count(stderr: &str, cause: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.contains("user stacks:")).unwrap_or_else(|| {
+        panic!("no 'user stacks:' line in the summary:\n{stderr}");
+    });
+    let tail = line.split(&format!("{cause} ")).nth(1).expect("cause in summary");
+    tail.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn unwind_no_frame_pointer_chain_is_complete_and_fp_is_not() {
+    let exe = build_no_fp("unwind_chain");
+    let fixture = start_ready(Command::new(&exe).arg("120"));
+    let pid = fixture.0.id();
+    let chain = ["main", "a_top", "b_mid", "c_hot"];
+    let (dwarf, stderr) = record("chain", pid, "dwarf", "3");
+    let (fp, _) = record("chain", pid, "fp", "2");
+    drop(fixture);
+    // Samples in the spin (the clock_gettime calls between spins are a sliver).
+    let hot = |s: &Vec<String>| functions(s).last() == Some(&"c_hot");
+    let d: Vec<&Vec<String>> = dwarf.iter().filter(|s| hot(s)).collect();
+    assert!(d.len() > 200, "only {} samples in c_hot of {}", d.len(), dwarf.len());
+    let complete = d
+        .iter()
+        .filter(|s| truncated(s).is_none() && has_path(s, &chain) && functions(s)[0] != "c_hot")
+        .count();
+    let rate = share(complete, d.len());
+    let f: Vec<&Vec<String>> = fp.iter().filter(|s| hot(s)).collect();
+    assert!(f.len() > 200, "only {} samples in c_hot with --unwind fp", f.len());
+    let fp_rate = share(f.iter().filter(|s| has_path(s, &chain)).count(), f.len());
+    eprintln!(
+        "chain: dwarf {complete}/{} = {:.1}% complete main→a_top→b_mid→c_hot; fp {:.1}% of {}",
+        d.len(),
+        rate * 100.0,
+        fp_rate * 100.0,
+        f.len()
+    );
+    let bad: Vec<_> = d.iter().filter(|s| !has_path(s, &chain)).take(3).collect();
+    assert!(rate >= 0.98, "{:.1}% complete; e.g. {bad:?}\n{stderr}", rate * 100.0);
+    // Complete means reaching the process's start, not just main.
+    let rooted = d.iter().filter(|s| functions(s).contains(&"__libc_start_call_main")).count();
+    assert!(share(rooted, d.len()) >= 0.98, "{rooted} of {} reach libc's start", d.len());
+    assert!(summary_count(&stderr, "complete") > 0, "{stderr}");
+    assert!(fp_rate < 0.5, "frame pointers found the chain in {:.1}%", fp_rate * 100.0);
+}
+
+#[test]
+fn unwind_write_storm_keeps_the_caller_of_libc() {
+    let exe = build_no_fp("unwind_write");
+    let fixture = start_ready(Command::new(&exe).arg("120"));
+    let pid = fixture.0.id();
+    let (dwarf, stderr) = record("write", pid, "dwarf", "3");
+    let (fp, _) = record("write", pid, "fp", "2");
+    drop(fixture);
+    // Samples whose innermost user frame is in libc (write and its wrappers), kernel beneath.
+    let in_libc = |s: &&Vec<String>| {
+        s.iter()
+            .rev()
+            .find(|f| module_name(f) != Some("[kernel.kallsyms]"))
+            .is_some_and(|f| module_name(f).is_some_and(|m| m.starts_with("libc.so")))
+    };
+    let with_caller = |v: &[&Vec<String>]| {
+        v.iter().filter(|s| has_path(s, &["main", "storm"]) && truncated(s).is_none()).count()
+    };
+    let d: Vec<&Vec<String>> = dwarf.iter().filter(in_libc).collect();
+    let f: Vec<&Vec<String>> = fp.iter().filter(in_libc).collect();
+    assert!(d.len() > 100, "only {} libc-leaf samples of {}", d.len(), dwarf.len());
+    assert!(f.len() > 100, "only {} libc-leaf samples with --unwind fp", f.len());
+    let rate = share(with_caller(&d), d.len());
+    let fp_rate = share(with_caller(&f), f.len());
+    eprintln!(
+        "write: dwarf {:.1}% of {} libc-leaf samples show main→storm; fp {:.1}% of {}",
+        rate * 100.0,
+        d.len(),
+        fp_rate * 100.0,
+        f.len()
+    );
+    let bad: Vec<_> = d.iter().filter(|s| !has_path(s, &["main", "storm"])).take(3).collect();
+    assert!(rate >= 0.90, "{:.1}%; e.g. {bad:?}\n{stderr}", rate * 100.0);
+    assert!(fp_rate < rate, "fp {fp_rate} vs dwarf {rate}");
+}
+
+#[test]
+fn unwind_python_samples_reach_the_start() {
+    let python = "/usr/bin/python3.11";
+    assert!(
+        std::path::Path::new(python).exists(),
+        "{python} is needed (Debian package python3.11; `cargo xtask setup`)"
+    );
+    let script = "import sys, time\nprint('ready', flush=True)\nend = time.time() + 120\n\
+                  def work(n):\n    s = 0\n    for i in range(n):\n        s += i * i\n    \
+                  return s\nwhile time.time() < end:\n    work(10000)\n";
+    let fixture = start_ready(Command::new(python).args(["-c", script]));
+    let pid = fixture.0.id();
+    let (dwarf, stderr) = record("python", pid, "dwarf", "3");
+    let (fp, _) = record("python", pid, "fp", "2");
+    drop(fixture);
+    let rooted = |s: &&Vec<String>| {
+        truncated(s).is_none()
+            && functions(s).iter().any(|f| *f == "_start" || *f == "Py_BytesMain")
+    };
+    let n = dwarf.iter().filter(rooted).count();
+    let rate = share(n, dwarf.len());
+    let fp_rate = share(fp.iter().filter(rooted).count(), fp.len());
+    eprintln!(
+        "python3.11: dwarf {n}/{} = {:.1}% reach _start/Py_BytesMain; fp {:.1}% of {}",
+        dwarf.len(),
+        rate * 100.0,
+        fp_rate * 100.0,
+        fp.len()
+    );
+    assert!(dwarf.len() > 200, "only {} samples", dwarf.len());
+    assert!(fp.len() > 200, "only {} samples with --unwind fp", fp.len());
+    assert!(fp_rate < rate, "fp {fp_rate} vs dwarf {rate}");
+    let bad: Vec<_> = dwarf.iter().filter(|s| !rooted(s)).take(3).collect();
+    assert!(rate >= 0.95, "{:.1}% complete; e.g. {bad:?}\n{stderr}", rate * 100.0);
+}
+
+#[test]
+fn unwind_deep_recursion_is_flagged_depth_limited() {
+    let exe = build_no_fp("unwind_deep");
+    let fixture = start_ready(Command::new(&exe).arg("120"));
+    let pid = fixture.0.id();
+    let (dwarf, stderr) = record("deep", pid, "dwarf", "3");
+    drop(fixture);
+    let deep: Vec<&Vec<String>> = dwarf
+        .iter()
+        .filter(|s| functions(s).iter().filter(|f| **f == "deep").count() >= 100)
+        .collect();
+    assert!(deep.len() > 200, "only {} samples in the recursion of {}", deep.len(), dwarf.len());
+    let flagged = deep.iter().filter(|s| truncated(s) == Some("[truncated: depth limit]")).count();
+    // None may pass for complete: the root (main) is 300 frames up.
+    assert!(deep.iter().all(|s| truncated(s).is_some()), "an unflagged deep stack");
+    assert!(!deep.iter().any(|s| functions(s).contains(&"main")));
+    assert!(share(flagged, deep.len()) >= 0.98, "{flagged} of {} flagged", deep.len());
+    // The pseudo-frame has its own module, and the summary counts the cause.
+    assert_eq!(module_name(&deep[0][0]), Some("rsprof unwind"));
+    assert!(summary_count(&stderr, "depth limit") >= flagged as u64 / 2, "{stderr}");
+}
+
+#[test]
+fn unwind_command_started_by_the_recording_is_complete_or_flagged() {
+    // `-- CMD`: the process execs after sampling began, so its tables are loaded from its
+    // mapping records while it runs; its first samples may come before them.
+    let exe = build_no_fp("unwind_chain");
+    let out = output_path("unwind_cmd", "json");
+    let o = out.to_str().unwrap();
+    let args = ["-F", "499", "--unwind", "dwarf", "-o", o, "--", exe.to_str().unwrap(), "4"];
+    let done = run(&args).unwrap();
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let stacks: Vec<Vec<String>> = tests::profile_query::threads(&profile)
+        .iter()
+        .filter(|t| t.process_name == "unwind_chain")
+        .flat_map(|t| sample_stacks(t.thread))
+        .filter(|s| !s.is_empty())
+        .collect();
+    let hot: Vec<&Vec<String>> =
+        stacks.iter().filter(|s| functions(s).last() == Some(&"c_hot")).collect();
+    assert!(hot.len() > 200, "only {} samples in c_hot of {}", hot.len(), stacks.len());
+    let chain = ["__libc_start_call_main", "main", "a_top", "b_mid", "c_hot"];
+    let complete = hot.iter().filter(|s| truncated(s).is_none() && has_path(s, &chain)).count();
+    // Anything not complete says so at its root: nothing passes for complete.
+    // (A thread in exit_group after its address space is gone has no user stack at all.)
+    let user = |s: &&Vec<String>| s.iter().any(|f| module_name(f) != Some("[kernel.kallsyms]"));
+    let unflagged: Vec<_> = stacks
+        .iter()
+        .filter(user)
+        .filter(|s| truncated(s).is_none() && !has_path(s, &chain[..2]))
+        .collect();
+    let rate = share(complete, hot.len());
+    eprintln!("-- CMD: {complete}/{} = {:.1}% complete", hot.len(), rate * 100.0);
+    assert!(rate >= 0.95, "{:.1}% complete\n{}", rate * 100.0, done.stderr);
+    assert!(
+        unflagged.iter().all(|s| functions(s).iter().any(|f| *f == "_start" || *f == "_dl_start")),
+        "stacks neither complete nor flagged: {:?}",
+        unflagged.iter().take(3).collect::<Vec<_>>()
+    );
+}
