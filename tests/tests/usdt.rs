@@ -249,7 +249,11 @@ fn check_markers(r: &Recorded, n: usize) {
     assert_eq!(r.of("rsprof:marker").len(), 2 * n);
     // USDT markers stand out in the Marker Chart: their own category, a colour nothing else in
     // the profile's category list uses.
-    for m in on_main.iter().chain(&on_worker).filter(|m| m.data["type"] != "ContainerIdentity") {
+    // The process's own markers (its container, its argv) are not USDT hits.
+    let ours = |m: &&Marker| {
+        !matches!(m.data["type"].as_str(), Some("ContainerIdentity" | "ProcessInfo"))
+    };
+    for m in on_main.iter().chain(&on_worker).filter(ours) {
         assert_eq!(category(&r.profile, m.category).0, "USDT", "{m:?}");
     }
     let usdt_colour = category(&r.profile, on_worker[0].category).1;

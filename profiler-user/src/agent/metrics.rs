@@ -407,6 +407,19 @@ impl Collector for LiveCollector {
         gauge(e, "processes_tracked", "Processes in the process table", None, s.processes as u64)?;
         gauge(e, "threads_tracked", "Threads of the tracked processes", None, s.threads as u64)?;
         gauge(e, "modules_tracked", "Executables and libraries known", None, s.modules as u64)?;
+        if let Some((tables, rows, capacity, no_cfi)) = s.unwind {
+            let row = std::mem::size_of::<profiler_common::UnwindRow>() as u64;
+            gauge(e, "unwind_tables", "Files whose unwind table is loaded", None, tables)?;
+            gauge(e, "unwind_table", "Unwind rows loaded", Some(&Unit::Bytes), rows * row)?;
+            gauge(
+                e,
+                "unwind_table_limit",
+                "Unwind rows array size (--unwind-table-mb)",
+                Some(&Unit::Bytes),
+                capacity * row,
+            )?;
+            gauge(e, "unwind_files_without_cfi", "Files with no usable CFI", None, no_cfi)?;
+        }
         gauge(
             e,
             "store",

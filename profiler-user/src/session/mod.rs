@@ -83,6 +83,9 @@ pub struct LiveStats {
     /// Interned stacks and strings.
     pub store_table_bytes: usize,
     pub recycled: Recycled,
+    /// Unwind tables: (tables loaded, rows loaded, rows capacity, files without CFI); None
+    /// with `--unwind fp`.
+    pub unwind: Option<(u64, u64, u64, u64)>,
 }
 
 /// Questions another task asks the recording loop, answered between drains.
@@ -286,6 +289,10 @@ impl<'p> Recorder<'p> {
             store_limit_bytes: buffer.limit_bytes(),
             store_table_bytes: c.store.table_bytes(),
             recycled: buffer.recycled(),
+            unwind: self.unwind.as_ref().map(|u| {
+                let st = &u.stats;
+                (st.tables_loaded, st.rows_loaded, st.rows_capacity, st.files_without_cfi)
+            }),
         }
     }
 
