@@ -5,7 +5,7 @@
 //! so a timeline shows when each was hot.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -167,7 +167,13 @@ impl<'a> Query<'a> {
         for w in &windows {
             merged.add(w, &stacks);
         }
-        merged.events.sort_by_key(|(thread, s)| (s.time, *thread));
+        // Each thread's samples in time order (they are, unless windows of a track overlap);
+        // a stable sort keeps the order of equal times, as one sort of all samples would.
+        for samples in merged.events.values_mut() {
+            if !samples.is_sorted_by_key(|s| s.time) {
+                samples.sort_by_key(|s| s.time);
+            }
+        }
         let stacks = SymbolizedStacks::from_parts(merged.frames, merged.nodes);
         let start_ms = windows.iter().map(|w| w.meta.start_ms).min().unwrap_or(0);
         let end_ms = windows.iter().map(|w| w.meta.end_ms).max().unwrap_or(start_ms);
@@ -196,10 +202,11 @@ impl<'a> Query<'a> {
             buffer_bytes: 0,
         };
         let mut writer = self.format.writer(&ctx);
+        let mut samples = 0;
         for (thread, s) in &merged.events {
-            writer.sample(*thread, s);
+            writer.samples(*thread, s);
+            samples += s.len() as u64;
         }
-        let samples = merged.events.len() as u64;
         output.commit(|out| writer.write(&[], out))?;
         Ok(QueryWritten {
             windows: windows.len(),
@@ -221,7 +228,8 @@ struct Merged {
     /// (host, service, process name) → its track's pid.
     tracks: HashMap<(String, String, String), Pid>,
     processes: ProcessesMeta,
-    events: Vec<(ThreadKey, Sample)>,
+    /// Per thread (ordered: writers see them in the same order every time).
+    events: BTreeMap<ThreadKey, Vec<Sample>>,
     frequency: u64,
 }
 
@@ -307,7 +315,7 @@ impl Merged {
             }
             placed.sort_by_key(|p| p.0);
             let thread = ThreadKey::Task { pid, tid };
-            self.events.extend(placed.into_iter().map(|(_, s)| (thread, s)));
+            self.events.entry(thread).or_default().extend(placed.into_iter().map(|(_, s)| s));
         }
     }
 }

@@ -69,8 +69,12 @@ impl PendingOutput {
         let gz = self.dest.extension().is_some_and(|e| e == "gz");
         let mut buf = BufWriter::with_capacity(1 << 20, file);
         let (out, file) = if gz {
-            let mut enc = GzEncoder::new(buf, Compression::fast());
+            // Buffered before the encoder too: writers make many small writes (a few bytes per
+            // JSON token), each of which would be a call into the compressor.
+            let mut enc =
+                BufWriter::with_capacity(1 << 16, GzEncoder::new(buf, Compression::fast()));
             let out = write(&mut enc).context("write profile")?;
+            let enc = enc.into_inner().map_err(|e| e.into_error()).context("write profile")?;
             (out, enc.finish().context("write profile")?.into_inner().map_err(|e| e.into_error())?)
         } else {
             let out = write(&mut buf).context("write profile")?;
