@@ -5,7 +5,7 @@
 //! so a timeline shows when each was hot.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, hash_map::Entry},
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -164,17 +164,13 @@ impl<'a> Query<'a> {
             bail!("no window in {} matches", source.describe());
         }
         let mut merged = Merged::default();
-        for w in &windows {
-            merged.add(w, &stacks);
+        for (i, w) in windows.iter().enumerate() {
+            merged.add(i, w, &stacks);
         }
-        // Each thread's samples in time order (they are, unless windows of a track overlap);
-        // a stable sort keeps the order of equal times, as one sort of all samples would.
-        for samples in merged.events.values_mut() {
-            if !samples.is_sorted_by_key(|s| s.time) {
-                samples.sort_by_key(|s| s.time);
-            }
-        }
-        let stacks = SymbolizedStacks::from_parts(merged.frames, merged.nodes);
+        let stacks = SymbolizedStacks::from_parts(
+            std::mem::take(&mut merged.frames),
+            std::mem::take(&mut merged.nodes),
+        );
         let start_ms = windows.iter().map(|w| w.meta.start_ms).min().unwrap_or(0);
         let end_ms = windows.iter().map(|w| w.meta.end_ms).max().unwrap_or(start_ms);
         let hosts: std::collections::BTreeSet<_> =
@@ -203,9 +199,27 @@ impl<'a> Query<'a> {
         };
         let mut writer = self.format.writer(&ctx);
         let mut samples = 0;
-        for (thread, s) in &merged.events {
-            writer.samples(*thread, s);
-            samples += s.len() as u64;
+        if merged.overlap {
+            // Each thread's samples in time order, as writers want them: a stable sort keeps
+            // the order of equal times, as one sort of all samples would.
+            let mut events: BTreeMap<ThreadKey, Vec<Sample>> = BTreeMap::new();
+            for w in &windows {
+                merged.place(w, |thread, s| events.entry(thread).or_default().extend_from_slice(s));
+            }
+            for (thread, s) in &mut events {
+                s.sort_by_key(|s| s.time);
+                writer.samples(*thread, s);
+                samples += s.len() as u64;
+            }
+        } else {
+            // Windows in time order, none of a thread overlapping another: each thread's
+            // samples come in time order, straight to the writer (millions of them, not kept).
+            for w in &windows {
+                merged.place(w, |thread, s| {
+                    writer.samples(thread, s);
+                    samples += s.len() as u64;
+                });
+            }
         }
         output.commit(|out| writer.write(&[], out))?;
         Ok(QueryWritten {
@@ -228,8 +242,10 @@ struct Merged {
     /// (host, service, process name) → its track's pid.
     tracks: HashMap<(String, String, String), Pid>,
     processes: ProcessesMeta,
-    /// Per thread (ordered: writers see them in the same order every time).
-    events: BTreeMap<ThreadKey, Vec<Sample>>,
+    /// Per thread: its latest window so far and the latest end (ns) of its windows.
+    thread_end: HashMap<ThreadKey, (usize, u64)>,
+    /// Some window starts before an earlier one of the same thread ends.
+    overlap: bool,
     frequency: u64,
 }
 
@@ -267,11 +283,12 @@ impl Merged {
         parent
     }
 
-    fn add(&mut self, w: &WindowRows, stacks: &Stacks) {
+    /// Registers window `i`'s track, threads and stacks (windows in start order).
+    fn add(&mut self, i: usize, w: &WindowRows, stacks: &Stacks) {
         if w.period_ns > 0 {
             self.frequency = self.frequency.max((1e9 / w.period_ns as f64).round() as u64);
         }
-        let (meta, l) = (&w.meta, &w.meta.labels);
+        let l = &w.meta.labels;
         let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
         let next_pid = Pid(self.tracks.len() as u32 + 1);
         let pid = *self.tracks.entry(key).or_insert(next_pid);
@@ -283,24 +300,48 @@ impl Merged {
             },
             ..Default::default()
         });
-        // Per thread: (stack, count, cpu ns) of this window.
-        let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::new();
+        let (start, end) = window_ns(w);
         for r in &w.rows {
             let tid = Tid(r.tid);
             let process = self.processes.get_mut(&pid).expect("inserted above");
             process.threads.entry(tid).or_default().observe_name(&r.thread);
-            let stack = if r.stack == 0 { None } else { self.stack(r.stack, stacks) };
-            by_thread.entry(tid).or_default().push((stack, r.samples, r.cpu_ns));
+            if r.stack != 0 {
+                self.stack(r.stack, stacks);
+            }
+            match self.thread_end.entry(ThreadKey::Task { pid, tid }) {
+                Entry::Vacant(e) => {
+                    e.insert((i, end));
+                }
+                Entry::Occupied(mut e) => {
+                    let (last, last_end) = e.get_mut();
+                    if *last != i {
+                        self.overlap |= start < *last_end;
+                        (*last, *last_end) = (i, end.max(*last_end));
+                    }
+                }
+            }
         }
-        let (start, span) = (
-            meta.start_ms * 1_000_000,
-            meta.end_ms.saturating_sub(meta.start_ms).max(1) * 1_000_000,
-        );
+    }
+
+    /// Hands each thread's samples of window `w` (after `add`) to `out`, in time order: each
+    /// stack's samples evenly over the window, interleaved with the others'.
+    fn place(&self, w: &WindowRows, mut out: impl FnMut(ThreadKey, &[Sample])) {
+        let l = &w.meta.labels;
+        let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
+        let pid = self.tracks[&key];
+        // Per thread: (stack, count, cpu ns) of this window.
+        let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::new();
+        for r in &w.rows {
+            let stack = if r.stack == 0 { None } else { self.stack_ids[&r.stack] };
+            by_thread.entry(Tid(r.tid)).or_default().push((stack, r.samples, r.cpu_ns));
+        }
+        let (start, end) = window_ns(w);
+        let span = end - start;
         let mut threads: Vec<_> = by_thread.into_iter().collect();
         threads.sort_by_key(|t| t.0);
+        let (mut placed, mut run) = (Vec::new(), Vec::new());
         for (tid, stacks) in threads {
-            // Each stack's samples evenly over the window, interleaved with the others'.
-            let mut placed: Vec<(u64, Sample)> = Vec::new();
+            placed.clear();
             for (stack, n, cpu) in stacks {
                 for k in 0..n {
                     let at = (2 * k + 1) * span / (2 * n);
@@ -314,10 +355,17 @@ impl Merged {
                 }
             }
             placed.sort_by_key(|p| p.0);
-            let thread = ThreadKey::Task { pid, tid };
-            self.events.entry(thread).or_default().extend(placed.into_iter().map(|(_, s)| s));
+            run.clear();
+            run.extend(placed.iter().map(|p| p.1));
+            out(ThreadKey::Task { pid, tid }, &run);
         }
     }
+}
+
+/// A window's span in ns since the epoch (at least 1 ms).
+fn window_ns(w: &WindowRows) -> (u64, u64) {
+    let start = w.meta.start_ms * 1_000_000;
+    (start, start + w.meta.end_ms.saturating_sub(w.meta.start_ms).max(1) * 1_000_000)
 }
 
 #[cfg(test)]

@@ -133,6 +133,18 @@ impl Client {
 
     /// `run`, the answer as bytes (binary formats).
     fn run_bytes(&self, sql: &str, data: Option<&[u8]>) -> Result<Vec<u8>, Failure> {
+        (self.send(sql, data)?.into_with_config().limit(u64::MAX).read_to_vec())
+            .map_err(|e| Failure::Transient(anyhow!("reading ClickHouse's answer: {e}")))
+    }
+
+    /// Runs a query whose answer is read as it arrives (parsed while the server still sends).
+    fn run_reader(&self, sql: &str) -> Result<ureq::BodyReader<'static>, Failure> {
+        Ok(self.send(sql, None)?.into_with_config().limit(u64::MAX).reader())
+    }
+
+    /// Sends a request; the body of a successful answer, or the failure with the server's
+    /// message.
+    fn send(&self, sql: &str, data: Option<&[u8]>) -> Result<ureq::Body, Failure> {
         let mut req = self.agent.post(&self.base);
         for (k, v) in &self.params {
             req = req.query(k, v);
@@ -141,15 +153,16 @@ impl Client {
             Some(d) => req.query("query", sql).send(d),
             None => req.send(sql.as_bytes()),
         };
-        let mut resp = sent.map_err(|e| {
+        let resp = sent.map_err(|e| {
             Failure::Transient(anyhow!("ClickHouse at {} unreachable: {e}", self.base))
         })?;
         let status = resp.status().as_u16();
-        let body = (resp.body_mut().with_config().limit(u64::MAX).read_to_vec())
-            .map_err(|e| Failure::Transient(anyhow!("reading ClickHouse's answer: {e}")))?;
+        let mut body = resp.into_body();
         if status == 200 {
             return Ok(body);
         }
+        let body = (body.with_config().limit(u64::MAX).read_to_vec())
+            .map_err(|e| Failure::Transient(anyhow!("reading ClickHouse's answer: {e}")))?;
         let body = String::from_utf8_lossy(&body);
         let code = exception_code(&body);
         let message = anyhow!(
@@ -712,48 +725,64 @@ struct ReadWindow {
     #[serde(deserialize_with = "u64_any")]
     samples: u64,
     #[serde(deserialize_with = "u64_any")]
+    sample_rows: u64,
+    #[serde(deserialize_with = "u64_any")]
     period_ns: u64,
 }
 
-/// ClickHouse's `RowBinary` output, read row by row: integers little-endian, strings as a
-/// LEB128 length and their bytes. Much cheaper to produce and parse than JSON for the millions
-/// of sample rows of a fleet query.
-struct RowBinary<'a> {
-    buf: &'a [u8],
+/// ClickHouse's `RowBinary` output, read row by row as it arrives: integers little-endian,
+/// strings as a LEB128 length and their bytes. Much cheaper to produce and parse than JSON for
+/// the millions of sample rows of a fleet query.
+struct RowBinary<R> {
+    r: R,
 }
 
-impl<'a> RowBinary<'a> {
-    fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+impl<R: std::io::BufRead> RowBinary<R> {
+    fn at_end(&mut self) -> Result<bool> {
+        Ok(self.r.fill_buf().context("reading ClickHouse's answer")?.is_empty())
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.buf.len() < n {
-            bail!("ClickHouse's RowBinary answer ends inside a row");
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut b = [0; N];
+        self.r.read_exact(&mut b).context("ClickHouse's RowBinary answer ends inside a row")?;
+        Ok(b)
     }
 
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(self.array()?))
     }
 
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(self.array()?))
     }
 
-    fn bytes(&mut self) -> Result<&'a [u8]> {
-        let mut len = 0usize;
+    /// Appends a string's bytes to `out`.
+    fn string(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        let mut len = 0u64;
         for shift in (0..64).step_by(7) {
-            let b = self.take(1)?[0];
-            len |= usize::from(b & 0x7f) << shift;
+            let [b] = self.array()?;
+            len |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
-                return self.take(len);
+                return self.bytes(len, out);
             }
         }
         bail!("bad string length in ClickHouse's RowBinary answer")
+    }
+
+    /// Appends the next `len` bytes to `out`.
+    fn bytes(&mut self, len: u64, out: &mut Vec<u8>) -> Result<()> {
+        anyhow::ensure!(len < 1 << 30, "bad string length in ClickHouse's RowBinary answer");
+        let len = len as usize;
+        let buffered = self.r.fill_buf().context("reading ClickHouse's answer")?;
+        if buffered.len() >= len {
+            out.extend_from_slice(&buffered[..len]);
+            self.r.consume(len);
+            return Ok(());
+        }
+        let start = out.len();
+        out.resize(start + len, 0);
+        (self.r.read_exact(&mut out[start..]))
+            .context("ClickHouse's RowBinary answer ends inside a row")
     }
 }
 
@@ -765,66 +794,78 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
     let labels = "start_ms, end_ms, host, service_name, process, pid, container_runtime, container_id, pod_uid, pod_qos, \
                   systemd_unit, window_id";
     let windows: Vec<ReadWindow> = json_rows(&client.query(&format!(
-        "SELECT {labels}, samples, period_ns FROM rsprof_windows FINAL WHERE {cond} FORMAT \
+        "SELECT {labels}, samples, sample_rows, period_ns FROM rsprof_windows FINAL WHERE {cond} FORMAT \
          JSONEachRow"
     ))?)?;
-    let mut out: Vec<WindowRows> = windows
+    let mut out: Vec<(WindowRows, u64)> = windows
         .into_iter()
-        .map(|w| WindowRows {
-            meta: w.labels.meta(w.samples),
-            period_ns: w.period_ns as i64,
-            rows: Vec::new(),
+        .map(|w| {
+            let rows = WindowRows {
+                meta: w.labels.meta(w.samples),
+                period_ns: w.period_ns as i64,
+                rows: Vec::new(),
+            };
+            (rows, w.sample_rows)
         })
-        .filter(|w| sel.selects(&w.meta))
+        .filter(|(w, _)| sel.selects(&w.meta))
         .collect();
-    out.sort_by(|a, b| {
+    out.sort_by(|(a, _), (b, _)| {
         (a.meta.start_ms, &a.meta.labels.host, &a.meta.window_id).cmp(&(
             b.meta.start_ms,
             &b.meta.labels.host,
             &b.meta.window_id,
         ))
     });
+    let (mut out, sample_rows): (Vec<WindowRows>, Vec<u64>) = out.into_iter().unzip();
     // Window key: host, a byte no UTF-8 text has, window id.
-    let key = |buf: &mut Vec<u8>, host: &[u8], id: &[u8]| {
-        buf.clear();
-        buf.extend_from_slice(host);
-        buf.push(0xff);
-        buf.extend_from_slice(id);
-    };
-    let mut index: HashMap<Vec<u8>, usize> = HashMap::with_capacity(out.len());
-    for (i, w) in out.iter().enumerate() {
-        let mut k = Vec::new();
-        key(&mut k, w.meta.labels.host.as_bytes(), w.meta.window_id.as_bytes());
-        index.insert(k, i);
-    }
+    let index: HashMap<Vec<u8>, usize> = (out.iter().enumerate())
+        .map(|(i, w)| {
+            let mut k = w.meta.labels.host.as_bytes().to_vec();
+            k.push(0xff);
+            k.extend_from_slice(w.meta.window_id.as_bytes());
+            (k, i)
+        })
+        .collect();
     // `FINAL` collapses the rows a repeated insert stored again until parts merge (measured on
     // the bench-agent fleet, faster than grouping by the whole sort key: that hashes every
     // row's strings). RowBinary: half of JSON's bytes, and cheap to parse.
-    let body = (client.run_bytes(
-        &format!(
-            "SELECT host, window_id, tid, thread_name, stack_hash, samples, cpu_ns, off_cpu_ns \
-             FROM rsprof_samples FINAL WHERE {cond} FORMAT RowBinary"
-        ),
-        None,
-    ))
+    let body = (client.run_reader(&format!(
+        "SELECT host, window_id, tid, thread_name, stack_hash, samples, cpu_ns, off_cpu_ns FROM \
+         rsprof_samples FINAL WHERE {cond} FORMAT RowBinary"
+    )))
     .map_err(Failure::into_error)?;
-    let mut rd = RowBinary { buf: &body };
-    let mut k = Vec::new();
-    while !rd.is_empty() {
-        let (host, window_id) = (rd.bytes()?, rd.bytes()?);
-        let (tid, thread) = (rd.u32()?, rd.bytes()?);
+    let mut rd = RowBinary { r: std::io::BufReader::with_capacity(1 << 20, body) };
+    let (mut k, mut thread) = (Vec::new(), Vec::new());
+    while !rd.at_end()? {
+        k.clear();
+        rd.string(&mut k)?;
+        k.push(0xff);
+        rd.string(&mut k)?;
+        let tid = rd.u32()?;
+        thread.clear();
+        rd.string(&mut thread)?;
         let (stack, samples, cpu_ns, off_cpu_ns) = (rd.u64()?, rd.u64()?, rd.u64()?, rd.u64()?);
-        key(&mut k, host, window_id);
         // Rows of a window without its commit record (a delivery that never completed).
         let Some(&i) = index.get(k.as_slice()) else { continue };
         out[i].rows.push(rows::StackRow {
             tid,
-            thread: String::from_utf8_lossy(thread).into_owned(),
+            thread: String::from_utf8_lossy(&thread).into_owned(),
             stack,
             samples,
             cpu_ns,
             off_cpu_ns,
         });
+    }
+    // A committed window has all its rows (they are inserted before its commit record): fewer
+    // means the answer was cut short (an error after the server started sending).
+    for (w, &want) in out.iter().zip(&sample_rows) {
+        anyhow::ensure!(
+            w.rows.len() as u64 == want,
+            "ClickHouse returned {} sample rows of window {} of host {}, its commit record says {want}",
+            w.rows.len(),
+            w.meta.window_id,
+            w.meta.labels.host
+        );
     }
     // In the sort key's order, which is how `FINAL` returns a window's rows unless a server
     // spreads one over several streams: the same rows make the same profile.
