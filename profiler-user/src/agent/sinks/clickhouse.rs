@@ -23,7 +23,8 @@
 //! (seconds; window times in ms are `UInt64` columns), `Array(String)`/`Array(UInt32)`,
 //! `FINAL`, `any`, `toYYYYMMDD`, `toDateTime`, `substring`, `today`, `system.parts`,
 //! `ALTER TABLE … DROP PARTITION`, the HTTP interface with `FORMAT JSONEachRow` (64-bit
-//! integers may come back quoted). Retention: a table `TTL` where the server has it
+//! integers may come back quoted) and, for the millions of sample rows a fleet query reads,
+//! `FORMAT RowBinary`. Retention: a table `TTL` where the server has it
 //! (`version()` ≥ 19.6); on older servers the agent drops day partitions older than the
 //! retention itself, at most once an hour.
 
@@ -817,12 +818,15 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
         ))
     });
     let (mut out, sample_rows): (Vec<WindowRows>, Vec<u64>) = out.into_iter().unzip();
-    // Window key: host, a byte no UTF-8 text has, window id.
+    // Window key: service, host and window id (the sort key's identity of a window), apart by
+    // a byte no UTF-8 text has.
     let index: HashMap<Vec<u8>, usize> = (out.iter().enumerate())
         .map(|(i, w)| {
-            let mut k = w.meta.labels.host.as_bytes().to_vec();
-            k.push(0xff);
-            k.extend_from_slice(w.meta.window_id.as_bytes());
+            let mut k = Vec::new();
+            for part in [&w.meta.labels.service_name, &w.meta.labels.host, &w.meta.window_id] {
+                k.extend_from_slice(part.as_bytes());
+                k.push(0xff);
+            }
             (k, i)
         })
         .collect();
@@ -830,17 +834,18 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
     // the bench-agent fleet, faster than grouping by the whole sort key: that hashes every
     // row's strings). RowBinary: half of JSON's bytes, and cheap to parse.
     let body = (client.run_reader(&format!(
-        "SELECT host, window_id, tid, thread_name, stack_hash, samples, cpu_ns, off_cpu_ns FROM \
-         rsprof_samples FINAL WHERE {cond} FORMAT RowBinary"
+        "SELECT service_name, host, window_id, tid, thread_name, stack_hash, samples, cpu_ns, \
+         off_cpu_ns FROM rsprof_samples FINAL WHERE {cond} FORMAT RowBinary"
     )))
     .map_err(Failure::into_error)?;
     let mut rd = RowBinary { r: std::io::BufReader::with_capacity(1 << 20, body) };
     let (mut k, mut thread) = (Vec::new(), Vec::new());
     while !rd.at_end()? {
         k.clear();
-        rd.string(&mut k)?;
-        k.push(0xff);
-        rd.string(&mut k)?;
+        for _ in 0..3 {
+            rd.string(&mut k)?;
+            k.push(0xff);
+        }
         let tid = rd.u32()?;
         thread.clear();
         rd.string(&mut thread)?;
@@ -1116,6 +1121,9 @@ mod tests {
         }
         let pick = |sel: Selection| -> Vec<(String, String, u64)> {
             let (w, _) = read_windows(&url, &sel).unwrap();
+            // Each with its own rows (windows "a web" and "a db" share a window id here).
+            let rows = |w: &WindowRows| w.rows.iter().map(|r| r.samples).sum::<u64>();
+            assert!(w.iter().all(|w| rows(w) == 6), "{:?}", w.iter().map(rows).collect::<Vec<_>>());
             w.into_iter()
                 .map(|w| (w.meta.labels.host, w.meta.labels.service_name, w.meta.start_ms - t))
                 .collect()
