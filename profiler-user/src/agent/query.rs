@@ -5,7 +5,7 @@
 //! so a timeline shows when each was hot.
 
 use std::{
-    collections::{BTreeMap, HashMap, hash_map::Entry},
+    collections::{BTreeMap, HashMap as StdHashMap, hash_map::Entry},
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -30,6 +30,9 @@ use crate::{
     },
     writers::{Format, ProfileContext},
 };
+
+/// Looked up for every sample row: a fast hasher (the keys are the query's own data).
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 /// Which windows a query reads: a time range and label filters (each empty list: any).
 #[derive(Clone, Debug, Default)]
@@ -330,7 +333,7 @@ impl Merged {
         let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
         let pid = self.tracks[&key];
         // Per thread: (stack, count, cpu ns) of this window.
-        let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::new();
+        let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::default();
         for r in &w.rows {
             let stack = if r.stack == 0 { None } else { self.stack_ids[&r.stack] };
             by_thread.entry(Tid(r.tid)).or_default().push((stack, r.samples, r.cpu_ns));
