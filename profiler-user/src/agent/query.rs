@@ -385,4 +385,68 @@ mod tests {
         assert!(parse_time("yesterday", now).is_err());
         assert!(parse_time("-1 fortnight", now).is_err());
     }
+
+    fn window(start_ms: u64, pid: u32, rows: &[(u32, u64)]) -> WindowRows {
+        let labels = crate::agent::labels::WindowLabels {
+            service_name: "svc".into(),
+            host: "h".into(),
+            pid,
+            process: "app".into(),
+            container_runtime: None,
+            container_id: None,
+            systemd_unit: None,
+            pod_uid: None,
+            pod_qos: None,
+        };
+        let meta = WindowMeta {
+            window_id: format!("{start_ms}-{pid}"),
+            start_ms,
+            end_ms: start_ms + 10_000,
+            samples: rows.iter().map(|r| r.1).sum(),
+            labels,
+        };
+        let rows = (rows.iter())
+            .map(|&(tid, samples)| rows::StackRow {
+                tid,
+                thread: "t".into(),
+                stack: 0,
+                samples,
+                cpu_ns: samples * 1_000_000,
+                off_cpu_ns: 0,
+            })
+            .collect();
+        WindowRows { meta, period_ns: 10_000_000, rows }
+    }
+
+    /// The samples `place` hands over, per thread, in the order the writer would see them.
+    fn placed(windows: &[WindowRows]) -> (bool, Vec<(ThreadKey, Vec<u64>)>) {
+        let mut m = Merged::default();
+        for (i, w) in windows.iter().enumerate() {
+            m.add(i, w, &Stacks::new());
+        }
+        let mut got: Vec<(ThreadKey, Vec<u64>)> = Vec::new();
+        for w in windows {
+            m.place(w, |t, s| got.push((t, s.iter().map(|s| s.time.0).collect())));
+        }
+        (m.overlap, got)
+    }
+
+    #[test]
+    fn consecutive_windows_stream_and_overlapping_ones_are_detected() {
+        // One process (two tracks' worth of threads in one track: same host, service, name).
+        let (overlap, got) =
+            placed(&[window(0, 7, &[(7, 2), (8, 1)]), window(10_000, 7, &[(7, 1), (7, 1)])]);
+        assert!(!overlap, "consecutive windows of a thread");
+        let main = ThreadKey::Task { pid: Pid(1), tid: Tid(7) };
+        let times: Vec<u64> =
+            got.iter().filter(|g| g.0 == main).flat_map(|g| g.1.clone()).collect();
+        assert!(times.is_sorted() && times.len() == 4, "{times:?}");
+        // Two processes of the same name on one host are one track: a tid both have is one
+        // thread whose windows overlap, so samples must be sorted before the writer.
+        let (overlap, _) = placed(&[window(0, 7, &[(7, 1)]), window(5_000, 9, &[(7, 1)])]);
+        assert!(overlap);
+        // Different tids in them: no thread overlaps.
+        let (overlap, _) = placed(&[window(0, 7, &[(7, 1)]), window(5_000, 9, &[(9, 1)])]);
+        assert!(!overlap);
+    }
 }
