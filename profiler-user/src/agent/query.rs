@@ -5,7 +5,7 @@
 //! so a timeline shows when each was hot.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap as StdHashMap, hash_map::Entry},
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -30,6 +30,9 @@ use crate::{
     },
     writers::{Format, ProfileContext},
 };
+
+/// Looked up for every sample row: a fast hasher (the keys are the query's own data).
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 /// Which windows a query reads: a time range and label filters (each empty list: any).
 #[derive(Clone, Debug, Default)]
@@ -164,11 +167,13 @@ impl<'a> Query<'a> {
             bail!("no window in {} matches", source.describe());
         }
         let mut merged = Merged::default();
-        for w in &windows {
-            merged.add(w, &stacks);
+        for (i, w) in windows.iter().enumerate() {
+            merged.add(i, w, &stacks);
         }
-        merged.events.sort_by_key(|(thread, s)| (s.time, *thread));
-        let stacks = SymbolizedStacks::from_parts(merged.frames, merged.nodes);
+        let stacks = SymbolizedStacks::from_parts(
+            std::mem::take(&mut merged.frames),
+            std::mem::take(&mut merged.nodes),
+        );
         let start_ms = windows.iter().map(|w| w.meta.start_ms).min().unwrap_or(0);
         let end_ms = windows.iter().map(|w| w.meta.end_ms).max().unwrap_or(start_ms);
         let hosts: std::collections::BTreeSet<_> =
@@ -196,10 +201,29 @@ impl<'a> Query<'a> {
             buffer_bytes: 0,
         };
         let mut writer = self.format.writer(&ctx);
-        for (thread, s) in &merged.events {
-            writer.sample(*thread, s);
+        let mut samples = 0;
+        if merged.overlap {
+            // Each thread's samples in time order, as writers want them: a stable sort keeps
+            // the order of equal times, as one sort of all samples would.
+            let mut events: BTreeMap<ThreadKey, Vec<Sample>> = BTreeMap::new();
+            for w in &windows {
+                merged.place(w, |thread, s| events.entry(thread).or_default().extend_from_slice(s));
+            }
+            for (thread, s) in &mut events {
+                s.sort_by_key(|s| s.time);
+                writer.samples(*thread, s);
+                samples += s.len() as u64;
+            }
+        } else {
+            // Windows in time order, none of a thread overlapping another: each thread's
+            // samples come in time order, straight to the writer (millions of them, not kept).
+            for w in &windows {
+                merged.place(w, |thread, s| {
+                    writer.samples(thread, s);
+                    samples += s.len() as u64;
+                });
+            }
         }
-        let samples = merged.events.len() as u64;
         output.commit(|out| writer.write(&[], out))?;
         Ok(QueryWritten {
             windows: windows.len(),
@@ -221,7 +245,10 @@ struct Merged {
     /// (host, service, process name) → its track's pid.
     tracks: HashMap<(String, String, String), Pid>,
     processes: ProcessesMeta,
-    events: Vec<(ThreadKey, Sample)>,
+    /// Per thread: its latest window so far and the latest end (ns) of its windows.
+    thread_end: HashMap<ThreadKey, (usize, u64)>,
+    /// Some window starts before an earlier one of the same thread ends.
+    overlap: bool,
     frequency: u64,
 }
 
@@ -259,11 +286,12 @@ impl Merged {
         parent
     }
 
-    fn add(&mut self, w: &WindowRows, stacks: &Stacks) {
+    /// Registers window `i`'s track, threads and stacks (windows in start order).
+    fn add(&mut self, i: usize, w: &WindowRows, stacks: &Stacks) {
         if w.period_ns > 0 {
             self.frequency = self.frequency.max((1e9 / w.period_ns as f64).round() as u64);
         }
-        let (meta, l) = (&w.meta, &w.meta.labels);
+        let l = &w.meta.labels;
         let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
         let next_pid = Pid(self.tracks.len() as u32 + 1);
         let pid = *self.tracks.entry(key).or_insert(next_pid);
@@ -275,24 +303,48 @@ impl Merged {
             },
             ..Default::default()
         });
-        // Per thread: (stack, count, cpu ns) of this window.
-        let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::new();
+        let (start, end) = window_ns(w);
         for r in &w.rows {
             let tid = Tid(r.tid);
             let process = self.processes.get_mut(&pid).expect("inserted above");
             process.threads.entry(tid).or_default().observe_name(&r.thread);
-            let stack = if r.stack == 0 { None } else { self.stack(r.stack, stacks) };
-            by_thread.entry(tid).or_default().push((stack, r.samples, r.cpu_ns));
+            if r.stack != 0 {
+                self.stack(r.stack, stacks);
+            }
+            match self.thread_end.entry(ThreadKey::Task { pid, tid }) {
+                Entry::Vacant(e) => {
+                    e.insert((i, end));
+                }
+                Entry::Occupied(mut e) => {
+                    let (last, last_end) = e.get_mut();
+                    if *last != i {
+                        self.overlap |= start < *last_end;
+                        (*last, *last_end) = (i, end.max(*last_end));
+                    }
+                }
+            }
         }
-        let (start, span) = (
-            meta.start_ms * 1_000_000,
-            meta.end_ms.saturating_sub(meta.start_ms).max(1) * 1_000_000,
-        );
+    }
+
+    /// Hands each thread's samples of window `w` (after `add`) to `out`, in time order: each
+    /// stack's samples evenly over the window, interleaved with the others'.
+    fn place(&self, w: &WindowRows, mut out: impl FnMut(ThreadKey, &[Sample])) {
+        let l = &w.meta.labels;
+        let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
+        let pid = self.tracks[&key];
+        // Per thread: (stack, count, cpu ns) of this window.
+        let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::default();
+        for r in &w.rows {
+            let stack = if r.stack == 0 { None } else { self.stack_ids[&r.stack] };
+            by_thread.entry(Tid(r.tid)).or_default().push((stack, r.samples, r.cpu_ns));
+        }
+        let (start, end) = window_ns(w);
+        let span = end - start;
         let mut threads: Vec<_> = by_thread.into_iter().collect();
         threads.sort_by_key(|t| t.0);
+        let (mut placed, mut run) = (Vec::new(), Vec::new());
         for (tid, stacks) in threads {
-            // Each stack's samples evenly over the window, interleaved with the others'.
-            let mut placed: Vec<(u64, Sample)> = Vec::new();
+            placed.clear();
             for (stack, n, cpu) in stacks {
                 for k in 0..n {
                     let at = (2 * k + 1) * span / (2 * n);
@@ -306,10 +358,17 @@ impl Merged {
                 }
             }
             placed.sort_by_key(|p| p.0);
-            let thread = ThreadKey::Task { pid, tid };
-            self.events.extend(placed.into_iter().map(|(_, s)| (thread, s)));
+            run.clear();
+            run.extend(placed.iter().map(|p| p.1));
+            out(ThreadKey::Task { pid, tid }, &run);
         }
     }
+}
+
+/// A window's span in ns since the epoch (at least 1 ms).
+fn window_ns(w: &WindowRows) -> (u64, u64) {
+    let start = w.meta.start_ms * 1_000_000;
+    (start, start + w.meta.end_ms.saturating_sub(w.meta.start_ms).max(1) * 1_000_000)
 }
 
 #[cfg(test)]
@@ -325,5 +384,69 @@ mod tests {
         assert_eq!(parse_time("2026-11-23T14:00:00Z", now).unwrap(), 1_795_442_400_000);
         assert!(parse_time("yesterday", now).is_err());
         assert!(parse_time("-1 fortnight", now).is_err());
+    }
+
+    fn window(start_ms: u64, pid: u32, rows: &[(u32, u64)]) -> WindowRows {
+        let labels = crate::agent::labels::WindowLabels {
+            service_name: "svc".into(),
+            host: "h".into(),
+            pid,
+            process: "app".into(),
+            container_runtime: None,
+            container_id: None,
+            systemd_unit: None,
+            pod_uid: None,
+            pod_qos: None,
+        };
+        let meta = WindowMeta {
+            window_id: format!("{start_ms}-{pid}"),
+            start_ms,
+            end_ms: start_ms + 10_000,
+            samples: rows.iter().map(|r| r.1).sum(),
+            labels,
+        };
+        let rows = (rows.iter())
+            .map(|&(tid, samples)| rows::StackRow {
+                tid,
+                thread: "t".into(),
+                stack: 0,
+                samples,
+                cpu_ns: samples * 1_000_000,
+                off_cpu_ns: 0,
+            })
+            .collect();
+        WindowRows { meta, period_ns: 10_000_000, rows }
+    }
+
+    /// The samples `place` hands over, per thread, in the order the writer would see them.
+    fn placed(windows: &[WindowRows]) -> (bool, Vec<(ThreadKey, Vec<u64>)>) {
+        let mut m = Merged::default();
+        for (i, w) in windows.iter().enumerate() {
+            m.add(i, w, &Stacks::new());
+        }
+        let mut got: Vec<(ThreadKey, Vec<u64>)> = Vec::new();
+        for w in windows {
+            m.place(w, |t, s| got.push((t, s.iter().map(|s| s.time.0).collect())));
+        }
+        (m.overlap, got)
+    }
+
+    #[test]
+    fn consecutive_windows_stream_and_overlapping_ones_are_detected() {
+        // One process (two tracks' worth of threads in one track: same host, service, name).
+        let (overlap, got) =
+            placed(&[window(0, 7, &[(7, 2), (8, 1)]), window(10_000, 7, &[(7, 1), (7, 1)])]);
+        assert!(!overlap, "consecutive windows of a thread");
+        let main = ThreadKey::Task { pid: Pid(1), tid: Tid(7) };
+        let times: Vec<u64> =
+            got.iter().filter(|g| g.0 == main).flat_map(|g| g.1.clone()).collect();
+        assert!(times.is_sorted() && times.len() == 4, "{times:?}");
+        // Two processes of the same name on one host are one track: a tid both have is one
+        // thread whose windows overlap, so samples must be sorted before the writer.
+        let (overlap, _) = placed(&[window(0, 7, &[(7, 1)]), window(5_000, 9, &[(7, 1)])]);
+        assert!(overlap);
+        // Different tids in them: no thread overlaps.
+        let (overlap, _) = placed(&[window(0, 7, &[(7, 1)]), window(5_000, 9, &[(9, 1)])]);
+        assert!(!overlap);
     }
 }

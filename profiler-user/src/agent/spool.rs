@@ -196,6 +196,32 @@ impl Spool {
     /// be sent again), else dropped (unreadable, or deleted for size while being retried) and
     /// counted. A done window is marked, or deleted in queue mode once every sink is done.
     pub fn finish(&mut self, sink: usize, stem: &str, delivered: bool) -> Result<()> {
+        let marked = self.finish_one(sink, stem, delivered);
+        self.sync_dir();
+        marked
+    }
+
+    /// `finish(sink, stem, true)` for each of `stems` (a delivered batch), with one directory
+    /// sync for all their markers rather than one each; the first error, after trying all.
+    pub fn finish_delivered(&mut self, sink: usize, stems: &[String]) -> Result<()> {
+        let mut first = Ok(());
+        for stem in stems {
+            let r = self.finish_one(sink, stem, true);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        self.sync_dir();
+        first
+    }
+
+    /// The markers must survive a crash, or their windows are sent again.
+    fn sync_dir(&self) {
+        fs::File::open(&self.dir).and_then(|d| d.sync_all()).ok();
+    }
+
+    /// `finish` without the directory sync.
+    fn finish_one(&mut self, sink: usize, stem: &str, delivered: bool) -> Result<()> {
         self.sinks[sink].inflight.retain(|s| s != stem);
         if !delivered {
             self.sinks[sink].dropped += 1;
@@ -215,8 +241,6 @@ impl Spool {
             .mode(0o600)
             .open(&marker)
             .with_context(|| format!("create {}", marker.display()))?;
-        // The marker must survive a crash, or the window is sent again.
-        fs::File::open(&self.dir).and_then(|d| d.sync_all()).ok();
         Ok(())
     }
 

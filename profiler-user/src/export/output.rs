@@ -69,9 +69,8 @@ impl PendingOutput {
         let gz = self.dest.extension().is_some_and(|e| e == "gz");
         let mut buf = BufWriter::with_capacity(1 << 20, file);
         let (out, file) = if gz {
-            let mut enc = GzEncoder::new(buf, Compression::fast());
-            let out = write(&mut enc).context("write profile")?;
-            (out, enc.finish().context("write profile")?.into_inner().map_err(|e| e.into_error())?)
+            let (out, buf) = compress_aside(buf, write)?;
+            (out, buf.into_inner().map_err(|e| e.into_error())?)
         } else {
             let out = write(&mut buf).context("write profile")?;
             (out, buf.into_inner().map_err(|e| e.into_error())?)
@@ -110,6 +109,59 @@ impl PendingOutput {
             }
         }
         unreachable!("hidden_names never ends")
+    }
+}
+
+/// Uncompressed bytes handed to the compressing thread at a time.
+const CHUNK: usize = 1 << 20;
+
+/// Gzips what `write` writes into `out` on a thread of its own, so that producing a large
+/// profile and compressing it (a third of the time) overlap.
+fn compress_aside<T, W: Write + Send>(
+    out: W,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<T>,
+) -> Result<(T, W)> {
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+        let compressor = scope.spawn(move || {
+            let mut enc = GzEncoder::new(out, Compression::fast());
+            for chunk in rx {
+                enc.write_all(&chunk)?;
+            }
+            enc.finish()
+        });
+        let mut chunks = Chunks { tx, buf: Vec::with_capacity(CHUNK) };
+        let written = write(&mut chunks).and_then(|t| chunks.flush().map(|()| t));
+        drop(chunks);
+        // The compressor's own error first: a failed send only says that it stopped.
+        let out =
+            compressor.join().expect("the compressor does not panic").context("write profile")?;
+        Ok((written.context("write profile")?, out))
+    })
+}
+
+/// A writer sending its bytes in chunks of [`CHUNK`].
+struct Chunks {
+    tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+impl Write for Chunks {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            let full = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+            self.tx.send(full).map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            let rest = std::mem::take(&mut self.buf);
+            self.tx.send(rest).map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        }
+        Ok(())
     }
 }
 

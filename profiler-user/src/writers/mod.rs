@@ -42,6 +42,12 @@ pub struct ProfileContext<'a> {
 /// Receives a recording's events.
 pub trait EventSink {
     fn sample(&mut self, thread: ThreadKey, sample: &Sample);
+    /// Several samples of one thread, in order.
+    fn samples(&mut self, thread: ThreadKey, samples: &[Sample]) {
+        for s in samples {
+            self.sample(thread, s);
+        }
+    }
     fn marker(&mut self, thread: ThreadKey, marker: &Marker);
 }
 

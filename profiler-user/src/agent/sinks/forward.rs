@@ -271,10 +271,8 @@ fn forward(q: &Queue, idx: usize, mut sink: Box<dyn RemoteSink>, msgs: Messages)
                     msgs.info(format_args!("{name}: delivering again after {n} retries"));
                 }
             }
-            for stem in &finished {
-                if let Err(e) = st.spool.finish(idx, stem, true) {
-                    msgs.warn(format_args!("{name}: {e:#}"));
-                }
+            if let Err(e) = st.spool.finish_delivered(idx, &finished) {
+                msgs.warn(format_args!("{name}: {e:#}"));
             }
             let Some(e) = failed else { continue };
             if failing_since.is_none() {

@@ -19,7 +19,11 @@
 //!   file part, so functions still merge across lines. Line and column also go into the frame
 //!   table's `line`/`column` columns, which is where the front-end reads frame lines from.
 
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
+
+/// Looked up for every sample (millions in a fleet query): a fast hasher rather than SipHash,
+/// which resists flooding that the profiler's own ids cannot cause.
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 use std::io::{self, Write};
 
 use serde_json::{Value, json};

@@ -121,6 +121,24 @@ impl EventSink for GeckoWriter<'_> {
         );
     }
 
+    /// One table lookup for the run (`query` hands over millions of a thread's samples).
+    fn samples(&mut self, thread: ThreadKey, samples: &[Sample]) {
+        if samples.is_empty() || samples.iter().any(|s| s.off_cpu.is_some()) {
+            return samples.iter().for_each(|s| self.sample(thread, s));
+        }
+        let tables = self.threads.entry(thread).or_default();
+        for s in samples {
+            let time = self.ctx.info.ms(s.time);
+            tables.add_sample(
+                self.ctx.stacks,
+                time,
+                s.stack,
+                Some(s.cpu_delta_ns),
+                thread.is_idle(),
+            );
+        }
+    }
+
     fn marker(&mut self, thread: ThreadKey, m: &Marker) {
         let info = self.ctx.info;
         use MarkerPhase::*;
