@@ -250,9 +250,8 @@ fn check_markers(r: &Recorded, n: usize) {
     // USDT markers stand out in the Marker Chart: their own category, a colour nothing else in
     // the profile's category list uses.
     // The process's own markers (its container, its argv) are not USDT hits.
-    let ours = |m: &&Marker| {
-        !matches!(m.data["type"].as_str(), Some("ContainerIdentity" | "ProcessInfo"))
-    };
+    let ours =
+        |m: &&Marker| !matches!(m.data["type"].as_str(), Some("ContainerIdentity" | "ProcessInfo"));
     for m in on_main.iter().chain(&on_worker).filter(ours) {
         assert_eq!(category(&r.profile, m.category).0, "USDT", "{m:?}");
     }

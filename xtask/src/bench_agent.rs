@@ -233,7 +233,8 @@ pub(crate) fn start_agent(
     extra: &[String],
 ) -> anyhow::Result<(Reaper, mpsc::Receiver<String>)> {
     let mut cmd = Command::new(profiler);
-    cmd.args(["agent", "-F", &rate.to_string(), "--spool"])
+    // Metrics served as by default, on a free port: another agent may hold 9749.
+    cmd.args(["agent", "--metrics", "127.0.0.1:0", "-F", &rate.to_string(), "--spool"])
         .arg(spool)
         .args(["--spool-size", "4G"])
         .args(extra)
