@@ -56,7 +56,8 @@ fn top_share(profile: &Path, pid: u32, sample_index: &str) -> f64 {
         "hot_a + hot_b ({a} + {b}) are most of pid {pid}'s {total} {sample_index}:\n{out}"
     );
     let work = rows.iter().find(|r| r.name == "work").map_or(0.0, |r| r.cum);
-    assert!(work >= a + b, "work's cumulative {work} includes hot_a and hot_b:\n{out}");
+    // pprof prints rounded values (3000.71 cum for 2263.16 + 737.56 flat): allow that.
+    assert!(work >= 0.999 * (a + b), "work's cumulative {work} includes hot_a and hot_b:\n{out}");
     100.0 * a / (a + b)
 }
 
