@@ -238,7 +238,7 @@ fn build_fixture() -> anyhow::Result<PathBuf> {
     ::tests::fixtures::build("bench_work.c")
 }
 
-fn online_cpus() -> u64 {
+pub fn online_cpus() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     if n > 0 { n as u64 } else { 1 }
@@ -531,6 +531,25 @@ fn perf_lost(data: &Path) -> Option<u64> {
         }
     }
     Some(lost)
+}
+
+const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// Turns on `kernel.bpf_stats_enabled` (BPF program run times) and restores it on drop.
+pub struct StatsGuard(String);
+
+impl StatsGuard {
+    pub fn enable() -> anyhow::Result<Self> {
+        let old = fs::read_to_string(STATS_SYSCTL).context("read kernel.bpf_stats_enabled")?;
+        fs::write(STATS_SYSCTL, "1").context("enable kernel.bpf_stats_enabled")?;
+        Ok(Self(old.trim().to_owned()))
+    }
+}
+
+impl Drop for StatsGuard {
+    fn drop(&mut self) {
+        let _ = fs::write(STATS_SYSCTL, &self.0);
+    }
 }
 
 /// The rsprof-bpf to measure: `--profiler PATH`, or target/release/rsprof-bpf built now.

@@ -33,14 +33,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::{
-    bench::{profiler_binary, update_section},
+    bench::{StatsGuard, online_cpus, profiler_binary, update_section},
     display, step, workspace_root,
 };
 
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-agent (generated; edits are overwritten) -->";
 const SECTION_END: &str = "<!-- END cargo xtask bench-agent -->";
-const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 /// Left out of the steady-state CPU figure.
 const WARMUP: Duration = Duration::from_secs(60);
 const TICK: Duration = Duration::from_secs(10);
@@ -148,23 +147,6 @@ impl ClickHouseMeasured {
 impl Measured {
     fn steady_pct(&self) -> f64 {
         100.0 * (self.steady_cpu_s + self.steady_bpf_s) / self.steady_wall_s.max(1e-9)
-    }
-}
-
-/// Restores `kernel.bpf_stats_enabled` on drop.
-struct StatsGuard(String);
-
-impl StatsGuard {
-    fn enable() -> anyhow::Result<Self> {
-        let old = fs::read_to_string(STATS_SYSCTL).context("read kernel.bpf_stats_enabled")?;
-        fs::write(STATS_SYSCTL, "1").context("enable kernel.bpf_stats_enabled")?;
-        Ok(Self(old.trim().to_owned()))
-    }
-}
-
-impl Drop for StatsGuard {
-    fn drop(&mut self) {
-        let _ = fs::write(STATS_SYSCTL, &self.0);
     }
 }
 
@@ -545,12 +527,6 @@ fn bench_query(profiler: &Path, processes: usize) -> anyhow::Result<QueryMeasure
         query_s,
         output_bytes,
     })
-}
-
-pub(crate) fn online_cpus() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    if n > 0 { n as u64 } else { 1 }
 }
 
 pub(crate) fn tempfile_dir() -> anyhow::Result<PathBuf> {

@@ -24,14 +24,13 @@ use ::tests::cgroups::CgroupTree;
 use anyhow::{Context as _, bail};
 
 use crate::{
-    bench::{median_f64, profiler_binary},
+    bench::{StatsGuard, median_f64, profiler_binary},
     display, step, workspace_root,
 };
 
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-cgroup (generated; edits are overwritten) -->";
 const SECTION_END: &str = "<!-- END cargo xtask bench-cgroup -->";
-const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 #[derive(clap::Args)]
 pub struct BenchCgroupArgs {
@@ -60,23 +59,6 @@ struct Run {
     bpf_ns_per_run: f64,
     bpf_total_s: f64,
     profiler_cpu_s: f64,
-}
-
-/// Restores `kernel.bpf_stats_enabled` on drop.
-struct StatsGuard(String);
-
-impl StatsGuard {
-    fn enable() -> anyhow::Result<Self> {
-        let old = fs::read_to_string(STATS_SYSCTL).context("read kernel.bpf_stats_enabled")?;
-        fs::write(STATS_SYSCTL, "1").context("enable kernel.bpf_stats_enabled")?;
-        Ok(Self(old.trim().to_owned()))
-    }
-}
-
-impl Drop for StatsGuard {
-    fn drop(&mut self) {
-        let _ = fs::write(STATS_SYSCTL, &self.0);
-    }
 }
 
 /// Number after `key` in `text`, e.g. `num("5 sent", " sent")` style lookups.

@@ -24,7 +24,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{bench::profiler_binary, display, step, workspace_root};
+use crate::{
+    bench::{online_cpus, profiler_binary},
+    display, step, workspace_root,
+};
 
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-cost (generated; edits are overwritten) -->";
@@ -80,10 +83,6 @@ fn forks_since_boot() -> u64 {
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("processes ")?.trim().parse().ok()))
         .unwrap_or(0)
-}
-
-fn online_cpus() -> usize {
-    thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 /// Starts `cmd` with stderr drained; returns once it samples.
