@@ -8,97 +8,21 @@ use std::{
     collections::{BTreeMap, HashMap},
     fs,
     hash::{BuildHasher as _, RandomState},
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::mpsc,
-    thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::Value;
 use tests::{
+    agent::Agent,
     cgroups::CgroupTree,
     clickhouse::Server,
     fixtures, gecko_schema,
     go_pprof::{self, parse_top},
-    harness::{command, output_path, run},
+    harness::{output_path, run},
     profile_query::{count_samples_with_frame, threads},
 };
-
-/// A running agent; killed if the test fails.
-struct Agent {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Agent {
-    fn start(args: &[&str]) -> Agent {
-        let mut child = command()
-            .expect("rsprof-bpf")
-            .arg("agent")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start agent");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut a = Agent { child, lines, seen: Vec::new() };
-        a.wait_for("rsprof-bpf: sampling", Duration::from_secs(60));
-        a
-    }
-
-    fn wait_for(&mut self, needle: &str, timeout: Duration) -> String {
-        let end = Instant::now() + timeout;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if l.contains(needle) {
-                        return l;
-                    }
-                }
-                Err(_) => panic!("no {needle:?} within {timeout:?}:\n{}", self.seen.join("\n")),
-            }
-        }
-    }
-
-    /// SIGTERM, then the exit status and all of stderr.
-    fn stop(mut self) -> (std::process::ExitStatus, String) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(start.elapsed() < Duration::from_secs(10), "agent still running after SIGTERM");
-            thread::sleep(Duration::from_millis(50));
-        };
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.seen.push(l);
-        }
-        (status, std::mem::take(&mut self.seen).join("\n"))
-    }
-}
 
 fn server() -> Server {
     Server::start().unwrap_or_else(|e| panic!("ClickHouse server: {e:#}"))
@@ -198,7 +122,7 @@ fn clickhouse_agent_windows_query_like_the_spool() {
         &id,
     ]);
     assert!(split_in(&cg, "3").wait().unwrap().success());
-    let (status, stderr) = agent.stop();
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(10));
     assert!(status.success(), "agent failed:\n{stderr}");
     let written = summary_number(&stderr, "agent stopped by", " windows written");
     let delivered = summary_number(&stderr, "sink clickhouse:", " windows delivered");
@@ -305,7 +229,7 @@ fn clickhouse_killed_mid_run_gets_every_window_once() {
     server.resume().unwrap_or_else(|e| panic!("{e:#}"));
     agent.wait_for("clickhouse: delivering again", Duration::from_secs(90));
     agent.wait_for("window:", Duration::from_secs(30));
-    let (status, stderr) = agent.stop();
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(10));
     let _ = split.kill();
     let _ = split.wait();
     assert!(status.success(), "agent failed:\n{stderr}");
@@ -348,7 +272,7 @@ fn clickhouse_rejections_are_counted_and_logged() {
         Agent::start(&["--spool", dir.to_str().unwrap(), "--clickhouse", &url, "--window", "1"]);
     let warning = agent.wait_for("rejected, not retried", Duration::from_secs(30));
     assert!(warning.contains("Code: ") && warning.contains("ClickHouse HTTP"), "{warning}");
-    let (status, stderr) = agent.stop();
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(10));
     assert!(status.success(), "{stderr}");
     let rejected = summary_number(&stderr, "sink clickhouse:", " rejected");
     let delivered = summary_number(&stderr, "sink clickhouse:", " windows delivered");
