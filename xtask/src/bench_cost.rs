@@ -47,6 +47,14 @@ pub struct BenchCostArgs {
     /// Only print the results; leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
+    /// The long memory run instead: rsprof-bpf alone on the host as it is, RSS every 10 s for
+    /// `--seconds` (e.g. 1800), with `--buffer-size` small enough that the sample buffer fills
+    /// early, so the run shows whether memory stays flat once it recycles.
+    #[arg(long)]
+    long: bool,
+    /// `--buffer-size` for the long run.
+    #[arg(long, default_value = "4M")]
+    buffer_size: String,
 }
 
 struct Run {
@@ -175,6 +183,11 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
     let rsprof = profiler_binary(args.profiler.as_deref())?;
     let dir = std::env::temp_dir().join(format!("rsprof-bench-cost-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
+    if args.long {
+        let r = long_run(&args, &rsprof, &dir);
+        let _ = fs::remove_dir_all(&dir);
+        return r;
+    }
     let freq = args.freq.to_string();
     let mut runs = Vec::new();
     for (scenario, busy) in [("idle", false), ("busy + exec storm", true)] {
@@ -254,6 +267,102 @@ fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
             mib(r.rss_max_kib),
             mib(r.hwm_kib)
         );
+    }
+    s.push('\n');
+    s
+}
+
+const LONG_BEGIN: &str =
+    "<!-- BEGIN cargo xtask bench-cost --long (generated; edits are overwritten) -->";
+const LONG_END: &str = "<!-- END cargo xtask bench-cost --long -->";
+
+/// RSS of rsprof-bpf every 10 s over a long recording whose sample buffer recycles.
+fn long_run(
+    args: &BenchCostArgs,
+    rsprof: &std::path::Path,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let freq = args.freq.to_string();
+    step(&format!(
+        "bench-cost --long: rsprof-bpf --all -F {freq} --buffer-size {}, {} s",
+        args.buffer_size, args.seconds
+    ));
+    let mut cmd = Command::new(rsprof);
+    cmd.args(["--all", "-F", &freq, "--buffer-size", &args.buffer_size, "-o"])
+        .arg(dir.join("long.json.gz"));
+    let mut child = start_tool(cmd, true)?;
+    let pid = child.id();
+    let (cpu0, t0) = (cpu_secs(pid).context("rsprof-bpf exited")?, Instant::now());
+    // (seconds since sampling began, RSS KiB, CPU s so far)
+    let mut series: Vec<(u64, u64, f64)> = Vec::new();
+    let mut next = 0u64;
+    while next <= args.seconds {
+        let wait = Duration::from_secs(next).saturating_sub(t0.elapsed());
+        thread::sleep(wait);
+        let rss = status_kib(pid, "VmRSS:").context("rsprof-bpf exited")?;
+        let cpu = cpu_secs(pid).context("rsprof-bpf exited")? - cpu0;
+        series.push((next, rss, cpu));
+        next += 10;
+    }
+    let hwm = status_kib(pid, "VmHWM:").unwrap_or(0);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("rsprof-bpf exited with {status}");
+    }
+    let table = render_long(args, &series, hwm);
+    print!("{table}");
+    if !args.no_write {
+        let path = workspace_root().join("BENCHMARKS.md");
+        crate::bench::update_section(&path, LONG_BEGIN, LONG_END, &table)?;
+        step(&format!("bench-cost --long: updated {}", path.display()));
+    }
+    Ok(())
+}
+
+fn render_long(args: &BenchCostArgs, series: &[(u64, u64, f64)], hwm_kib: u64) -> String {
+    let mib = |k: u64| k as f64 / 1024.0;
+    let mut s = String::new();
+    let _ = writeln!(s, "## Memory over a long recording: `cargo xtask bench-cost --long`\n");
+    let _ = writeln!(
+        s,
+        "`cargo xtask bench-cost --long --seconds {} --freq {} --buffer-size {}`, run {} on {} \
+         CPUs: `rsprof-bpf --all -F {} --buffer-size {}` on the host as it was (other work \
+         running), RSS (VmRSS) every 10 s from its \"sampling\" line; the small buffer makes the \
+         sample store recycle early, so the later minutes show the steady state.\n",
+        args.seconds,
+        args.freq,
+        args.buffer_size,
+        crate::bench::utc_now(),
+        online_cpus(),
+        args.freq,
+        args.buffer_size
+    );
+    // Flatness over the second half of the run (the store recycles well before).
+    let half: Vec<u64> = series.iter().filter(|r| r.0 >= args.seconds / 2).map(|r| r.1).collect();
+    if let (Some(&lo), Some(&hi)) = (half.iter().min(), half.iter().max()) {
+        let mut sorted = half.clone();
+        sorted.sort_unstable();
+        let median = sorted[sorted.len() / 2] as f64;
+        let _ = writeln!(
+            s,
+            "Second half of the run: RSS {:.1}–{:.1} MiB, {:+.1}% / {:+.1}% around its median \
+             {:.1} MiB; peak RSS (VmHWM, start-up included) {:.1} MiB; CPU {:.2}% of one core \
+             over the whole run.\n",
+            mib(lo),
+            mib(hi),
+            100.0 * (lo as f64 - median) / median,
+            100.0 * (hi as f64 - median) / median,
+            median / 1024.0,
+            mib(hwm_kib),
+            series.last().map_or(0.0, |r| 100.0 * r.2 / r.0.max(1) as f64),
+        );
+    }
+    let _ = writeln!(s, "| minute | RSS MiB | CPU s so far |");
+    let _ = writeln!(s, "|---:|---:|---:|");
+    for r in series.iter().filter(|r| r.0 % 60 == 0) {
+        let _ = writeln!(s, "| {} | {:.1} | {:.2} |", r.0 / 60, mib(r.1), r.2);
     }
     s.push('\n');
     s
