@@ -1,6 +1,17 @@
 //! Grafana Pyroscope push: `push.v1.PusherService/Push` over the connect protocol (an HTTP
 //! POST of a protobuf `PushRequest`), one `RawProfileSeries` per window carrying its gzipped
-//! pprof as is.
+//! pprof as is, the forwarder's batch in as few requests as [`MAX_REQUEST_BYTES`] allows (a
+//! backlog after an outage is a few requests, not one per window).
+//!
+//! A request is all or nothing for us: its windows are marked delivered only when the server
+//! answered 2xx. Pyroscope's distributor validates every profile and label set of a request
+//! before it stores any (pkg/distributor: `PushParsed` returns `InvalidArgument` from its
+//! validation loop before routing), so a 400/413/422 means none of the request was kept: the
+//! request is halved and each half sent again until the refused windows are alone, so one bad
+//! window (too large, a label the server's limits refuse) costs about 2·log2(n) requests
+//! instead of the other windows of its batch; a request refused as a whole for reasons no
+//! window can change (401, 403, 404, ...) rejects all its windows at once. Every window is
+//! rejected (and counted) once, never retried.
 //!
 //! Labels follow Pyroscope's validation (pkg/validation/validate.go): `__name__` must be a
 //! metric name (`process_cpu`, the name its eBPF profiles use), `service_name` must be
@@ -56,9 +67,16 @@ pub mod proto {
 pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 /// Pyroscope's default `validation.max-length-label-value`.
 const MAX_LABEL_VALUE: usize = 2048;
-/// Connect to an unreachable server fails fast; a push of one window is small.
+/// Connect to an unreachable server fails fast.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// A full request ([`MAX_REQUEST_BYTES`]) on a slow uplink still fits.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Body size above which a batch is split into several requests: well under the limits of
+/// the servers and proxies in front of them (Pyroscope takes 4 MiB decompressed per profile
+/// and far more per request; nginx' default body limit is 1 MiB, so keep proxies configured),
+/// and small enough that a retried request does not resend much. A window larger than this
+/// goes alone.
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
 
 /// Credentials, each read from a file (never given on the command line).
 #[derive(Clone, Debug, Default)]
@@ -193,25 +211,54 @@ pub fn sample_id(meta: &WindowMeta) -> String {
     format!("{}-{}-{}-{}-{}", &x[..8], &x[8..12], &x[12..16], &x[16..20], &x[20..])
 }
 
-/// The request body for one window.
-pub fn push_request(meta: &WindowMeta, pprof_gz: &[u8]) -> Vec<u8> {
-    use prost::Message as _;
-    proto::PushRequest {
-        series: vec![proto::RawProfileSeries {
-            labels: series_labels(meta),
-            samples: vec![proto::RawSample { raw_profile: pprof_gz.to_vec(), id: sample_id(meta) }],
-        }],
-    }
-    .encode_to_vec()
+/// One window as a `PushRequest.series` field (tag, length, `RawProfileSeries`): a request
+/// body is such fields concatenated (repeated fields may be), so each window is encoded once
+/// whatever requests it ends up in.
+pub fn series_field(meta: &WindowMeta, pprof_gz: &[u8]) -> Vec<u8> {
+    let series = proto::RawProfileSeries {
+        labels: series_labels(meta),
+        samples: vec![proto::RawSample { raw_profile: pprof_gz.to_vec(), id: sample_id(meta) }],
+    };
+    let mut out = Vec::new();
+    prost::encoding::message::encode(1, &series, &mut out);
+    out
 }
 
-impl RemoteSink for PyroscopeSink {
-    fn name(&self) -> &'static str {
-        "pyroscope"
+/// Consecutive ranges of `sizes` each at most `max` in total (a larger item alone).
+fn split_by_size(sizes: &[usize], max: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut total) = (0, 0);
+    for (i, &n) in sizes.iter().enumerate() {
+        if i > start && total + n > max {
+            out.push(start..i);
+            (start, total) = (i, 0);
+        }
+        total += n;
     }
+    if start < sizes.len() {
+        out.push(start..sizes.len());
+    }
+    out
+}
 
-    fn deliver(&mut self, meta: &WindowMeta, pprof_gz: &[u8]) -> Result<(), SinkError> {
-        let body = push_request(meta, pprof_gz);
+/// Why a push failed.
+struct Failed {
+    error: SinkError,
+    /// The server refused the request for its content (400, 413, 422): a part of it may pass.
+    split: bool,
+}
+
+/// A copy of `e` for each window of a failed request.
+fn copy(e: &SinkError) -> SinkError {
+    match e {
+        SinkError::Retry(e) => SinkError::Retry(anyhow!("{e:#}")),
+        SinkError::Reject(e) => SinkError::Reject(anyhow!("{e:#}")),
+    }
+}
+
+impl PyroscopeSink {
+    /// POSTs one request body.
+    fn post(&mut self, body: &[u8]) -> Result<(), Failed> {
         let mut req = (self.agent.post(&self.url))
             .header("Content-Type", "application/proto")
             .header("Connect-Protocol-Version", "1")
@@ -227,10 +274,13 @@ impl RemoteSink for PyroscopeSink {
         if let Some(tenant) = &self.auth.tenant {
             req = req.header("X-Scope-OrgID", tenant);
         }
-        let mut resp = match req.send(&body[..]) {
+        let mut resp = match req.send(body) {
             Ok(r) => r,
             // Connection refused, DNS, timeouts, TLS: the server may be back later.
-            Err(e) => return Err(SinkError::Retry(anyhow!("POST {}: {e}", self.url))),
+            Err(e) => {
+                let error = SinkError::Retry(anyhow!("POST {}: {e}", self.url));
+                return Err(Failed { error, split: false });
+            }
         };
         let status = resp.status();
         if status.is_success() {
@@ -243,11 +293,63 @@ impl RemoteSink for PyroscopeSink {
             .and_then(|v| v["message"].as_str().map(str::to_owned))
             .unwrap_or_else(|| text.trim().to_owned());
         let e = anyhow!("HTTP {status}: {message}");
-        if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 408 {
-            Err(SinkError::Retry(e))
+        let code = status.as_u16();
+        if status.is_server_error() || code == 429 || code == 408 {
+            Err(Failed { error: SinkError::Retry(e), split: false })
         } else {
-            Err(SinkError::Reject(e))
+            Err(Failed { error: SinkError::Reject(e), split: matches!(code, 400 | 413 | 422) })
         }
+    }
+
+    /// Pushes `fields` (encoded series) in one request, halving it while the server refuses
+    /// it for its content; appends one result per field to `out`.
+    fn push(&mut self, fields: &[Vec<u8>], out: &mut Vec<Result<(), SinkError>>) {
+        match self.post(&fields.concat()) {
+            Ok(()) => out.extend(fields.iter().map(|_| Ok(()))),
+            Err(Failed { split: true, .. }) if fields.len() > 1 => {
+                let (a, b) = fields.split_at(fields.len() / 2);
+                self.push(a, out);
+                match out.last() {
+                    // Down meanwhile: the rest waits too.
+                    Some(Err(e @ SinkError::Retry(_))) => {
+                        let e = copy(e);
+                        out.extend(b.iter().map(|_| Err(copy(&e))));
+                    }
+                    _ => self.push(b, out),
+                }
+            }
+            Err(Failed { error, .. }) => out.extend(fields.iter().map(|_| Err(copy(&error)))),
+        }
+    }
+}
+
+impl RemoteSink for PyroscopeSink {
+    fn name(&self) -> &'static str {
+        "pyroscope"
+    }
+
+    fn deliver(&mut self, meta: &WindowMeta, pprof_gz: &[u8]) -> Result<(), SinkError> {
+        let mut out = Vec::with_capacity(1);
+        self.push(&[series_field(meta, pprof_gz)], &mut out);
+        out.pop().expect("one result")
+    }
+
+    /// The batch in requests of at most [`MAX_REQUEST_BYTES`], in order; after a retryable
+    /// failure the remaining requests are not attempted (the server is likely down).
+    fn deliver_batch(&mut self, windows: &[(WindowMeta, Vec<u8>)]) -> Vec<Result<(), SinkError>> {
+        let fields: Vec<Vec<u8>> = windows.iter().map(|(m, gz)| series_field(m, gz)).collect();
+        let sizes: Vec<usize> = fields.iter().map(Vec::len).collect();
+        let mut out = Vec::with_capacity(fields.len());
+        for range in split_by_size(&sizes, MAX_REQUEST_BYTES) {
+            if let Some(Err(e @ SinkError::Retry(_))) = out.last() {
+                let e =
+                    SinkError::Retry(anyhow!("not attempted after an earlier request failed: {e}"));
+                out.extend(range.map(|_| Err(copy(&e))));
+            } else {
+                self.push(&fields[range], &mut out);
+            }
+        }
+        out
     }
 }
 
@@ -314,5 +416,24 @@ mod tests {
         let mut m = meta("p");
         m.window_id.push('0');
         assert_ne!(a, sample_id(&m));
+    }
+
+    #[test]
+    fn batches_split_by_size_in_order() {
+        assert_eq!(split_by_size(&[], 10), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(split_by_size(&[4, 4, 4, 4], 10), [0..2, 2..4]);
+        assert_eq!(split_by_size(&[3, 30, 3, 3], 10), [0..1, 1..2, 2..4], "large ones alone");
+        assert_eq!(split_by_size(&[5, 5], 10), [0..2], "the limit is inclusive");
+    }
+
+    #[test]
+    fn concatenated_series_fields_are_one_push_request() {
+        use prost::Message as _;
+        let (a, b) = (meta("a"), meta("b"));
+        let body = [series_field(&a, b"one"), series_field(&b, b"two")].concat();
+        let req = proto::PushRequest::decode(&body[..]).unwrap();
+        assert_eq!(req.series.len(), 2);
+        assert_eq!(req.series[1].labels, series_labels(&b));
+        assert_eq!(req.series[1].samples[0].raw_profile, b"two");
     }
 }
