@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
+mod together;
+
 use crate::{
     bench::{StatsGuard, online_cpus, profiler_binary, update_section},
     display, step, workspace_root,
@@ -71,6 +73,11 @@ pub struct BenchAgentArgs {
     /// Only the query benchmark.
     #[arg(long, conflicts_with = "no_query")]
     query_only: bool,
+    /// Run every sink × rate at once (each agent with its own spool, metrics port and
+    /// ClickHouse database), measured over the same `--secs` idle, then the same `--secs` busy,
+    /// after a shared 60 s warm-up: 2 × `--secs` instead of 8.
+    #[arg(long, conflicts_with = "query_only")]
+    together: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -177,19 +184,30 @@ pub(crate) fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     Ok(line.split_whitespace().nth(1).context("bad VmRSS")?.parse()?)
 }
 
-/// Sum of `run_time_ns` over the BPF programs `pid` holds open.
-fn bpf_seconds(pid: u32) -> anyhow::Result<f64> {
-    let mut ns = 0u64;
+/// `run_time_ns` of each BPF program `pid` holds open, by program id: a program held by two
+/// fds counts once, and agents running side by side each hold their own programs (their ids
+/// are disjoint, see `together`).
+pub(crate) fn bpf_programs(pid: u32) -> anyhow::Result<std::collections::BTreeMap<u32, u64>> {
+    let mut progs = std::collections::BTreeMap::new();
     for e in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
         let Ok(text) = fs::read_to_string(e?.path()) else { continue };
         if !text.contains("prog_type:") {
             continue;
         }
-        if let Some(l) = text.lines().find(|l| l.starts_with("run_time_ns:")) {
-            ns += l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let field = |name: &str| -> Option<u64> {
+            let l = text.lines().find(|l| l.starts_with(name))?;
+            l.split_whitespace().nth(1)?.parse().ok()
+        };
+        if let Some(id) = field("prog_id:") {
+            progs.insert(id as u32, field("run_time_ns:").unwrap_or(0));
         }
     }
-    Ok(ns as f64 / 1e9)
+    Ok(progs)
+}
+
+/// Sum of `run_time_ns` over the BPF programs `pid` holds open.
+pub(crate) fn bpf_seconds(pid: u32) -> anyhow::Result<f64> {
+    Ok(bpf_programs(pid)?.values().sum::<u64>() as f64 / 1e9)
 }
 
 fn dir_bytes(dir: &Path) -> (u64, u64) {
@@ -288,15 +306,24 @@ fn delivery_stats(stderr: &str) -> anyhow::Result<ClickHouseMeasured> {
     })
 }
 
-/// `bytes_on_disk` of the rsprof tables' active parts, merged first.
-fn clickhouse_bytes(server: &::tests::clickhouse::Server) -> anyhow::Result<u64> {
-    for t in ["rsprof_stacks", "rsprof_samples", "rsprof_windows"] {
-        server.query(&format!("OPTIMIZE TABLE {t} FINAL"))?;
+/// `bytes_on_disk` of the rsprof tables' active parts in `database` (the server's default:
+/// `None`), merged first; 0 before the agent created them.
+pub(crate) fn clickhouse_bytes(
+    server: &::tests::clickhouse::Server,
+    database: Option<&str>,
+) -> anyhow::Result<u64> {
+    let db = database.map_or("currentDatabase()".to_owned(), |d| format!("'{d}'"));
+    let tables = server.query(&format!(
+        "SELECT name FROM system.tables WHERE database = {db} AND name LIKE 'rsprof_%'"
+    ))?;
+    let prefix = database.map(|d| format!("{d}.")).unwrap_or_default();
+    for t in tables.lines().filter(|t| !t.is_empty()) {
+        server.query(&format!("OPTIMIZE TABLE {prefix}{t} FINAL"))?;
     }
-    let n = server.query(
-        "SELECT sum(bytes_on_disk) FROM system.parts WHERE active AND database = \
-         currentDatabase() AND table LIKE 'rsprof_%'",
-    )?;
+    let n = server.query(&format!(
+        "SELECT sum(bytes_on_disk) FROM system.parts WHERE active AND database = {db} AND \
+         table LIKE 'rsprof_%'"
+    ))?;
     n.trim().parse().with_context(|| format!("bad system.parts answer '{}'", n.trim()))
 }
 
@@ -359,7 +386,7 @@ fn measure(
     (m.spool_bytes, m.windows) = dir_bytes(&spool);
     if let Some(server) = &server {
         let mut ch = delivery_stats(&stderr)?;
-        ch.bytes = clickhouse_bytes(server)?;
+        ch.bytes = clickhouse_bytes(server, None)?;
         m.clickhouse = Some(ch);
     }
     let _ = fs::remove_dir_all(&tmp);
@@ -541,11 +568,20 @@ pub(crate) fn mib(kib: u64) -> String {
 }
 
 pub fn bench_agent(args: BenchAgentArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.secs > WARMUP.as_secs() + TICK.as_secs(), "--secs must be above 70");
+    if args.together {
+        // The warm-up comes before the measured windows.
+        anyhow::ensure!(args.secs >= 2 * TICK.as_secs(), "--secs must be at least 20");
+    } else {
+        anyhow::ensure!(args.secs > WARMUP.as_secs() + TICK.as_secs(), "--secs must be above 70");
+    }
     let profiler = profiler_binary(args.profiler.as_deref())?;
     let _stats = StatsGuard::enable()?;
     let mut rows = Vec::new();
-    let sinks = if args.query_only { &[][..] } else { &args.sinks[..] };
+    let sinks = if args.query_only || args.together { &[][..] } else { &args.sinks[..] };
+    let together = match args.together {
+        true => Some(together::run(&profiler, &args.sinks, &args.rates, args.secs)?),
+        false => None,
+    };
     for &sink in sinks {
         for &rate in &args.rates {
             for load in [Load::Idle, Load::Busy] {
@@ -603,26 +639,33 @@ pub fn bench_agent(args: BenchAgentArgs) -> anyhow::Result<()> {
     let _ = writeln!(md, "## Agent cost: `cargo xtask bench-agent`\n");
     let _ = writeln!(
         md,
-        "- Command: `cargo xtask bench-agent --secs {}`; {} online CPUs; kernel {}",
+        "- Command: `cargo xtask bench-agent --secs {}{}`; {} online CPUs; kernel {}",
         args.secs,
+        if args.together { " --together" } else { "" },
         online_cpus(),
         fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()
     );
-    let _ = writeln!(
-        md,
-        "- CPU = the agent's user+sys (/proc/PID/stat) + its BPF programs' run time \
-         (fdinfo `run_time_ns`, `kernel.bpf_stats_enabled=1`), after a {} s warm-up, as a share \
-         of one core. Bytes per host-hour = spool size at exit scaled to one hour; for \
-         ClickHouse, `bytes_on_disk` of the rsprof tables' active parts (after `OPTIMIZE … \
-         FINAL`) scaled to one hour, and the sink's mean delivery time per window (batch \
-         latency × batches / windows, from the agent's exit summary).\n",
-        WARMUP.as_secs()
-    );
-    let _ = writeln!(
-        md,
-        "| Sink | Rate | Load | CPU, steady | agent / BPF s (steady) | CPU incl. start-up | RSS after warm-up | RSS at end | RSS max | Windows | Spool bytes per host-hour | ClickHouse bytes per host-hour | Delivery per window (batches) |"
-    );
-    let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    if let Some(phases) = &together {
+        md.push('\n');
+        md.push_str(&together::table(phases, args.secs));
+    }
+    if !rows.is_empty() {
+        let _ = writeln!(
+            md,
+            "- CPU = the agent's user+sys (/proc/PID/stat) + its BPF programs' run time \
+             (fdinfo `run_time_ns`, `kernel.bpf_stats_enabled=1`), after a {} s warm-up, as a \
+             share of one core. Bytes per host-hour = spool size at exit scaled to one hour; for \
+             ClickHouse, `bytes_on_disk` of the rsprof tables' active parts (after `OPTIMIZE … \
+             FINAL`) scaled to one hour, and the sink's mean delivery time per window (batch \
+             latency × batches / windows, from the agent's exit summary).\n",
+            WARMUP.as_secs()
+        );
+        let _ = writeln!(
+            md,
+            "| Sink | Rate | Load | CPU, steady | agent / BPF s (steady) | CPU incl. start-up | RSS after warm-up | RSS at end | RSS max | Windows | Spool bytes per host-hour | ClickHouse bytes per host-hour | Delivery per window (batches) |"
+        );
+        let _ = writeln!(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    }
     for (sink, rate, load, m) in &rows {
         let total_pct = 100.0 * (m.total_cpu_s + m.total_bpf_s) / args.secs as f64;
         let per_hour = |bytes: u64| bytes as f64 * 3600.0 / args.secs as f64 / (1024.0 * 1024.0);
