@@ -167,18 +167,26 @@ fn protoc(args: &[&str], input: &[u8]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Decodes a push body with `protoc --decode` (one series of one sample per request).
-fn decode_push(body: &[u8]) -> Pushed {
+/// Decodes a push body with `protoc --decode`: its windows, one series of one sample each.
+fn decode_push(body: &[u8]) -> Vec<Pushed> {
     let dir = output_path("agent_push_proto", "d");
     fs::create_dir_all(&dir).unwrap();
     fs::write(dir.join("push.proto"), PUSH_PROTO).unwrap();
     let text =
         protoc(&["--decode=push.v1.PushRequest", "-I", dir.to_str().unwrap(), "push.proto"], body);
-    assert_eq!(text.matches("series {").count(), 1, "{text}");
-    let mut p = Pushed { labels: HashMap::new(), id: String::new(), profile: Vec::new() };
+    let mut out = Vec::new();
     let mut name = None;
     for line in text.lines().map(str::trim) {
+        if line == "series {" {
+            out.push(Pushed { labels: HashMap::new(), id: String::new(), profile: Vec::new() });
+            continue;
+        }
+        if line == "samples {" {
+            let p = out.last().expect("samples inside a series");
+            assert!(p.id.is_empty() && p.profile.is_empty(), "one sample per series:\n{text}");
+        }
         let Some((key, value)) = line.split_once(": ") else { continue };
+        let p = out.last_mut().unwrap_or_else(|| panic!("field outside a series:\n{text}"));
         let value = unescape(value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap());
         match key {
             "name" => name = Some(String::from_utf8(value).expect("UTF-8 label name")),
@@ -192,7 +200,8 @@ fn decode_push(body: &[u8]) -> Pushed {
             _ => panic!("unexpected field {key} in:\n{text}"),
         }
     }
-    p
+    assert!(!out.is_empty(), "a push without windows:\n{text}");
+    out
 }
 
 /// Undoes protoc's text-format string escaping (C escapes, octal and hex bytes).
@@ -257,17 +266,21 @@ fn count_suffix(dir: &Path, suffix: &str) -> usize {
     names_in(dir).iter().filter(|n| n.ends_with(suffix)).count()
 }
 
-/// Checks each push's HTTP framing and decodes it; panics on a window pushed twice.
-fn decode_all(reqs: &[Request]) -> Vec<Pushed> {
-    let pushed: Vec<Pushed> = reqs
-        .iter()
+/// Checks each push's HTTP framing and decodes it: the windows of each request.
+fn decode_requests(reqs: &[Request]) -> Vec<Vec<Pushed>> {
+    reqs.iter()
         .map(|r| {
             assert_eq!(r.path, "/push.v1.PusherService/Push");
             assert_eq!(r.headers["content-type"], "application/proto");
             assert_eq!(r.headers["connect-protocol-version"], "1");
             decode_push(&r.body)
         })
-        .collect();
+        .collect()
+}
+
+/// Every window pushed; panics on a window pushed twice.
+fn decode_all(reqs: &[Request]) -> Vec<Pushed> {
+    let pushed: Vec<Pushed> = decode_requests(reqs).into_iter().flatten().collect();
     let mut ids = HashSet::new();
     for p in &pushed {
         assert!(ids.insert(p.id.clone()), "window {} pushed twice ({:?})", p.id, p.labels);
@@ -277,14 +290,21 @@ fn decode_all(reqs: &[Request]) -> Vec<Pushed> {
 
 /// The summary line of sink pyroscope: (delivered, rejected, dropped).
 fn sink_counts(stderr: &str) -> (u64, u64, u64) {
+    let n = sink_numbers(stderr);
+    (n("windows delivered"), n("rejected"), n("dropped"))
+}
+
+/// A number of the summary line of sink pyroscope, by the words after it.
+fn sink_numbers(stderr: &str) -> impl Fn(&str) -> u64 + use<> {
     let line = stderr
         .lines()
         .find(|l| l.contains("sink pyroscope: "))
         .unwrap_or_else(|| panic!("no pyroscope summary:\n{stderr}"));
-    let num = |after: &str| -> u64 {
-        line.split(after).next().unwrap().rsplit([' ', ':']).next().unwrap().parse().unwrap()
-    };
-    (num(" windows delivered"), num(" rejected"), num(" dropped"))
+    let line = line.to_owned();
+    move |after: &str| -> u64 {
+        let before = line.split(&format!(" {after}")).next().unwrap();
+        before.rsplit([' ', ':']).next().unwrap().parse().unwrap()
+    }
 }
 
 #[test]
@@ -329,6 +349,8 @@ fn agent_pushes_to_pyroscope_with_labels_auth_and_backlog_once() {
     assert!(child.wait().unwrap().success());
     agent.wait_for("delivery failed, windows wait in the spool", Duration::from_secs(30));
     agent.wait_for("window:", Duration::from_secs(30));
+    // Windows (one per process and window) spooled during the outage, at least.
+    let backlog = count_suffix(&dir, ".json");
     let receiver = Receiver::start(port, 200);
     // The backlog is delivered (backoff is at most 60 s): every window marked as sent.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -344,9 +366,14 @@ fn agent_pushes_to_pyroscope_with_labels_auth_and_backlog_once() {
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("pyroscope: delivering again after"), "{stderr}");
 
-    // Every spooled window arrived, once (the last one within the exit budget).
+    // Every spooled window arrived, once (the last one within the exit budget), the backlog
+    // batched: the first request carries what waited (up to the forwarder's batch of 64).
     let reqs = receiver.requests();
+    let per_request: Vec<usize> = decode_requests(&reqs).iter().map(Vec::len).collect();
     let pushed = decode_all(&reqs);
+    assert!(backlog >= 2, "the outage spooled windows: {backlog}");
+    assert!(per_request[0] >= backlog.min(64), "{backlog} waited: {per_request:?}");
+    assert!(reqs.len() < pushed.len(), "{} windows in {per_request:?}", pushed.len());
     let spooled = count_suffix(&dir, ".json");
     assert_eq!(pushed.len(), spooled, "each of the {spooled} spooled windows pushed once");
     assert_eq!(count_suffix(&dir, ".sent-pyroscope"), spooled, "{stderr}");
@@ -400,10 +427,11 @@ fn agent_pushes_to_pyroscope_with_labels_auth_and_backlog_once() {
     assert!((70.0..=80.0).contains(&share), "hot_a share {share:.1}%, want 75 ± 5:\n{out}");
 }
 
-#[test]
-fn agent_pyroscope_rejects_are_counted_logged_once_and_not_retried() {
-    let dir = spool_dir("agent_push_reject");
-    let receiver = Receiver::start(0, 400);
+/// Runs an agent against a receiver answering `status` to everything; returns its stderr and
+/// the windows of each request. Every window is rejected once, logged once, not retried.
+fn rejecting(test: &str, status: u16) -> (String, Vec<Vec<Pushed>>) {
+    let dir = spool_dir(test);
+    let receiver = Receiver::start(0, status);
     let url = format!("http://127.0.0.1:{}", receiver.port);
     // Queue mode (no --spool): windows are deleted once the sink is done with them.
     let mut agent = Agent::start(&[
@@ -424,23 +452,49 @@ fn agent_pyroscope_rejects_are_counted_logged_once_and_not_retried() {
     let logged: Vec<&str> =
         stderr.lines().filter(|l| l.contains("rejected, not retried")).collect();
     assert_eq!(logged.len(), 1, "one log line per kind:\n{stderr}");
-    assert!(logged[0].contains("HTTP 400") && logged[0].contains("receiver says no: bad labels"));
-    let pushed = decode_all(&receiver.requests());
+    let want = format!("HTTP {status}");
+    assert!(logged[0].contains(&want) && logged[0].contains("receiver says no: bad labels"));
+    let requests = decode_requests(&receiver.requests());
     let (delivered, rejected, dropped) = sink_counts(&stderr);
     assert_eq!(delivered, 0, "{stderr}");
     assert!(rejected >= 2, "2 windows of a whole host: {rejected} rejected\n{stderr}");
-    assert_eq!(rejected, pushed.len() as u64, "each rejected window sent once:\n{stderr}");
     assert_eq!(dropped, 0);
-    let (attempts, retries) = {
-        let l = stderr.lines().find(|l| l.contains("sink pyroscope: ")).unwrap();
-        let n = |w: &str| -> u64 {
-            l.split(w).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap()
-        };
-        (n(" attempts"), n(" retries"))
-    };
-    assert_eq!((attempts, retries), (rejected, 0), "{stderr}");
+    let n = sink_numbers(&stderr);
+    assert_eq!((n("attempts"), n("retries")), (rejected, 0), "{stderr}");
     let left = count_suffix(&dir, ".json");
     assert_eq!(left, 0, "rejected windows leave the queue: {:?}", names_in(&dir));
+    // Each window is in exactly one request of every level of its batch's halving: the
+    // distinct windows sent are the rejected ones.
+    let ids: HashSet<&str> = requests.iter().flatten().map(|p| p.id.as_str()).collect();
+    assert_eq!(ids.len() as u64, rejected, "{stderr}");
+    (stderr, requests)
+}
+
+#[test]
+fn agent_pyroscope_rejects_are_counted_logged_once_and_not_retried() {
+    // 400 (Pyroscope's InvalidArgument: it stored none of the request) may be one window's
+    // fault: halved down to single windows, each rejected alone once; a batch of k windows
+    // is a binary tree of 2k-1 requests.
+    let (stderr, requests) = rejecting("agent_push_reject", 400);
+    let n = sink_numbers(&stderr);
+    let (rejected, batches) = (n("rejected"), n("batches"));
+    assert_eq!(requests.len() as u64, 2 * rejected - batches, "{stderr}");
+    let mut alone = HashSet::new();
+    for r in requests.iter().filter(|r| r.len() == 1) {
+        assert!(alone.insert(r[0].id.clone()), "window {} rejected alone twice", r[0].id);
+    }
+    assert_eq!(alone.len() as u64, rejected, "every window ends alone:\n{stderr}");
+    assert!(requests.iter().any(|r| r.len() > 1), "batches were sent whole first");
+}
+
+#[test]
+fn agent_pyroscope_request_rejected_as_a_whole_is_not_split() {
+    // 403 cannot depend on which windows a request holds: one request per batch.
+    let (stderr, requests) = rejecting("agent_push_reject_403", 403);
+    let n = sink_numbers(&stderr);
+    assert_eq!(requests.len() as u64, n("batches"), "{stderr}");
+    let windows: usize = requests.iter().map(Vec::len).sum();
+    assert_eq!(windows as u64, n("rejected"), "each window sent once:\n{stderr}");
 }
 
 #[test]
