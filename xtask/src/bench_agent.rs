@@ -21,6 +21,9 @@
 //!
 //! Loads: "idle" is the machine as it is; "busy" runs `bench_work` on every CPU, whose
 //! samples all have a 4-deep stack (the agent symbolizes and writes them every window).
+//!
+//! `--together` runs the configurations side by side instead of one after the other (2 ×
+//! `--secs` plus a warm-up, not 8 × `--secs`): see `together.rs`.
 
 use std::fmt::Write as _;
 use std::fs;

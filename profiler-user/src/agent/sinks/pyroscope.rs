@@ -423,7 +423,11 @@ mod tests {
         assert_eq!(split_by_size(&[], 10), Vec::<std::ops::Range<usize>>::new());
         assert_eq!(split_by_size(&[4, 4, 4, 4], 10), [0..2, 2..4]);
         assert_eq!(split_by_size(&[3, 30, 3, 3], 10), [0..1, 1..2, 2..4], "large ones alone");
-        assert_eq!(split_by_size(&[5, 5], 10), [0..2], "the limit is inclusive");
+        assert_eq!(
+            split_by_size(&[5, 5], 10),
+            vec![std::ops::Range { start: 0, end: 2 }],
+            "the limit is inclusive"
+        );
     }
 
     #[test]
