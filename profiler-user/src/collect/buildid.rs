@@ -26,10 +26,18 @@ pub fn read(file: &File) -> Option<Vec<u8>> {
     if phsize == 0 || phsize > MAX_PHDRS_BYTES {
         return None;
     }
-    // `program_headers` wants the headers at `e_phoff` of its buffer: lay them out so.
-    let mut data = vec![0u8; phoff as usize + phsize];
+    // `program_headers` wants the headers at `e_phoff` of its buffer: a copy of the header
+    // that says they follow it, then the headers. (Laying them out at the file's own `e_phoff`
+    // allocated up to the file's size: some files keep their headers near the end.)
+    let mut data = vec![0u8; 64 + phsize];
     data[..64].copy_from_slice(&ehdr);
-    file.read_exact_at(&mut data[phoff as usize..], phoff).ok()?;
+    let moved = elf::FileHeader64::<Endianness> {
+        e_phoff: object::U64::new(endian, 64),
+        ..*hdr
+    };
+    data[..64].copy_from_slice(object::pod::bytes_of(&moved));
+    file.read_exact_at(&mut data[64..], phoff).ok()?;
+    let hdr = &moved;
     for ph in hdr.program_headers(endian, &*data).ok()? {
         if ph.p_type(endian) != elf::PT_NOTE {
             continue;
@@ -120,5 +128,30 @@ mod tests {
         assert_eq!(find_build_id(&notes, 4, true), Some(vec![1, 2, 3]));
         // Cut short: no read past the end.
         assert_eq!(find_build_id(&notes[..notes.len() - 2], 4, true), None);
+    }
+
+    /// Program headers far from the ELF header (BOLT-processed libraries such as Rust's
+    /// libLLVM keep them 140 MB into the file): the same build-id, read with small buffers.
+    #[test]
+    fn program_headers_at_the_end_of_the_file() {
+        let path = "/bin/true";
+        let mut bytes = std::fs::read(path).expect("/bin/true is missing");
+        let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+        let phsize = usize::from(u16::from_le_bytes([bytes[54], bytes[55]]))
+            * usize::from(u16::from_le_bytes([bytes[56], bytes[57]]));
+        // Move the headers 64 MiB out (a sparse file) and point e_phoff at them.
+        let far = 64usize << 20;
+        let headers = bytes[phoff..phoff + phsize].to_vec();
+        bytes[32..40].copy_from_slice(&(far as u64).to_le_bytes());
+        let dir = std::env::temp_dir().join(format!("rsprof-buildid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let moved = dir.join("moved");
+        let f = File::create(&moved).unwrap();
+        f.write_all_at(&bytes, 0).unwrap();
+        f.write_all_at(&headers, far as u64).unwrap();
+        drop(f);
+        let id = read(&File::open(&moved).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(id.map(|id| hex(&id)), Some(readelf_build_id(path)));
     }
 }
