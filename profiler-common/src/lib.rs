@@ -79,6 +79,16 @@ pub struct SampleRecord {
     pub frames: [u64; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
 }
 
+/// The sampler's per-CPU scratch value: a sample plus room for a [`StackCopyHeader`] and
+/// `STACK_COPY_MAX` stack bytes, written right after the sample's used frames and labels (a
+/// sample with a copy is one record, sent at its used length).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SampleScratch {
+    pub rec: SampleRecord,
+    pub copy: [u8; STACK_COPY_HEADER_SIZE + STACK_COPY_MAX],
+}
+
 /// Process/thread lifecycle: fork (the new task is `header.pid/tid`, its creator is
 /// `parent_pid/tid`), exec (argv in `cmdline`), exit (of the thread `header.tid`).
 #[repr(C)]
@@ -457,7 +467,13 @@ pub mod counter {
     pub const UNWIND_FRAME_POINTER: u32 = 43;
     /// Walks that followed frame pointers for some frames (code without a table).
     pub const UNWIND_USED_FP: u32 = 44;
-    pub const COUNT: u32 = 45;
+    /// Samples sent with a copy of their user stack (`SAMPLE_STACK_COPY`), for userspace to
+    /// continue a walk that stopped for want of a table; and the stack bytes they carried.
+    pub const STACK_COPIES: u32 = 45;
+    pub const STACK_COPY_BYTES: u32 = 46;
+    /// Such a walk whose stack could not be copied (unreadable): sent without a copy.
+    pub const STACK_COPY_FAILED: u32 = 47;
+    pub const COUNT: u32 = 48;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {
