@@ -204,8 +204,10 @@ unsafe fn walk_tables_uncounted(
     st.bp_known = 1;
     st.pc_is_return = 0;
     if unsafe { UNWIND_PROCS.get(&st.tgid) }.is_none() {
-        // The leaf alone still says where the sample was.
-        st.frames[0] = pc;
+        // The leaf alone still says where the sample was (and is where a stack copy
+        // resumes the walk).
+        // SAFETY: `out` has room for MAX_STACK_DEPTH frames.
+        unsafe { *out = pc };
         return finish(1, UNWIND_END_NO_PROCESS, 0);
     }
     let mut ctx_slot = slot;
