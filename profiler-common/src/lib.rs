@@ -308,7 +308,10 @@ pub struct Config {
     pub pt_regs_ip: u32,
     /// `UNWIND_MODE_*`: how user stacks are walked.
     pub unwind_mode: u32,
-    pub _pad: u32,
+    /// Stack-copy bytes each CPU may send per 100 ms (see `SAMPLE_STACK_COPY`): keeps a burst
+    /// of copies (every process new to the tables at start-up) from filling the ring buffer,
+    /// which is sized for samples without copies. Set by the loader from the ring's size.
+    pub stack_copy_budget: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -353,7 +356,7 @@ impl Config {
         off_cpu_min_ns: 0,
         pt_regs_ip: 0,
         unwind_mode: UNWIND_MODE_FP,
-        _pad: 0,
+        stack_copy_budget: 0,
     };
 }
 
@@ -473,7 +476,10 @@ pub mod counter {
     pub const STACK_COPY_BYTES: u32 = 46;
     /// Such a walk whose stack could not be copied (unreadable): sent without a copy.
     pub const STACK_COPY_FAILED: u32 = 47;
-    pub const COUNT: u32 = 48;
+    /// Such a walk on a CPU that used up its copy budget (`Config::stack_copy_budget`): sent
+    /// without a copy.
+    pub const STACK_COPY_OVER_BUDGET: u32 = 48;
+    pub const COUNT: u32 = 49;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

@@ -45,6 +45,10 @@ static SAMPLE_SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entrie
 #[map]
 static TASK_SCRATCH: PerCpuArray<TaskRecord> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per CPU: start of the current 100 ms window and the stack-copy bytes sent in it.
+#[map]
+static COPY_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
 /// Thread-group ids selected by `-p` / `-- CMD` (value unused). LRU so that a long `-- CMD`
 /// session forking many children cannot fill it; evictions only hit long-dead processes.
 #[map]
@@ -152,7 +156,7 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         let mut len = SAMPLE_RECORD_FIXED as u64 + used * 8;
         let end = (w.errors & SAMPLE_UNWIND_MASK) >> SAMPLE_UNWIND_SHIFT;
         if stack::wants_copy(end) {
-            len += attach_stack_copy(frames, used, &mut s.flags);
+            len += attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
         }
         if output(scratch, len, false) {
             count(counter::SAMPLES_SENT);
@@ -169,11 +173,28 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
 /// # Safety
 /// `frames` must be the `frames` array of this CPU's `SampleScratch` value.
 #[inline(always)]
-unsafe fn attach_stack_copy(frames: *mut u64, used: u64, flags: &mut u32) -> u64 {
+unsafe fn attach_stack_copy(
+    frames: *mut u64,
+    used: u64,
+    flags: &mut u32,
+    now: u64,
+    cfg: &Config,
+) -> u64 {
     const MAX_USED: u64 =
         (2 * profiler_common::MAX_STACK_DEPTH + profiler_common::LABEL_MAX_DEPTH) as u64;
     // Bound for the verifier: the header and the copy fit after any number of used frames.
     let used = if used > MAX_USED { MAX_USED } else { used };
+    let Some(budget) = COPY_BUDGET.get_ptr_mut(0) else { return 0 };
+    // SAFETY: this CPU's budget slot; the sampler does not nest on one CPU.
+    let budget = unsafe { &mut *budget };
+    if now.wrapping_sub(budget[0]) >= 100_000_000 {
+        budget[0] = now;
+        budget[1] = 0;
+    }
+    if budget[1] >= u64::from(cfg.stack_copy_budget) {
+        count(counter::STACK_COPY_OVER_BUDGET);
+        return 0;
+    }
     let Some(mut hdr) = stack::stopped_at(stack::SLOT_SAMPLER) else { return 0 };
     // SAFETY: `frames + used` is within the scratch value, with room for the header (4
     // slots) and `STACK_COPY_MAX` bytes after it.
@@ -189,6 +210,7 @@ unsafe fn attach_stack_copy(frames: *mut u64, used: u64, flags: &mut u32) -> u64
         n
     };
     *flags |= SAMPLE_STACK_COPY;
+    budget[1] += (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied);
     count(counter::STACK_COPIES);
     count_add(counter::STACK_COPY_BYTES, u64::from(copied));
     (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied)

@@ -188,6 +188,11 @@ pub const COUNTERS: &[CounterDef] = &[
         "stack_copy_failed",
         "Walks stopped for want of a table whose stack could not be copied",
     ),
+    def(
+        counter::STACK_COPY_OVER_BUDGET,
+        "stack_copy_over_budget",
+        "Walks stopped for want of a table not copied: the CPU's copy budget was used up",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

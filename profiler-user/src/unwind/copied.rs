@@ -198,17 +198,20 @@ impl CopiedStacks {
     pub fn render(&self, counters: &Counters) -> String {
         let s = &self.stats;
         let sent = counters.get(counter::STACK_COPIES);
-        if sent == 0 && s.copies == 0 && counters.get(counter::STACK_COPY_FAILED) == 0 {
+        let not_sent = counters.get(counter::STACK_COPY_FAILED)
+            + counters.get(counter::STACK_COPY_OVER_BUDGET);
+        if sent == 0 && s.copies == 0 && not_sent == 0 {
             return String::new();
         }
         let mut out = String::new();
         let _ = write!(
             out,
             "stack copies: {sent} samples sent with a copy of their user stack ({:.1} KiB on \
-             average; {} walks stopped for want of a table had no readable stack); {} arrived: \
-             completed in userspace {}, still truncated {}",
+             average; {} walks stopped for want of a table had no readable stack, {} were over \
+             the CPU's copy budget); {} arrived: completed in userspace {}, still truncated {}",
             counters.get(counter::STACK_COPY_BYTES) as f64 / sent.max(1) as f64 / 1024.0,
             counters.get(counter::STACK_COPY_FAILED),
+            counters.get(counter::STACK_COPY_OVER_BUDGET),
             s.copies,
             s.completed,
             s.truncated.iter().sum::<u64>(),
