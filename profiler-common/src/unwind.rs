@@ -154,7 +154,7 @@ pub const SAMPLE_STACK_COPY: u32 = 1 << 13;
 
 /// Most bytes of user stack copied per sample (from the stopped frame's rsp up). Enough for
 /// the callers of most start-up and library code; a power of two for the verifier's bounds.
-pub const STACK_COPY_MAX: usize = 16 << 10;
+pub const STACK_COPY_MAX: usize = 8 << 10;
 
 /// [`StackCopyHeader::flags`]: the stopped frame's rbp is known (see the walker's `bp_known`).
 pub const STACK_COPY_BP_KNOWN: u32 = 1 << 0;
