@@ -470,8 +470,9 @@ pub mod counter {
     pub const UNWIND_FRAME_POINTER: u32 = 43;
     /// Walks that followed frame pointers for some frames (code without a table).
     pub const UNWIND_USED_FP: u32 = 44;
-    /// Samples sent with a copy of their user stack (`SAMPLE_STACK_COPY`), for userspace to
-    /// continue a walk that stopped for want of a table; and the stack bytes they carried.
+    /// Samples sent (written to the ring) with a copy of their user stack (`SAMPLE_STACK_COPY`),
+    /// for userspace to continue a walk that stopped for want of a table; and the stack bytes
+    /// they carried.
     pub const STACK_COPIES: u32 = 45;
     pub const STACK_COPY_BYTES: u32 = 46;
     /// Such a walk whose stack could not be copied (unreadable): sent without a copy.

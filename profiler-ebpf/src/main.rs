@@ -155,11 +155,18 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         let used = kframes + uframes + labels;
         let mut len = SAMPLE_RECORD_FIXED as u64 + used * 8;
         let end = (w.errors & SAMPLE_UNWIND_MASK) >> SAMPLE_UNWIND_SHIFT;
+        let mut copy_len = 0;
         if stack::wants_copy(end) {
-            len += attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
+            copy_len = attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
+            len += copy_len;
         }
         if output(scratch, len, false) {
             count(counter::SAMPLES_SENT);
+            // Counted once sent: a sample lost to a full ring counts as lost, copy or not.
+            if copy_len > 0 {
+                count(counter::STACK_COPIES);
+                count_add(counter::STACK_COPY_BYTES, copy_len - STACK_COPY_HEADER_SIZE as u64);
+            }
         } else {
             count(counter::LOST_RINGBUF_FULL);
         }
@@ -211,8 +218,6 @@ unsafe fn attach_stack_copy(
     };
     *flags |= SAMPLE_STACK_COPY;
     budget[1] += (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied);
-    count(counter::STACK_COPIES);
-    count_add(counter::STACK_COPY_BYTES, u64::from(copied));
     (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied)
 }
 
