@@ -79,6 +79,16 @@ pub struct SampleRecord {
     pub frames: [u64; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
 }
 
+/// The sampler's per-CPU scratch value: a sample plus room for a [`StackCopyHeader`] and
+/// `STACK_COPY_MAX` stack bytes, written right after the sample's used frames and labels (a
+/// sample with a copy is one record, sent at its used length).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SampleScratch {
+    pub rec: SampleRecord,
+    pub copy: [u8; STACK_COPY_HEADER_SIZE + STACK_COPY_MAX],
+}
+
 /// Process/thread lifecycle: fork (the new task is `header.pid/tid`, its creator is
 /// `parent_pid/tid`), exec (argv in `cmdline`), exit (of the thread `header.tid`).
 #[repr(C)]
@@ -298,7 +308,10 @@ pub struct Config {
     pub pt_regs_ip: u32,
     /// `UNWIND_MODE_*`: how user stacks are walked.
     pub unwind_mode: u32,
-    pub _pad: u32,
+    /// Stack-copy bytes each CPU may send per 100 ms (see `SAMPLE_STACK_COPY`): keeps a burst
+    /// of copies (every process new to the tables at start-up) from filling the ring buffer,
+    /// which is sized for samples without copies. Set by the loader from the ring's size.
+    pub stack_copy_budget: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -343,7 +356,7 @@ impl Config {
         off_cpu_min_ns: 0,
         pt_regs_ip: 0,
         unwind_mode: UNWIND_MODE_FP,
-        _pad: 0,
+        stack_copy_budget: 0,
     };
 }
 
@@ -457,7 +470,17 @@ pub mod counter {
     pub const UNWIND_FRAME_POINTER: u32 = 43;
     /// Walks that followed frame pointers for some frames (code without a table).
     pub const UNWIND_USED_FP: u32 = 44;
-    pub const COUNT: u32 = 45;
+    /// Samples sent (written to the ring) with a copy of their user stack (`SAMPLE_STACK_COPY`),
+    /// for userspace to continue a walk that stopped for want of a table; and the stack bytes
+    /// they carried.
+    pub const STACK_COPIES: u32 = 45;
+    pub const STACK_COPY_BYTES: u32 = 46;
+    /// Such a walk whose stack could not be copied (unreadable): sent without a copy.
+    pub const STACK_COPY_FAILED: u32 = 47;
+    /// Such a walk on a CPU that used up its copy budget (`Config::stack_copy_budget`): sent
+    /// without a copy.
+    pub const STACK_COPY_OVER_BUDGET: u32 = 48;
+    pub const COUNT: u32 = 49;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

@@ -147,6 +147,34 @@ pub const SAMPLE_UNWIND_SHIFT: u32 = 8;
 pub const SAMPLE_UNWIND_MASK: u32 = 0xf << SAMPLE_UNWIND_SHIFT;
 /// Some frames of the walk were found by following frame pointers (code without a table).
 pub const SAMPLE_UNWIND_USED_FP: u32 = 1 << 12;
+/// The sample carries a [`StackCopyHeader`] and a copy of the user stack after its frames and
+/// labels: its table walk stopped for want of a table (`UNWIND_END_NO_PROCESS`, `_NO_MAPPING`,
+/// `_NO_TABLE`), and userspace continues it over the copy once the tables are there.
+pub const SAMPLE_STACK_COPY: u32 = 1 << 13;
+
+/// Most bytes of user stack copied per sample (from the stopped frame's rsp up). Enough for
+/// the callers of most start-up and library code; a power of two for the verifier's bounds.
+pub const STACK_COPY_MAX: usize = 8 << 10;
+
+/// [`StackCopyHeader::flags`]: the stopped frame's rbp is known (see the walker's `bp_known`).
+pub const STACK_COPY_BP_KNOWN: u32 = 1 << 0;
+/// `pc` is a return address (a caller's frame): its rule is looked up at `pc - 1`.
+pub const STACK_COPY_PC_IS_RETURN: u32 = 1 << 1;
+
+/// Where the table walk stopped and how much stack follows: `len` bytes of user memory from
+/// `sp` up. The stopped frame is also the last user frame of the sample.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCopyHeader {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub len: u32,
+    /// `STACK_COPY_*`.
+    pub flags: u32,
+}
+
+pub const STACK_COPY_HEADER_SIZE: usize = core::mem::size_of::<StackCopyHeader>();
 
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding (3 * 8 + 4 * 4 bytes).

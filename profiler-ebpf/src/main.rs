@@ -24,8 +24,9 @@ use aya_ebpf::{
 };
 use profiler_common::{
     CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader, FILTER_ALL,
-    SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_USER_STACK_ERROR,
-    SampleRecord, TASK_RECORD_FIXED, TaskRecord, counter,
+    SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY,
+    SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, STACK_COPY_HEADER_SIZE,
+    SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TaskRecord, counter,
 };
 
 #[unsafe(no_mangle)]
@@ -40,9 +41,13 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 
 /// Scratch space for building a sample: too big for the 512-byte BPF stack.
 #[map]
-static SAMPLE_SCRATCH: PerCpuArray<SampleRecord> = PerCpuArray::with_max_entries(1, 0);
+static SAMPLE_SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static TASK_SCRATCH: PerCpuArray<TaskRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per CPU: start of the current 100 ms window and the stack-copy bytes sent in it.
+#[map]
+static COPY_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Thread-group ids selected by `-p` / `-- CMD` (value unused). LRU so that a long `-- CMD`
 /// session forking many children cannot fill it; evictions only hit long-dead processes.
@@ -89,10 +94,12 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         count(counter::SAMPLES_FILTERED);
         return 0;
     }
-    let Some(rec) = SAMPLE_SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = SAMPLE_SCRATCH.get_ptr_mut(0) else {
         count(counter::LOST_NO_SCRATCH);
         return 0;
     };
+    // SAFETY: this CPU's scratch value.
+    let rec = unsafe { core::ptr::addr_of_mut!((*scratch).rec) };
     // SAFETY: `rec` points at this CPU's scratch record, valid for the whole program run.
     unsafe {
         let s = &mut (*rec).sample;
@@ -145,14 +152,81 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
             count(counter::SAMPLES_WITH_LABELS);
         }
 
-        let len = SAMPLE_RECORD_FIXED as u64 + (kframes + uframes + labels) * 8;
-        if output(rec, len, false) {
+        let used = kframes + uframes + labels;
+        let mut len = SAMPLE_RECORD_FIXED as u64 + used * 8;
+        let end = (w.errors & SAMPLE_UNWIND_MASK) >> SAMPLE_UNWIND_SHIFT;
+        let mut copy_len = 0;
+        if stack::wants_copy(end) {
+            copy_len = attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
+            len += copy_len;
+        }
+        if output(scratch, len, false) {
             count(counter::SAMPLES_SENT);
+            // Counted once sent: a sample lost to a full ring counts as lost, copy or not.
+            if copy_len > 0 {
+                count(counter::STACK_COPIES);
+                count_add(counter::STACK_COPY_BYTES, copy_len - STACK_COPY_HEADER_SIZE as u64);
+            }
         } else {
             count(counter::LOST_RINGBUF_FULL);
         }
     }
     0
+}
+
+/// Appends the stopped walk's registers and a copy of the user stack from its rsp after the
+/// sample's `used` frames and labels; returns the bytes added (0 when nothing was readable).
+///
+/// # Safety
+/// `frames` must be the `frames` array of this CPU's `SampleScratch` value.
+#[inline(always)]
+unsafe fn attach_stack_copy(
+    frames: *mut u64,
+    used: u64,
+    flags: &mut u32,
+    now: u64,
+    cfg: &Config,
+) -> u64 {
+    const MAX_USED: u64 =
+        (2 * profiler_common::MAX_STACK_DEPTH + profiler_common::LABEL_MAX_DEPTH) as u64;
+    // Bound for the verifier: the header and the copy fit after any number of used frames.
+    let used = if used > MAX_USED { MAX_USED } else { used };
+    let Some(budget) = COPY_BUDGET.get_ptr_mut(0) else { return 0 };
+    // SAFETY: this CPU's budget slot; the sampler does not nest on one CPU.
+    let budget = unsafe { &mut *budget };
+    if now.wrapping_sub(budget[0]) >= 100_000_000 {
+        budget[0] = now;
+        budget[1] = 0;
+    }
+    if budget[1] >= u64::from(cfg.stack_copy_budget) {
+        count(counter::STACK_COPY_OVER_BUDGET);
+        return 0;
+    }
+    let Some(mut hdr) = stack::stopped_at(stack::SLOT_SAMPLER) else { return 0 };
+    // SAFETY: `frames + used` is within the scratch value, with room for the header (4
+    // slots) and `STACK_COPY_MAX` bytes after it.
+    let copied = unsafe {
+        let at = frames.add(used as usize);
+        let n = stack::copy_stack(at.add(STACK_COPY_HEADER_SIZE / 8).cast(), hdr.sp);
+        if n == 0 {
+            count(counter::STACK_COPY_FAILED);
+            return 0;
+        }
+        hdr.len = n;
+        core::ptr::write_unaligned(at.cast::<StackCopyHeader>(), hdr);
+        n
+    };
+    *flags |= SAMPLE_STACK_COPY;
+    budget[1] += (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied);
+    (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied)
+}
+
+#[inline(always)]
+pub(crate) fn count_add(index: u32, n: u64) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: as in `count`.
+        unsafe { *c += n };
+    }
 }
 
 /// Copies the first `len` bytes of `*rec` (at most its size, as the verifier needs) to the

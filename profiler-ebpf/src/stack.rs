@@ -26,7 +26,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP,
-    SAMPLE_USER_STACK_ERROR, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP,
+    SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX, STACK_COPY_PC_IS_RETURN,
+    StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP,
     UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
     UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
     UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
@@ -203,8 +204,10 @@ unsafe fn walk_tables_uncounted(
     st.bp_known = 1;
     st.pc_is_return = 0;
     if unsafe { UNWIND_PROCS.get(&st.tgid) }.is_none() {
-        // The leaf alone still says where the sample was.
-        st.frames[0] = pc;
+        // The leaf alone still says where the sample was (and is where a stack copy
+        // resumes the walk).
+        // SAFETY: `out` has room for MAX_STACK_DEPTH frames.
+        unsafe { *out = pc };
         return finish(1, UNWIND_END_NO_PROCESS, 0);
     }
     let mut ctx_slot = slot;
@@ -228,6 +231,66 @@ unsafe fn walk_tables_uncounted(
     let end = st.end;
     let flags = st.flags;
     finish(n as u64, end, flags)
+}
+
+/// Whether a walk that ended with `end` stopped for want of a table, which userspace can make
+/// up for from a copy of the stack (the process or file is newer than its tables).
+#[inline(always)]
+pub fn wants_copy(end: u32) -> bool {
+    end == UNWIND_END_NO_PROCESS || end == UNWIND_END_NO_MAPPING || end == UNWIND_END_NO_TABLE
+}
+
+/// Where the last table walk of `slot` stopped: the registers of its last frame. Only
+/// meaningful right after a walk whose end [`wants_copy`] (its state was set up).
+#[inline(always)]
+pub fn stopped_at(slot: u32) -> Option<StackCopyHeader> {
+    let st = UNWIND_STATE.get_ptr(slot)?;
+    // SAFETY: this CPU's slot, written by the walk that just ran on this CPU.
+    let st = unsafe { &*st };
+    let mut flags = 0;
+    if st.bp_known != 0 {
+        flags |= STACK_COPY_BP_KNOWN;
+    }
+    if st.pc_is_return != 0 {
+        flags |= STACK_COPY_PC_IS_RETURN;
+    }
+    Some(StackCopyHeader { pc: st.pc, sp: st.sp, bp: st.bp, len: 0, flags })
+}
+
+/// Copies the user stack from `sp` up into `dst` (room for `STACK_COPY_MAX` bytes): as much
+/// as can be read, up to `STACK_COPY_MAX`. A read is all or nothing and fails at the stack's
+/// top (or any hole), so shorter reads ending at page boundaries are tried in turn. Returns
+/// the bytes copied (0: nothing readable).
+///
+/// # Safety
+/// `dst` must point to `STACK_COPY_MAX` writable bytes of a map value.
+#[inline(always)]
+pub unsafe fn copy_stack(dst: *mut u8, sp: u64) -> u32 {
+    const MAX: u64 = STACK_COPY_MAX as u64;
+    for span in [MAX, MAX / 2, MAX / 4, 4096] {
+        let mut len = (sp.wrapping_add(span) & !4095).wrapping_sub(sp);
+        if span == 4096 {
+            // The rest of rsp's own page.
+            len = (sp | 4095).wrapping_add(1).wrapping_sub(sp);
+        }
+        // Bounds for the verifier.
+        len &= 2 * MAX - 1;
+        if len == 0 || len > MAX {
+            continue;
+        }
+        // SAFETY: fault-checked read of user memory into `len <= STACK_COPY_MAX` bytes.
+        let ret = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                dst.cast(),
+                len as u32,
+                sp as *const core::ffi::c_void,
+            )
+        };
+        if ret == 0 {
+            return len as u32;
+        }
+    }
+    0
 }
 
 #[inline(always)]

@@ -48,6 +48,7 @@
 
 mod compile;
 mod elf;
+pub mod walk;
 
 use std::fmt;
 

@@ -14,20 +14,28 @@ use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
-    harness::{Background, output_path, run},
-    profile_query::{function_name, module_name, sample_stacks, threads_of_pid},
+    harness::{Background, Recording, output_path, run},
+    profile_query::{function_name, module_name, sample_stacks, sample_times, threads_of_pid},
 };
 
 /// Builds `tests/fixtures/NAME.c` with `gcc -O2 -g -fomit-frame-pointer` (what distributions
 /// ship: no frame pointers) into the fixture cache.
 fn build_no_fp(name: &str) -> PathBuf {
+    build_no_fp_as(name, name, &[])
+}
+
+/// `build_no_fp` of `tests/fixtures/NAME.c` into the cache as `out_name`, with `extra` gcc
+/// arguments (e.g. `-shared -fPIC`).
+fn build_no_fp_as(name: &str, out_name: &str, extra: &[&str]) -> PathBuf {
     let src = fixtures::source_dir().join(format!("{name}.c"));
     let dir = fixtures::cache_dir().join("unwind");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(name);
-    let tmp = dir.join(format!("{name}.tmp.{}", std::process::id()));
+    let out = dir.join(out_name);
+    let tmp = dir.join(format!("{out_name}.tmp.{}", std::process::id()));
     let st = Command::new("gcc")
-        .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
+        .args(["-O2", "-g", "-fomit-frame-pointer"])
+        .args(extra)
+        .arg("-o")
         .arg(&tmp)
         .arg(&src)
         .status()
@@ -267,4 +275,133 @@ fn unwind_command_started_by_the_recording_is_complete_or_flagged() {
         "stacks neither complete nor flagged: {:?}",
         unflagged.iter().take(3).collect::<Vec<_>>()
     );
+}
+
+/// Records the whole machine (`--all --unwind dwarf`) while `run` starts and waits for a
+/// fixture (after sampling began); returns the fixture's (time ms, stack) samples in time
+/// order and rsprof's stderr.
+fn record_all_around(test: &str, run: impl FnOnce() -> u32) -> (Vec<(f64, Vec<String>)>, String) {
+    let out = output_path(test, "json");
+    let rec = Recording::start(&["--all", "-F", "499", "--unwind", "dwarf"], out).unwrap();
+    let pid = run();
+    let done = rec.interrupt().unwrap();
+    let profile = done.profile().unwrap();
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let mut samples: Vec<(f64, Vec<String>)> = threads_of_pid(&profile, pid)
+        .iter()
+        .flat_map(|t| sample_times(t.thread).into_iter().zip(sample_stacks(t.thread)))
+        .filter(|(_, s)| !s.is_empty())
+        .collect();
+    samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (samples, done.stderr)
+}
+
+/// The summary's "stack copies:" line: (samples sent with a copy, completed in userspace).
+fn copies_summary(stderr: &str) -> (u64, u64) {
+    let line = stderr.lines().find(|l| l.contains("stack copies:")).unwrap_or_else(|| {
+        panic!("no 'stack copies:' line in the summary:\n{stderr}");
+    });
+    let num = |after: &str| -> u64 {
+        let tail = line.split(after).nth(1).expect("field in the stack copies line");
+        tail.trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    (num("stack copies:"), num("completed in userspace"))
+}
+
+/// Of `samples` at or after `from` ms whose leaf is `leaf`: (complete with `chain`, total).
+fn complete_from(
+    samples: &[(f64, Vec<String>)],
+    from: f64,
+    leaf: &str,
+    chain: &[&str],
+) -> (usize, usize) {
+    let hot: Vec<&Vec<String>> = samples
+        .iter()
+        .filter(|(t, s)| *t >= from && functions(s).last() == Some(&leaf))
+        .map(|(_, s)| s)
+        .collect();
+    let complete = hot.iter().filter(|s| truncated(s).is_none() && has_path(s, chain)).count();
+    if complete * 100 < hot.len() * 95 {
+        let bad: Vec<_> = hot.iter().filter(|s| !has_path(s, chain)).take(3).collect();
+        eprintln!("incomplete, e.g. {bad:?}");
+    }
+    (complete, hot.len())
+}
+
+#[test]
+fn unwind_process_started_during_an_all_recording_is_complete_from_its_start() {
+    // Its first samples come before its mapping table is in the kernel: the kernel's walk stops
+    // ("process not loaded yet") and sends a stack copy, which userspace walks.
+    let exe = build_no_fp("split");
+    let (samples, stderr) = record_all_around("unwind_started_all", || {
+        let mut child = Command::new(&exe).arg("2").spawn().expect("start split");
+        let pid = child.id();
+        assert!(child.wait().unwrap().success());
+        pid
+    });
+    let first = samples.first().map(|s| s.0).expect("no samples of the fixture");
+    let chain = ["main", "work", "hot_a"];
+    let (early, early_n) = complete_from(&samples[..], first, "hot_a", &chain);
+    let (complete, n) = complete_from(&samples, first + 100.0, "hot_a", &chain);
+    let (copies, completed) = copies_summary(&stderr);
+    eprintln!(
+        "started under --all: {complete}/{n} = {:.1}% complete from 100 ms on ({early}/{early_n} \
+         from the first sample); {copies} stack copies, {completed} completed in userspace",
+        share(complete, n) * 100.0
+    );
+    // A floor, not a rate: on a loaded machine the fixture gets a fraction of a CPU, and while
+    // the table loader holds the event loop at start-up the ring buffer fills (counted losses).
+    assert!(n >= 40, "only {n} samples in hot_a after the first 100 ms\n{stderr}");
+    assert!(share(complete, n) >= 0.95, "{:.1}% complete\n{stderr}", share(complete, n) * 100.0);
+    assert!(copies > 0 && completed > 0, "no stack copies were used\n{stderr}");
+}
+
+#[test]
+fn unwind_library_dlopened_mid_run_is_complete_from_its_first_100ms() {
+    // A library built just now and dlopen()ed after sampling began: its first samples come
+    // before its table (and mapping) are in the kernel, and are finished from stack copies.
+    let exe = build_no_fp("unwind_dlopen");
+    let lib_name = format!("libunwind_dlopen_{}.so", std::process::id());
+    let lib = build_no_fp_as("unwind_dlopen_lib", &lib_name, &["-shared", "-fPIC"]);
+    let (samples, stderr) = record_all_around("unwind_dlopen_all", || {
+        let mut child = Command::new(&exe)
+            .arg(&lib)
+            .args(["0.3", "2"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start unwind_dlopen");
+        let pid = child.id();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "dlopened", "fixture did not dlopen its library");
+        assert!(child.wait().unwrap().success());
+        pid
+    });
+    let _ = std::fs::remove_file(&lib);
+    // The library's code starts running right after the dlopen: its first sample marks it.
+    let in_lib = |s: &Vec<String>| functions(s).last() == Some(&"lib_hot");
+    let first = samples.iter().find(|(_, s)| in_lib(s)).map(|s| s.0).unwrap_or_else(|| {
+        panic!("no samples in lib_hot of {}\n{stderr}", samples.len());
+    });
+    let chain = ["main", "work", "lib_work", "lib_hot"];
+    let (early, early_n) = complete_from(&samples, first, "lib_hot", &chain);
+    let (complete, n) = complete_from(&samples, first + 100.0, "lib_hot", &chain);
+    let (copies, completed) = copies_summary(&stderr);
+    eprintln!(
+        "dlopen under --all: {complete}/{n} = {:.1}% complete from 100 ms after the dlopen \
+         ({early}/{early_n} from its first sample); {copies} stack copies, {completed} completed \
+         in userspace",
+        share(complete, n) * 100.0
+    );
+    // The library's frames are named from the library itself.
+    let named = samples
+        .iter()
+        .filter(|(_, s)| in_lib(s))
+        .find_map(|(_, s)| s.last().and_then(|f| module_name(f)).map(str::to_owned));
+    assert_eq!(named.as_deref(), Some(lib_name.as_str()));
+    assert!(n >= 40, "only {n} samples in lib_hot after its first 100 ms\n{stderr}");
+    assert!(share(complete, n) >= 0.95, "{:.1}% complete\n{stderr}", share(complete, n) * 100.0);
+    assert!(copies > 0 && completed > 0, "no stack copies were used\n{stderr}");
 }

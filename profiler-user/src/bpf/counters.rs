@@ -177,6 +177,22 @@ pub const COUNTERS: &[CounterDef] = &[
         "unwind_used_frame_pointers",
         "User stacks that followed frame pointers through code without tables",
     ),
+    def(
+        counter::STACK_COPIES,
+        "stack_copies",
+        "Samples sent with a copy of their user stack (walk stopped for want of a table)",
+    ),
+    def(counter::STACK_COPY_BYTES, "stack_copy_bytes", "User stack bytes copied into samples"),
+    def(
+        counter::STACK_COPY_FAILED,
+        "stack_copy_failed",
+        "Walks stopped for want of a table whose stack could not be copied",
+    ),
+    def(
+        counter::STACK_COPY_OVER_BUDGET,
+        "stack_copy_over_budget",
+        "Walks stopped for want of a table not copied: the CPU's copy budget was used up",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

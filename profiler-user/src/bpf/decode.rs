@@ -6,8 +6,9 @@ use profiler_common::{
     EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_MMAP, EVENT_MUNMAP, EVENT_OFF_CPU, EVENT_SAMPLE,
     EVENT_USDT, EventHeader, LABEL_MAX_DEPTH, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
     MAP_PATH_COMPLETE, MAP_RECORD_FIXED, MAX_STACK_DEPTH, MapRecord, OFF_CPU_RECORD_FIXED,
-    OffCpuHeader, SAMPLE_RECORD_FIXED, SampleHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS,
-    USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
+    OffCpuHeader, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY, STACK_COPY_HEADER_SIZE, STACK_COPY_MAX,
+    SampleHeader, StackCopyHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS,
+    USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
 use crate::model::{
@@ -35,6 +36,21 @@ pub struct Sample {
     /// Set for off-CPU time (an `EVENT_OFF_CPU` record; `cpu_time_ns` is then 0, `time` is
     /// when the block began and the stacks are where the thread blocked).
     pub off_cpu: Option<OffCpu>,
+    /// Where the kernel's table walk stopped for want of a table, with a copy of the user
+    /// stack from there (`SAMPLE_STACK_COPY`), for userspace to continue the walk.
+    pub stack_copy: Option<Box<StackCopy>>,
+}
+
+/// A sample's copy of its user stack: the stopped frame's registers (that frame is the last
+/// of `user_stack`) and `bytes` of user memory from `sp` up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackCopy {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// `STACK_COPY_*`.
+    pub flags: u32,
+    pub bytes: Vec<u8>,
 }
 
 impl Sample {
@@ -218,6 +234,26 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 return Err(short);
             }
             let frame = |i: usize| u64_at(b, SAMPLE_RECORD_FIXED + i * 8);
+            let flags = u32_at(b, o_fl);
+            let mut stack_copy = None;
+            if flags & SAMPLE_STACK_COPY != 0 {
+                let at = SAMPLE_RECORD_FIXED + (kn + un + ln) * 8;
+                if b.len() < at + STACK_COPY_HEADER_SIZE {
+                    return Err(short);
+                }
+                let len = u32_at(b, at + std::mem::offset_of!(StackCopyHeader, len)) as usize;
+                let data = at + STACK_COPY_HEADER_SIZE;
+                if len > STACK_COPY_MAX || b.len() < data + len {
+                    return Err(short);
+                }
+                stack_copy = Some(Box::new(StackCopy {
+                    pc: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, pc)),
+                    sp: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, sp)),
+                    bp: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, bp)),
+                    flags: u32_at(b, at + std::mem::offset_of!(StackCopyHeader, flags)),
+                    bytes: b[data..data + len].to_vec(),
+                }));
+            }
             Ok(KernelEvent::Sample(Sample {
                 time: MonoNs(time_ns),
                 cpu,
@@ -226,7 +262,7 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 cgroup_id: u64_at(b, o_cg),
                 cpu_time_ns: u64_at(b, o_cpu),
                 comm: comm_string(&b[o_comm..o_comm + 16]),
-                flags: u32_at(b, o_fl),
+                flags,
                 kernel_stack: (0..kn).map(frame).collect(),
                 user_stack: (kn..kn + un).map(frame).collect(),
                 labels: (kn + un..kn + un + ln)
@@ -236,6 +272,7 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                     })
                     .collect(),
                 off_cpu: None,
+                stack_copy,
             }))
         }
         EVENT_OFF_CPU => {
@@ -270,6 +307,7 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                     blocks: u32_at(b, std::mem::offset_of!(OffCpuHeader, blocks)),
                     state: u32_at(b, std::mem::offset_of!(OffCpuHeader, state)),
                 }),
+                stack_copy: None,
             }))
         }
         EVENT_FORK | EVENT_EXEC | EVENT_EXIT => {
@@ -449,6 +487,41 @@ mod tests {
         let l = |addr, depth| LabelRef { addr, depth };
         assert_eq!(s.labels, vec![l(0x7000, 2), l(0x8000, 3)]);
         // A record cut before its frames is rejected.
+        assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
+    }
+
+    #[test]
+    fn decodes_sample_with_stack_copy() {
+        let mut r = profiler_common::SampleScratch {
+            rec: SampleRecord {
+                sample: SampleHeader {
+                    header: EventHeader { kind: EVENT_SAMPLE, cpu: 0, time_ns: 1, pid: 5, tid: 5 },
+                    cgroup_id: 0,
+                    cpu_time_ns: 0,
+                    comm: comm("new"),
+                    kernel_frames: 0,
+                    user_frames: 1,
+                    flags: SAMPLE_STACK_COPY,
+                    label_count: 0,
+                    _reserved: 0,
+                },
+                frames: [0; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
+            },
+            copy: [0; STACK_COPY_HEADER_SIZE + STACK_COPY_MAX],
+        };
+        // The header and bytes go right after the used frames (here the one user frame).
+        r.rec.frames[0] = 0x401;
+        let hdr = StackCopyHeader { pc: 0x401, sp: 0x7ff0, bp: 3, len: 16, flags: 1 };
+        let hdr_bytes = bytes_of(&hdr, STACK_COPY_HEADER_SIZE);
+        let mut b = bytes_of(&r.rec, SAMPLE_RECORD_FIXED + 8);
+        b.extend_from_slice(&hdr_bytes);
+        b.extend((0..16u8).collect::<Vec<_>>());
+        let KernelEvent::Sample(s) = decode(&b).unwrap() else { panic!() };
+        let c = s.stack_copy.expect("copy decoded");
+        assert_eq!((c.pc, c.sp, c.bp, c.flags), (0x401, 0x7ff0, 3, 1));
+        assert_eq!(c.bytes, (0..16u8).collect::<Vec<_>>());
+        assert_eq!(s.user_stack, vec![0x401]);
+        // A copy shorter than its header says is rejected.
         assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
     }
 

@@ -39,12 +39,15 @@ impl BpfObject {
     /// the page size.
     /// `unwind_rows`: capacity of the unwind table rows array (at least 1).
     pub fn load(
-        config: Config,
+        mut config: Config,
         cgroups: CgroupFilter,
         ring_bytes: u32,
         unwind_rows: u32,
     ) -> Result<Self> {
         bump_memlock_rlimit();
+        let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
+        // Stack copies may take half the ring per second, shared by the CPUs (per 100 ms).
+        config.stack_copy_budget = ring_bytes / 2 / (cpus.len() as u32).max(1) / 10;
         let ebpf = EbpfLoader::new()
             .override_global("CONFIG", &config, true)
             .override_global("CGROUP_FILTER", &cgroups, true)
@@ -52,7 +55,6 @@ impl BpfObject {
             .map_max_entries("UNWIND_ROWS", unwind_rows.max(1))
             .load(BPF_OBJECT)
             .context("load BPF programs")?;
-        let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
         Ok(Self { ebpf, cpus, perf_links: Vec::new(), tp_links: Vec::new(), map_links: Vec::new() })
     }
 

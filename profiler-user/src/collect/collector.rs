@@ -20,6 +20,7 @@ use crate::{
     },
     store::{SampleSink, codec::StoredSample},
     system::procfs,
+    unwind::copied::CopiedStacks,
 };
 
 /// Distinct (process, label) sample counts kept for the summary.
@@ -67,6 +68,8 @@ pub struct Collector<S> {
     pub outbox: Outbox,
     /// Samples per (process, innermost label), for samples taken under `rsprof:label_push`.
     pub label_samples: std::collections::HashMap<(Pid, LabelId), u64>,
+    /// Finishes user stack walks the kernel stopped for want of a table (stack copies).
+    pub copies: CopiedStacks,
     frames: Vec<FrameAddr>,
     /// Processes forgotten since the module table was last swept, and when that was.
     forgotten_since_sweep: u64,
@@ -88,6 +91,7 @@ impl<S: SampleSink> Collector<S> {
             stats: CollectorStats::default(),
             outbox: Outbox::default(),
             label_samples: Default::default(),
+            copies: CopiedStacks::default(),
             frames: Vec::with_capacity(256),
             forgotten_since_sweep: 0,
             last_sweep: MonoNs(0),
@@ -190,7 +194,15 @@ impl<S: SampleSink> Collector<S> {
         self.outbox.maps_changed(m.pid);
     }
 
-    fn on_sample(&mut self, s: Sample) {
+    fn on_sample(&mut self, mut s: Sample) {
+        if s.stack_copy.is_some() {
+            // The mapping records sent before this sample are applied: the process's address
+            // space is what the kernel's walk lacked.
+            self.known(s.pid);
+            if let Some(p) = self.processes.processes.get(&s.pid) {
+                self.copies.complete(&mut s, &p.space, &self.modules);
+            }
+        }
         if let Some(o) = s.off_cpu {
             self.stats.off_cpu_samples += 1;
             self.stats.off_cpu_ns += o.weight_ns;
@@ -465,6 +477,7 @@ mod tests {
                 user_stack: vec![TEXT + 0x10 + u64::from(k)],
                 labels: Vec::new(),
                 off_cpu: None,
+                stack_copy: None,
             }));
         }
         c.handle(task(MonoNs(time.0 + 5_000_000), pid.0, TaskKind::Exit));

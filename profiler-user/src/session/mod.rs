@@ -171,6 +171,7 @@ impl<'p> Recorder<'p> {
         }
 
         let mut collector = Collector::new(ChunkedStore::new(plan.buffer_bytes));
+        collector.copies.fp_fallback = plan.unwind_mode == profiler_common::UNWIND_MODE_DWARF_FP;
         for &pid in &targets {
             collector.register_existing(pid);
         }
@@ -512,6 +513,7 @@ impl<'p> Recorder<'p> {
         let store_stats = self.collector.store.stats;
         let buffer_bytes = self.collector.store.buffer().limit_bytes();
         let collector_stats = self.collector.stats;
+        let copies_summary = self.collector.copies.render(&counters);
         let duration_s = end.secs_since(info.start);
         let empty_note = format!(
             "Nothing recorded: no sample or marker matched in {duration_s:.2} s (stopped by \
@@ -549,6 +551,9 @@ impl<'p> Recorder<'p> {
         }));
         if let Some(u) = &self.unwind {
             self.msgs.block(&u.render());
+        }
+        if !copies_summary.is_empty() {
+            self.msgs.block(&copies_summary);
         }
         if !usdt_report.is_empty() {
             self.msgs.block(&usdt_report.render());

@@ -5,6 +5,8 @@
 //! freed during a recording: a file unmapped everywhere keeps its rows for when it comes back
 //! (a full array is counted, and frames in files not loaded end their walk as "no table").
 
+pub mod copied;
+
 use std::{
     collections::HashMap,
     fmt::Write as _,

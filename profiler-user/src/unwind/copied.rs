@@ -1,0 +1,238 @@
+//! Walks the kernel could not finish for want of a table (a process that just exec'd, a
+//! library just mapped, a file whose table is not loaded yet) arrive with a copy of the user
+//! stack from where they stopped (`SAMPLE_STACK_COPY`). By the time the collector handles such
+//! a sample, the mapping records before it in the ring have been applied, so the process's
+//! address space is current: the walk continues here over the copy, with the same tables
+//! (compiled from the same files by `profiler-unwind`) and the same rules
+//! (`profiler_unwind::walk`). The sample's end reason becomes the one this walk reached.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    os::unix::fs::MetadataExt as _,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use profiler_common::{
+    MAX_STACK_DEPTH, SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP,
+    STACK_COPY_BP_KNOWN, STACK_COPY_PC_IS_RETURN, UNWIND_END_COMPLETE, UNWIND_END_COUNT, counter,
+};
+use profiler_unwind::{
+    UnwindTable,
+    walk::{self, Regs, Rule, StackCopy},
+};
+
+use crate::{
+    bpf::{counters::Counters, decode::Sample},
+    collect::modules::{AddressSpace, ElfLayout, ModuleTable},
+    model::ids::ModuleId,
+};
+
+/// Rows kept compiled for this (8 bytes each: 64 MiB); past it the cache starts afresh.
+const MAX_CACHED_ROWS: usize = 8 << 20;
+
+/// `UNWIND_END_*` as the summary names them.
+const END_NAMES: [&str; UNWIND_END_COUNT as usize] = [
+    "not walked",
+    "complete",
+    "depth limit",
+    "process not loaded",
+    "no mapping",
+    "no table",
+    "no CFI",
+    "unsupported rule",
+    "read fault",
+    "frame pointers ended",
+];
+
+/// (device, inode, mtime ns, size): a file replaced in place keeps its inode, not its mtime.
+type FileIdentity = (u64, u64, i64, u64);
+
+/// A module's file as the walk needs it.
+#[derive(Clone)]
+enum FileRules {
+    /// Compiled table (None: no usable CFI) and the executable segments for file offset →
+    /// table address.
+    Table(Option<Arc<UnwindTable>>, ElfLayout),
+    /// The file cannot be read now: its frames end the walk as "no table".
+    Unreadable,
+}
+
+/// What continuing walks over stack copies did, for the summary.
+#[derive(Clone, Debug, Default)]
+pub struct CopyStats {
+    /// Samples that arrived with a copy, and the stack bytes they carried.
+    pub copies: u64,
+    pub bytes: u64,
+    /// Walks that reached the outermost frame here.
+    pub completed: u64,
+    /// Walks still not complete, by `UNWIND_END_*`.
+    pub truncated: [u64; UNWIND_END_COUNT as usize],
+    /// Of those, walks that needed stack beyond the copy.
+    pub beyond_copy: u64,
+    /// Copies whose stopped frame was not the sample's last user frame (not continued).
+    pub mismatched: u64,
+    pub files_compiled: u64,
+    pub compile_time: Duration,
+    /// Times the compiled-table cache was emptied for being over its size.
+    pub cache_resets: u64,
+}
+
+#[derive(Default)]
+pub struct CopiedStacks {
+    /// Follow frame pointers through code without a table (`--unwind dwarf-fp`).
+    pub fp_fallback: bool,
+    tables: HashMap<FileIdentity, Option<Arc<UnwindTable>>>,
+    /// Per module slot (with its creation serial, as slots are reused for other files).
+    by_module: HashMap<(ModuleId, u64), FileRules>,
+    cached_rows: usize,
+    pub stats: CopyStats,
+}
+
+impl CopiedStacks {
+    /// Continues the walk of `s` over its stack copy, if it has one: its user stack becomes the
+    /// frames walked in the kernel plus those found here, its end reason the one reached here.
+    pub fn complete(&mut self, s: &mut Sample, space: &AddressSpace, modules: &ModuleTable) {
+        let Some(copy) = s.stack_copy.take() else { return };
+        self.stats.copies += 1;
+        self.stats.bytes += copy.bytes.len() as u64;
+        if s.user_stack.last() != Some(&copy.pc) {
+            self.stats.mismatched += 1;
+            return;
+        }
+        let keep = s.user_stack.len() - 1;
+        let regs = Regs {
+            pc: copy.pc,
+            sp: copy.sp,
+            bp: copy.bp,
+            bp_known: copy.flags & STACK_COPY_BP_KNOWN != 0,
+            pc_is_return: copy.flags & STACK_COPY_PC_IS_RETURN != 0,
+        };
+        let stack = StackCopy { base: copy.sp, bytes: &copy.bytes };
+        let fp = self.fp_fallback;
+        let w = walk::walk(regs, stack, MAX_STACK_DEPTH - keep, fp, |addr| {
+            self.rule(space, modules, addr)
+        });
+        s.user_stack.truncate(keep);
+        s.user_stack.extend_from_slice(&w.frames);
+        s.flags = (s.flags & !SAMPLE_UNWIND_MASK) | (w.end << SAMPLE_UNWIND_SHIFT);
+        if w.used_fp {
+            s.flags |= SAMPLE_UNWIND_USED_FP;
+        }
+        if w.end == UNWIND_END_COMPLETE {
+            self.stats.completed += 1;
+        } else {
+            self.stats.truncated[w.end as usize] += 1;
+            self.stats.beyond_copy += u64::from(w.beyond_copy);
+        }
+    }
+
+    /// The rule covering `addr` in the process whose address space is `space`.
+    fn rule(&mut self, space: &AddressSpace, modules: &ModuleTable, addr: u64) -> Rule {
+        let Some((module, offset)) = space.lookup(addr) else { return Rule::NoMapping };
+        let key = (module, modules.serial(module));
+        if !self.by_module.contains_key(&key) {
+            let rules = self.file_rules(modules, module);
+            self.by_module.insert(key, rules);
+        }
+        match &self.by_module[&key] {
+            FileRules::Unreadable => Rule::NoTable,
+            FileRules::Table(None, _) => Rule::NoCfi,
+            FileRules::Table(Some(table), layout) => {
+                // The executable segment holding the offset maps it to the table's addresses.
+                let Some(&(vaddr, _, off)) = layout
+                    .code
+                    .iter()
+                    .find(|&&(_, memsz, off)| off <= offset && offset < off + memsz)
+                else {
+                    return Rule::NoCfi;
+                };
+                match table.lookup(vaddr + (offset - off)) {
+                    Some(row) => Rule::Row(row),
+                    None => Rule::NoCfi,
+                }
+            }
+        }
+    }
+
+    /// A module's table, compiled now if no module of the same file was compiled before.
+    fn file_rules(&mut self, modules: &ModuleTable, module: ModuleId) -> FileRules {
+        let m = modules.get(module);
+        // Anonymous code (JIT) and kernel pseudo mappings other than the vDSO have no CFI.
+        if m.path == "[anon]" || (m.path.starts_with('[') && m.path != "[vdso]") {
+            return FileRules::Table(None, ElfLayout::default());
+        }
+        let Some(path) = m.readable_path() else { return FileRules::Unreadable };
+        let Ok(meta) = std::fs::metadata(&path) else { return FileRules::Unreadable };
+        let Some(layout) = ElfLayout::read(&path) else {
+            return FileRules::Table(None, ElfLayout::default());
+        };
+        let identity =
+            (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len());
+        if let Some(t) = self.tables.get(&identity) {
+            return FileRules::Table(t.clone(), layout);
+        }
+        let started = Instant::now();
+        let table = std::fs::read(&path)
+            .ok()
+            .and_then(|data| UnwindTable::from_elf(&data).ok())
+            .filter(|t| !t.rows().is_empty())
+            .map(Arc::new);
+        self.stats.compile_time += started.elapsed();
+        self.stats.files_compiled += 1;
+        let rows = table.as_ref().map_or(0, |t| t.rows().len());
+        if self.cached_rows + rows > MAX_CACHED_ROWS {
+            // Module entries hold tables too: both go, and are rebuilt on demand.
+            self.tables.clear();
+            self.by_module.clear();
+            self.cached_rows = 0;
+            self.stats.cache_resets += 1;
+        }
+        self.cached_rows += rows;
+        self.tables.insert(identity, table.clone());
+        FileRules::Table(table, layout)
+    }
+
+    /// The summary line: copies the kernel sent and how their walks ended here.
+    pub fn render(&self, counters: &Counters) -> String {
+        let s = &self.stats;
+        let sent = counters.get(counter::STACK_COPIES);
+        let not_sent = counters.get(counter::STACK_COPY_FAILED)
+            + counters.get(counter::STACK_COPY_OVER_BUDGET);
+        if sent == 0 && s.copies == 0 && not_sent == 0 {
+            return String::new();
+        }
+        let mut out = String::new();
+        let _ = write!(
+            out,
+            "stack copies: {sent} samples sent with a copy of their user stack ({:.1} KiB on \
+             average; {} walks stopped for want of a table had no readable stack, {} were over \
+             the CPU's copy budget); {} arrived: completed in userspace {}, still truncated {}",
+            counters.get(counter::STACK_COPY_BYTES) as f64 / sent.max(1) as f64 / 1024.0,
+            counters.get(counter::STACK_COPY_FAILED),
+            counters.get(counter::STACK_COPY_OVER_BUDGET),
+            s.copies,
+            s.completed,
+            s.truncated.iter().sum::<u64>(),
+        );
+        let mut reasons = Vec::new();
+        for (end, &n) in s.truncated.iter().enumerate() {
+            if n > 0 {
+                reasons.push(format!("{} {n}", END_NAMES[end]));
+            }
+        }
+        if !reasons.is_empty() {
+            let _ = write!(out, " ({})", reasons.join(", "));
+        }
+        let _ = writeln!(
+            out,
+            "; {} needed more stack than copied, {} not continued; {} files compiled in {:.0} ms",
+            s.beyond_copy,
+            s.mismatched,
+            s.files_compiled,
+            s.compile_time.as_secs_f64() * 1e3
+        );
+        out
+    }
+}
