@@ -2,43 +2,25 @@
 //! first opened: a few small reads (the ELF header, the program headers, the note segments),
 //! never the whole file.
 
-use std::{fs::File, os::unix::fs::FileExt as _};
+use std::fs::File;
 
-/// Bytes of program headers and of note segments read at most: linkers put the build-id note
-/// first, in a segment of a few dozen bytes.
-const MAX_PHDRS_BYTES: usize = 64 << 10;
+use object::{elf, read::elf::ProgramHeader as _};
+
+use super::elf::ProgramHeaders;
+
+/// Bytes of a note segment read at most: linkers put the build-id note first, in a segment of
+/// a few dozen bytes.
 const MAX_NOTE_BYTES: usize = 64 << 10;
 const NT_GNU_BUILD_ID: u32 = 3;
 
-/// The build-id of the 64-bit little-endian ELF `file`; None for any other file, or one
-/// without the note.
+/// The build-id of the 64-bit ELF `file`; None for any other file, or one without the note.
 pub fn read(file: &File) -> Option<Vec<u8>> {
-    use object::{
-        Endianness, elf,
-        read::elf::{FileHeader as _, ProgramHeader as _},
-    };
-    let mut ehdr = [0u8; 64];
-    file.read_exact_at(&mut ehdr, 0).ok()?;
-    let hdr = elf::FileHeader64::<Endianness>::parse(&ehdr[..]).ok()?;
-    let endian = hdr.endian().ok()?;
-    let phoff = hdr.e_phoff(endian);
-    let phsize = usize::from(hdr.e_phentsize(endian)) * usize::from(hdr.e_phnum(endian));
-    if phsize == 0 || phsize > MAX_PHDRS_BYTES {
-        return None;
-    }
-    // `program_headers` wants the headers at `e_phoff` of its buffer: lay them out so.
-    let mut data = vec![0u8; phoff as usize + phsize];
-    data[..64].copy_from_slice(&ehdr);
-    file.read_exact_at(&mut data[phoff as usize..], phoff).ok()?;
-    for ph in hdr.program_headers(endian, &*data).ok()? {
-        if ph.p_type(endian) != elf::PT_NOTE {
-            continue;
-        }
-        let size = (ph.p_filesz(endian) as usize).min(MAX_NOTE_BYTES);
-        let mut notes = vec![0u8; size];
-        file.read_exact_at(&mut notes, ph.p_offset(endian)).ok()?;
+    let headers = ProgramHeaders::read(file)?;
+    let endian = headers.endian;
+    for ph in headers.iter().filter(|ph| ph.p_type(endian) == elf::PT_NOTE) {
+        let notes = headers.segment_bytes(file, ph, MAX_NOTE_BYTES)?;
         let align = ph.p_align(endian).max(4) as usize;
-        if let Some(id) = find_build_id(&notes, align, endian == Endianness::Little) {
+        if let Some(id) = find_build_id(&notes, align, endian == object::Endianness::Little) {
             return Some(id);
         }
     }
