@@ -2,51 +2,25 @@
 //! first opened: a few small reads (the ELF header, the program headers, the note segments),
 //! never the whole file.
 
-use std::{fs::File, os::unix::fs::FileExt as _};
+use std::fs::File;
 
-/// Bytes of program headers and of note segments read at most: linkers put the build-id note
-/// first, in a segment of a few dozen bytes.
-const MAX_PHDRS_BYTES: usize = 64 << 10;
+use object::{elf, read::elf::ProgramHeader as _};
+
+use super::elf::ProgramHeaders;
+
+/// Bytes of a note segment read at most: linkers put the build-id note first, in a segment of
+/// a few dozen bytes.
 const MAX_NOTE_BYTES: usize = 64 << 10;
 const NT_GNU_BUILD_ID: u32 = 3;
 
-/// The build-id of the 64-bit little-endian ELF `file`; None for any other file, or one
-/// without the note.
+/// The build-id of the 64-bit ELF `file`; None for any other file, or one without the note.
 pub fn read(file: &File) -> Option<Vec<u8>> {
-    use object::{
-        Endianness, elf,
-        read::elf::{FileHeader as _, ProgramHeader as _},
-    };
-    let mut ehdr = [0u8; 64];
-    file.read_exact_at(&mut ehdr, 0).ok()?;
-    let hdr = elf::FileHeader64::<Endianness>::parse(&ehdr[..]).ok()?;
-    let endian = hdr.endian().ok()?;
-    let phoff = hdr.e_phoff(endian);
-    let phsize = usize::from(hdr.e_phentsize(endian)) * usize::from(hdr.e_phnum(endian));
-    if phsize == 0 || phsize > MAX_PHDRS_BYTES {
-        return None;
-    }
-    // `program_headers` wants the headers at `e_phoff` of its buffer: a copy of the header
-    // that says they follow it, then the headers. (Laying them out at the file's own `e_phoff`
-    // allocated up to the file's size: some files keep their headers near the end.)
-    let mut data = vec![0u8; 64 + phsize];
-    data[..64].copy_from_slice(&ehdr);
-    let moved = elf::FileHeader64::<Endianness> {
-        e_phoff: object::U64::new(endian, 64),
-        ..*hdr
-    };
-    data[..64].copy_from_slice(object::pod::bytes_of(&moved));
-    file.read_exact_at(&mut data[64..], phoff).ok()?;
-    let hdr = &moved;
-    for ph in hdr.program_headers(endian, &*data).ok()? {
-        if ph.p_type(endian) != elf::PT_NOTE {
-            continue;
-        }
-        let size = (ph.p_filesz(endian) as usize).min(MAX_NOTE_BYTES);
-        let mut notes = vec![0u8; size];
-        file.read_exact_at(&mut notes, ph.p_offset(endian)).ok()?;
+    let headers = ProgramHeaders::read(file)?;
+    let endian = headers.endian;
+    for ph in headers.iter().filter(|ph| ph.p_type(endian) == elf::PT_NOTE) {
+        let notes = headers.segment_bytes(file, ph, MAX_NOTE_BYTES)?;
         let align = ph.p_align(endian).max(4) as usize;
-        if let Some(id) = find_build_id(&notes, align, endian == Endianness::Little) {
+        if let Some(id) = find_build_id(&notes, align, endian == object::Endianness::Little) {
             return Some(id);
         }
     }
@@ -128,30 +102,5 @@ mod tests {
         assert_eq!(find_build_id(&notes, 4, true), Some(vec![1, 2, 3]));
         // Cut short: no read past the end.
         assert_eq!(find_build_id(&notes[..notes.len() - 2], 4, true), None);
-    }
-
-    /// Program headers far from the ELF header (BOLT-processed libraries such as Rust's
-    /// libLLVM keep them 140 MB into the file): the same build-id, read with small buffers.
-    #[test]
-    fn program_headers_at_the_end_of_the_file() {
-        let path = "/bin/true";
-        let mut bytes = std::fs::read(path).expect("/bin/true is missing");
-        let phoff = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
-        let phsize = usize::from(u16::from_le_bytes([bytes[54], bytes[55]]))
-            * usize::from(u16::from_le_bytes([bytes[56], bytes[57]]));
-        // Move the headers 64 MiB out (a sparse file) and point e_phoff at them.
-        let far = 64usize << 20;
-        let headers = bytes[phoff..phoff + phsize].to_vec();
-        bytes[32..40].copy_from_slice(&(far as u64).to_le_bytes());
-        let dir = std::env::temp_dir().join(format!("rsprof-buildid-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let moved = dir.join("moved");
-        let f = File::create(&moved).unwrap();
-        f.write_all_at(&bytes, 0).unwrap();
-        f.write_all_at(&headers, far as u64).unwrap();
-        drop(f);
-        let id = read(&File::open(&moved).unwrap());
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(id.map(|id| hex(&id)), Some(readelf_build_id(path)));
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod buildid;
 pub mod collector;
+pub mod elf;
 pub mod modules;
 pub mod outbox;
 pub mod processes;

@@ -120,20 +120,15 @@ pub struct ElfLayout {
 }
 
 impl ElfLayout {
-    /// Reads the program headers from the start of the file (where linkers put them).
+    /// Reads the program headers (and the interpreter's name) of the file at `path`.
     pub fn read(path: &Path) -> Option<ElfLayout> {
-        use std::io::Read as _;
+        use object::{elf, read::elf::ProgramHeader as _};
 
-        use object::{
-            Endianness, elf,
-            read::elf::{FileHeader as _, ProgramHeader as _},
-        };
-        let mut data = Vec::new();
-        File::open(path).ok()?.take(256 << 10).read_to_end(&mut data).ok()?;
-        let hdr = elf::FileHeader64::<Endianness>::parse(&*data).ok()?;
-        let endian = hdr.endian().ok()?;
+        let file = File::open(path).ok()?;
+        let headers = super::elf::ProgramHeaders::read(&file)?;
+        let endian = headers.endian;
         let mut layout = ElfLayout { first_vaddr: u64::MAX, ..Default::default() };
-        for ph in hdr.program_headers(endian, &*data).ok()? {
+        for ph in headers.iter() {
             match ph.p_type(endian) {
                 elf::PT_LOAD => {
                     let vaddr = ph.p_vaddr(endian);
@@ -145,10 +140,8 @@ impl ElfLayout {
                         layout.readonly.push((vaddr, ph.p_filesz(endian), ph.p_offset(endian)));
                     }
                 }
-                // Beyond the bytes read in a library that is also a program (libc.so.6):
-                // its code is still placed.
                 elf::PT_INTERP => {
-                    if let Ok(raw) = ph.data(endian, &*data) {
+                    if let Some(raw) = headers.segment_bytes(&file, ph, 4096) {
                         let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
                         layout.interp = Some(String::from_utf8_lossy(&raw[..end]).into_owned());
                     }
