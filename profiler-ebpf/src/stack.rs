@@ -112,9 +112,7 @@ pub unsafe fn walk<C: EbpfContext>(
     let user = unsafe { frames.add(kframes as usize) };
     let cfg = config();
     let mut uframes: u64 = 0;
-    // Off-CPU stacks stay on frame pointers for now: table walks from sched_switch lost the
-    // callers of the blocking function in the off-CPU tests (not understood yet).
-    if cfg.unwind_mode == UNWIND_MODE_FP || slot == SLOT_OFF_CPU {
+    if cfg.unwind_mode == UNWIND_MODE_FP {
         let uret = unsafe {
             bpf_get_stack(ctx.as_ptr(), user.cast(), STACK_BYTES, BPF_F_USER_STACK as u64)
         };
