@@ -25,15 +25,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use profiler_common::{
-    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP,
-    SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX, STACK_COPY_PC_IS_RETURN,
-    StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP,
-    UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
-    UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
-    UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
-    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP,
-    UNWIND_MODE_FP, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindMapping, UnwindProcess,
-    UnwindRow, counter,
+    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP, SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX, STACK_COPY_PC_IS_RETURN, StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH, UNWIND_END_FRAME_POINTER, UNWIND_END_NONE, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS, UNWIND_END_NO_TABLE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAPPING_NO_CFI, UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindMapping, UnwindProcess, UnwindRow, counter,
 };
 
 use crate::{config, count};
@@ -67,6 +59,11 @@ pub struct WalkState {
     bp_known: u32,
     /// `pc` is a return address (look up `pc - 1`, the call) rather than an interrupted PC.
     pc_is_return: u32,
+    /// Off-CPU walks: frames in mappings the kernel tables do not hold yet (a process that
+    /// just started) go on by frame pointers. An off-CPU stack is taken once, at the block,
+    /// so a thread that blocks early (and stays blocked) would otherwise keep a stack cut at
+    /// its first libc frame: the mapping info lags the process's first milliseconds.
+    fp_unloaded: u32,
     frames: [u64; MAX_STACK_DEPTH],
 }
 
@@ -113,9 +110,19 @@ pub unsafe fn walk<C: EbpfContext>(
     let user = unsafe { frames.add(kframes as usize) };
     let cfg = config();
     let mut uframes: u64 = 0;
-    // Off-CPU stacks stay on frame pointers for now: table walks from sched_switch lost the
-    // callers of the blocking function in the off-CPU tests (not understood yet).
-    if cfg.unwind_mode == UNWIND_MODE_FP || slot == SLOT_OFF_CPU {
+    let mut by_frame_pointers = cfg.unwind_mode == UNWIND_MODE_FP;
+    if !by_frame_pointers {
+        let (n, end, flags) = unsafe { walk_tables(user, user_regs, slot) };
+        uframes = n;
+        errors |= (end << SAMPLE_UNWIND_SHIFT) | flags;
+        // Off-CPU: a process with no tables in the kernel yet (see `WalkState::fp_unloaded`).
+        if slot == SLOT_OFF_CPU && end == UNWIND_END_NO_PROCESS {
+            errors &= !SAMPLE_UNWIND_MASK;
+            errors |= (UNWIND_END_FRAME_POINTER << SAMPLE_UNWIND_SHIFT) | SAMPLE_UNWIND_USED_FP;
+            by_frame_pointers = true;
+        }
+    }
+    if by_frame_pointers {
         let uret = unsafe {
             bpf_get_stack(ctx.as_ptr(), user.cast(), STACK_BYTES, BPF_F_USER_STACK as u64)
         };
@@ -124,10 +131,6 @@ pub unsafe fn walk<C: EbpfContext>(
         } else {
             uframes = (uret as u64) / 8;
         }
-    } else {
-        let (n, end, flags) = unsafe { walk_tables(user, user_regs, slot) };
-        uframes = n;
-        errors |= (end << SAMPLE_UNWIND_SHIFT) | flags;
     }
     if uframes > MAX_STACK_DEPTH as u64 {
         uframes = MAX_STACK_DEPTH as u64;
@@ -203,6 +206,7 @@ unsafe fn walk_tables_uncounted(
     st.flags = 0;
     st.bp_known = 1;
     st.pc_is_return = 0;
+    st.fp_unloaded = (slot == SLOT_OFF_CPU) as u32;
     if unsafe { UNWIND_PROCS.get(&st.tgid) }.is_none() {
         // The leaf alone still says where the sample was (and is where a stack copy
         // resumes the walk).
@@ -329,9 +333,15 @@ unsafe fn unwind_one(st: &mut WalkState) -> Result<(), u32> {
         return Err(UNWIND_END_NO_PROCESS);
     };
     let addr = if st.pc_is_return != 0 { st.pc.wrapping_sub(1) } else { st.pc };
-    let Some(m) = find_mapping(proc_, addr) else { return Err(UNWIND_END_NO_MAPPING) };
+    let Some(m) = find_mapping(proc_, addr) else {
+        if st.fp_unloaded != 0 {
+            return unsafe { frame_pointer_step(st) };
+        }
+        return Err(UNWIND_END_NO_MAPPING);
+    };
     if m.count == 0 {
-        if config().unwind_mode == UNWIND_MODE_DWARF_FP {
+        let unloaded = m.flags & UNWIND_MAPPING_NOT_LOADED != 0;
+        if config().unwind_mode == UNWIND_MODE_DWARF_FP || (unloaded && st.fp_unloaded != 0) {
             return unsafe { frame_pointer_step(st) };
         }
         return Err(if m.flags & UNWIND_MAPPING_NOT_LOADED != 0 {

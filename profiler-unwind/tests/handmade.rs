@@ -269,3 +269,179 @@ fn overlapping_fdes() {
     assert_eq!(kind(&table, 0x1080), rsp(16));
     assert_eq!(kind(&table, 0x1100), None);
 }
+
+fn one_fde_table(start: u64, len: u32, instructions: &[(u32, Cfi)]) -> UnwindTable {
+    let mut t = FrameTable::default();
+    let c = t.add_cie(cie(1));
+    let mut f = FrameDescriptionEntry::new(Address::Constant(start), len);
+    for (offset, instruction) in instructions {
+        f.add_instruction(*offset, instruction.clone());
+    }
+    t.add_fde(c, f);
+    from_eh_frame(&eh_frame_bytes(&t))
+}
+
+/// An early return inside a function (`remember_state` before its epilogue, `restore_state`
+/// after the `ret`): the code after the `ret` gets the body's rule back, rbp slot included.
+#[test]
+fn remember_and_restore_state() {
+    let table = one_fde_table(
+        0x8000,
+        0x20,
+        &[
+            (1, Cfi::CfaOffset(16)),
+            (1, Cfi::Offset(RBP, -16)),
+            (4, Cfi::CfaOffset(48)),
+            (10, Cfi::RememberState),
+            (10, Cfi::CfaOffset(16)),
+            (11, Cfi::Restore(RBP)),
+            (11, Cfi::CfaOffset(8)),
+            (12, Cfi::RestoreState),
+            (0x1e, Cfi::CfaOffset(16)),
+        ],
+    );
+    let saved = UNWIND_RBP_CFA_OFFSET;
+    let unchanged = UNWIND_RBP_UNCHANGED;
+    assert_eq!(kind(&table, 0x8000), Some((UNWIND_CFA_RSP, 8, unchanged, 0)));
+    assert_eq!(kind(&table, 0x8001), Some((UNWIND_CFA_RSP, 16, saved, -16)));
+    assert_eq!(kind(&table, 0x8009), Some((UNWIND_CFA_RSP, 48, saved, -16)));
+    assert_eq!(kind(&table, 0x800a), Some((UNWIND_CFA_RSP, 16, saved, -16)));
+    assert_eq!(kind(&table, 0x800b), Some((UNWIND_CFA_RSP, 8, unchanged, 0)));
+    assert_eq!(kind(&table, 0x800c), Some((UNWIND_CFA_RSP, 48, saved, -16)), "restored");
+    assert_eq!(kind(&table, 0x801d), Some((UNWIND_CFA_RSP, 48, saved, -16)));
+    assert_eq!(kind(&table, 0x801e), Some((UNWIND_CFA_RSP, 16, saved, -16)));
+    assert_eq!(kind(&table, 0x8020), None);
+    assert_eq!(table.stats().cfi_rows, 7);
+    assert_eq!(table.stats().unsupported, Default::default());
+}
+
+/// Offsets at and past the limits of the row's fields: the CFA offset is a u16, the rbp slot
+/// an i8 count of 8-byte words.
+#[test]
+fn large_offsets() {
+    let table = one_fde_table(
+        0x9000,
+        0x60,
+        &[
+            (0x10, Cfi::CfaOffset(65535)),
+            (0x20, Cfi::CfaOffset(65536)),
+            (0x30, Cfi::CfaOffset(64)),
+            (0x30, Cfi::Offset(RBP, -1024)),
+            (0x40, Cfi::Offset(RBP, -1032)),
+        ],
+    );
+    let unchanged = UNWIND_RBP_UNCHANGED;
+    assert_eq!(kind(&table, 0x9010), Some((UNWIND_CFA_RSP, 65535, unchanged, 0)));
+    assert_eq!(kind(&table, 0x9020).unwrap().0, UNWIND_CFA_UNSUPPORTED, "CFA offset > u16");
+    assert_eq!(kind(&table, 0x9030), Some((UNWIND_CFA_RSP, 64, UNWIND_RBP_CFA_OFFSET, -1024)));
+    // The CFA is still known: the walker can go on while rbp is lost.
+    assert_eq!(kind(&table, 0x9040), Some((UNWIND_CFA_RSP, 64, UNWIND_RBP_UNSUPPORTED, 0)));
+    let u = table.stats().unsupported;
+    assert_eq!((u.cfa_offset_range, u.rbp), (1, 1), "{u:?}");
+
+    // rbp saved at CFA - 12: not a whole slot (needs a CIE whose data alignment allows it).
+    let mut t = FrameTable::default();
+    let encoding = Encoding { format: Format::Dwarf32, version: 1, address_size: 8 };
+    let mut fine = CommonInformationEntry::new(encoding, 1, -4, RA);
+    fine.add_instruction(Cfi::Cfa(RSP, 8));
+    fine.add_instruction(Cfi::Offset(RA, -8));
+    let c = t.add_cie(fine);
+    let mut f = FrameDescriptionEntry::new(Address::Constant(0x9100), 0x10);
+    f.add_instruction(4, Cfi::Offset(RBP, -12));
+    t.add_fde(c, f);
+    let table = from_eh_frame(&eh_frame_bytes(&t));
+    assert_eq!(kind(&table, 0x9100), Some((UNWIND_CFA_RSP, 8, unchanged, 0)));
+    assert_eq!(kind(&table, 0x9104), Some((UNWIND_CFA_RSP, 8, UNWIND_RBP_UNSUPPORTED, 0)));
+    assert_eq!(table.stats().unsupported.rbp, 1);
+
+    // An rbp-based CFA far from rbp, and a negative one (below its base: never on x86-64).
+    let table =
+        one_fde_table(0xa000, 0x30, &[(0x10, Cfi::Cfa(RBP, 100_000)), (0x20, Cfi::Cfa(RBP, -16))]);
+    assert_eq!(kind(&table, 0xa010).unwrap().0, UNWIND_CFA_UNSUPPORTED);
+    assert_eq!(kind(&table, 0xa020).unwrap().0, UNWIND_CFA_UNSUPPORTED);
+    assert_eq!(table.stats().unsupported.cfa_offset_range, 2);
+}
+
+/// The return address somewhere other than CFA - 8 (a register, another slot) cannot be
+/// followed; neither can a CIE naming another return address column.
+#[test]
+fn other_return_address_rules_are_unsupported() {
+    let table = one_fde_table(
+        0xb000,
+        0x30,
+        &[
+            (0x10, Cfi::Offset(RA, -16)),
+            (0x20, Cfi::Register(RA, X86_64::RBX)),
+            (0x28, Cfi::Offset(RA, -8)),
+        ],
+    );
+    assert_eq!(kind(&table, 0xb000), Some((UNWIND_CFA_RSP, 8, UNWIND_RBP_UNCHANGED, 0)));
+    assert_eq!(kind(&table, 0xb010).unwrap().0, UNWIND_CFA_UNSUPPORTED);
+    assert_eq!(kind(&table, 0xb020).unwrap().0, UNWIND_CFA_UNSUPPORTED);
+    assert_eq!(kind(&table, 0xb028), Some((UNWIND_CFA_RSP, 8, UNWIND_RBP_UNCHANGED, 0)));
+    assert_eq!(table.stats().unsupported.return_address, 2);
+
+    let mut t = FrameTable::default();
+    let encoding = Encoding { format: Format::Dwarf32, version: 1, address_size: 8 };
+    let mut odd = CommonInformationEntry::new(encoding, 1, -8, X86_64::RBX);
+    odd.add_instruction(Cfi::Cfa(RSP, 8));
+    let c = t.add_cie(odd);
+    t.add_fde(c, FrameDescriptionEntry::new(Address::Constant(0xc000), 0x10));
+    let table = from_eh_frame(&eh_frame_bytes(&t));
+    assert_eq!(kind(&table, 0xc000).unwrap().0, UNWIND_CFA_UNSUPPORTED);
+    assert_eq!(kind(&table, 0xc00f).unwrap().0, UNWIND_CFA_UNSUPPORTED);
+    assert_eq!(table.stats().unsupported.return_address, 1);
+}
+
+/// A signal frame is one rule over the whole FDE, whatever rows its instructions describe
+/// (glibc's `__restore_rt` describes the `ucontext` with expressions for every register).
+#[test]
+fn signal_fde_with_instructions_is_one_signal_rule() {
+    let mut t = FrameTable::default();
+    let mut signal = cie(1);
+    signal.signal_trampoline = true;
+    let c = t.add_cie(signal);
+    let mut deref = Expression::new();
+    deref.op_breg(RSP, 160);
+    deref.op_deref();
+    let mut f = FrameDescriptionEntry::new(Address::Constant(0xd000), 0x10);
+    f.add_instruction(0, Cfi::CfaExpression(deref));
+    f.add_instruction(4, Cfi::Offset(RBP, -40));
+    t.add_fde(c, f);
+    let table = from_eh_frame(&eh_frame_bytes(&t));
+    for addr in [0xd000, 0xd004, 0xd00f] {
+        assert_eq!(kind(&table, addr).unwrap().0, UNWIND_CFA_SIGNAL, "{addr:#x}");
+    }
+    assert_eq!(kind(&table, 0xd010), None);
+    let stats = table.stats();
+    assert_eq!((stats.signal_fdes, stats.unsupported.cfa_expression), (1, 0));
+}
+
+/// The PLT rule keeps the expression's own offset and threshold (binutils' `.plt.sec` and
+/// IBT PLTs use other thresholds), but a PLT row cannot also say where rbp is.
+#[test]
+fn plt_offsets_thresholds_and_rbp() {
+    let mut expr = Expression::new();
+    expr.op_breg(RSP, 24);
+    expr.op_breg(RA, 0);
+    expr.op(gimli::DW_OP_lit15);
+    expr.op(gimli::DW_OP_and);
+    expr.op(gimli::DW_OP_lit10);
+    expr.op(gimli::DW_OP_ge);
+    expr.op(gimli::DW_OP_lit3);
+    expr.op(gimli::DW_OP_shl);
+    expr.op(gimli::DW_OP_plus);
+    let table = one_fde_table(
+        0xe000,
+        0x40,
+        &[
+            (0x10, Cfi::CfaExpression(expr)),
+            (0x20, Cfi::CfaExpression(plt_expression(11))),
+            (0x20, Cfi::Offset(RBP, -16)),
+        ],
+    );
+    let r = table.lookup(0xe010).unwrap();
+    assert_eq!((r.cfa_kind(), r.cfa_offset, r.aux), (UNWIND_CFA_PLT, 24, 10));
+    assert_eq!(kind(&table, 0xe020).unwrap().0, UNWIND_CFA_UNSUPPORTED);
+    assert_eq!((table.stats().plt_rows, table.stats().unsupported.rbp), (1, 1));
+}

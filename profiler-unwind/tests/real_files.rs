@@ -343,3 +343,208 @@ fn rows_agree_with_readelf() {
         assert!(checked > table.stats().cfi_rows * 9 / 10, "{path}: only {checked} rows checked");
     }
 }
+
+/// What readelf's interpretation of one CFI row says the table must hold there.
+#[derive(Debug, PartialEq)]
+enum Expect {
+    /// CFA = rsp/rbp + offset, rbp rule (kind, slot).
+    Rule(u8, u16, u8, i64),
+    /// Return address undefined: the end of the stack.
+    End,
+    /// A CFA expression: the PLT rule or unsupported (readelf prints only "exp").
+    Expression,
+    /// CFA = rsp/rbp + offset, with an rbp rule the table cannot express.
+    RbpUnsupported(u8, u16),
+    Unsupported(&'static str),
+}
+
+/// One row of `readelf -wF` in an FDE, with its column names: what the table must say.
+fn expect_from_readelf(columns: &[&str], fields: &[&str]) -> Expect {
+    let column = |name| columns.iter().position(|c| *c == name).map(|i| fields[i]);
+    match column("ra") {
+        Some("c-8") => {}
+        Some("u") => return Expect::End,
+        _ => return Expect::Unsupported("return_address"),
+    }
+    if fields[1] == "exp" {
+        return Expect::Expression;
+    }
+    let (base, offset) = fields[1].split_once('+').expect("CFA as REG+N");
+    let kind = match base {
+        "rsp" => UNWIND_CFA_RSP,
+        "rbp" => UNWIND_CFA_RBP,
+        _ => return Expect::Unsupported("cfa_register"),
+    };
+    let Ok(offset) = offset.parse::<u16>() else {
+        return Expect::Unsupported("cfa_offset_range");
+    };
+    match column("rbp") {
+        // "u": readelf's mark for a column not set (yet) in this FDE.
+        None | Some("u") | Some("s") => Expect::Rule(kind, offset, UNWIND_RBP_UNCHANGED, 0),
+        Some(saved) => match saved.strip_prefix('c').and_then(|n| n.parse::<i64>().ok()) {
+            Some(n) if n % 8 == 0 && i8::try_from(n / 8).is_ok() => {
+                Expect::Rule(kind, offset, UNWIND_RBP_CFA_OFFSET, n)
+            }
+            _ => Expect::RbpUnsupported(kind, offset),
+        },
+    }
+}
+
+/// Tallies of what readelf's rows imply, compared with the compiler's `Stats`.
+#[derive(Default)]
+struct Tally {
+    fdes: usize,
+    signal_fdes: usize,
+    rows: usize,
+    ends: usize,
+    plt: usize,
+    reasons: std::collections::BTreeMap<&'static str, usize>,
+}
+
+/// Checks the table at `loc` against one row readelf printed (`in_signal`: the FDE's CIE has
+/// augmentation `S`).
+fn check_readelf_row(
+    table: &UnwindTable,
+    tally: &mut Tally,
+    in_signal: bool,
+    columns: &[String],
+    fields: &[String],
+    what: &str,
+) {
+    let loc = u64::from_str_radix(&fields[0], 16).unwrap();
+    tally.rows += 1;
+    let r = row(table, loc);
+    let what = format!("at {loc:#x}: readelf says {what:?}, table says {r:?}");
+    if in_signal {
+        assert_eq!(r.cfa_kind(), UNWIND_CFA_SIGNAL, "{what}");
+        return;
+    }
+    let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+    let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
+    let got = (r.cfa_kind(), r.cfa_offset, r.rbp_kind(), r.rbp_offset());
+    match expect_from_readelf(&columns, &fields) {
+        Expect::Rule(kind, offset, rbp_kind, rbp_offset) => {
+            assert_eq!(got, (kind, offset, rbp_kind, rbp_offset), "{what}")
+        }
+        Expect::RbpUnsupported(kind, offset) => {
+            *tally.reasons.entry("rbp").or_default() += 1;
+            assert_eq!(got, (kind, offset, UNWIND_RBP_UNSUPPORTED, 0), "{what}");
+        }
+        Expect::End => {
+            tally.ends += 1;
+            assert_eq!(r.cfa_kind(), UNWIND_CFA_END, "{what}");
+        }
+        Expect::Expression => match r.cfa_kind() {
+            UNWIND_CFA_PLT => tally.plt += 1,
+            UNWIND_CFA_UNSUPPORTED => *tally.reasons.entry("cfa_expression").or_default() += 1,
+            _ => panic!("{what}: a CFA expression is PLT or unsupported"),
+        },
+        Expect::Unsupported(reason) => {
+            *tally.reasons.entry(reason).or_default() += 1;
+            assert_eq!(r.cfa_kind(), UNWIND_CFA_UNSUPPORTED, "{what}");
+        }
+    }
+}
+
+/// Every FDE of the file compiles, and every CFI row readelf prints (not a sample: all of
+/// them; an FDE without instructions, which readelf prints no row for, by its CIE's initial
+/// row) has the rule the table gives at its address; the rows the table cannot express are
+/// counted in `Stats` under the reason readelf's rule implies, number for number.
+#[test]
+fn every_fde_compiles_or_is_counted_with_its_reason() {
+    for path in [LIBC, PYTHON] {
+        let (_, table) = compile(path);
+        let stats = *table.stats();
+        let out = std::process::Command::new("readelf")
+            .args(["--debug-dump=frames-interp", path])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("running readelf ({e}): install the Debian package binutils")
+            });
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(" FDE "), "readelf printed no FDE for {path}");
+
+        // Per CIE (by offset): signal frame?, and its initial row with the column names.
+        type Cies = std::collections::HashMap<String, (bool, Vec<String>, Vec<String>)>;
+        let mut cies = Cies::default();
+        let mut tally = Tally::default();
+        let mut columns: Vec<String> = Vec::new();
+        // The entry being read: Some(cie offset) for a CIE, or the FDE's (start, cie, rows).
+        let mut cie: Option<String> = None;
+        let mut fde: Option<(u64, String, usize)> = None;
+        let finish_fde =
+            |fde: &mut Option<(u64, String, usize)>, cies: &Cies, tally: &mut Tally| {
+                if let Some((start, cie, 0)) = fde.take() {
+                    let (signal, columns, initial) = &cies[&cie];
+                    let mut fields = initial.clone();
+                    fields[0] = format!("{start:016x}");
+                    let what = format!("(no rows: CIE {cie}'s) {}", fields.join(" "));
+                    check_readelf_row(&table, tally, *signal, columns, &fields, &what);
+                }
+            };
+        for line in text.lines() {
+            // Register rules print as "r9 (r9)": one field each.
+            let joined = line.replace(" (", "(");
+            let fields: Vec<String> = joined.split_whitespace().map(str::to_owned).collect();
+            let is_header = fields.len() >= 4 && (fields[3] == "CIE" || fields[3] == "FDE");
+            if is_header || fields.get(1).map(String::as_str) == Some("ZERO") {
+                finish_fde(&mut fde, &cies, &mut tally);
+                cie = None;
+            }
+            if is_header && fields[3] == "CIE" {
+                let signal = fields.get(4).is_some_and(|aug| aug.trim_matches('"').contains('S'));
+                cies.insert(fields[0].clone(), (signal, Vec::new(), Vec::new()));
+                cie = Some(fields[0].clone());
+                continue;
+            }
+            if is_header {
+                let cie = fields[4].strip_prefix("cie=").expect("FDE's cie=").to_owned();
+                let range = fields[5].strip_prefix("pc=").expect("FDE's pc=");
+                let start = u64::from_str_radix(range.split_once("..").unwrap().0, 16).unwrap();
+                tally.fdes += 1;
+                tally.signal_fdes += usize::from(cies[&cie].0);
+                fde = Some((start, cie, 0));
+                continue;
+            }
+            if fields.first().map(String::as_str) == Some("LOC") {
+                columns = fields;
+                continue;
+            }
+            let is_row = fields.first().is_some_and(|f| u64::from_str_radix(f, 16).is_ok());
+            if !is_row || fields.len() != columns.len() {
+                continue;
+            }
+            if let Some(c) = &cie {
+                let entry = cies.get_mut(c).unwrap();
+                if entry.2.is_empty() {
+                    (entry.1, entry.2) = (columns.clone(), fields);
+                }
+            } else if let Some((_, c, rows)) = &mut fde {
+                *rows += 1;
+                let signal = cies[c].0;
+                check_readelf_row(&table, &mut tally, signal, &columns, &fields, line);
+            }
+        }
+        finish_fde(&mut fde, &cies, &mut tally);
+
+        let Tally { fdes, signal_fdes, rows, ends, plt, reasons } = tally;
+        eprintln!(
+            "{path}: {fdes} FDEs ({signal_fdes} signal), {rows} rows, {ends} end, {plt} PLT, \
+             unsupported {reasons:?}\n{stats:#?}"
+        );
+        assert_eq!(stats.unsupported.fde_errors, 0, "{path}: FDEs that failed to evaluate");
+        assert_eq!(fdes, stats.fdes(), "{path}: FDEs readelf lists vs compiled");
+        assert_eq!(signal_fdes, stats.signal_fdes, "{path}: signal FDEs");
+        assert_eq!(ends, stats.end_rows, "{path}: rows ending the stack");
+        assert_eq!(plt, stats.plt_rows, "{path}: PLT rows");
+        let count = |reason| reasons.get(reason).copied().unwrap_or(0);
+        let u = stats.unsupported;
+        assert_eq!(count("return_address"), u.return_address, "{path}");
+        assert_eq!(count("cfa_register"), u.cfa_register, "{path}");
+        assert_eq!(count("cfa_expression"), u.cfa_expression, "{path}");
+        assert_eq!(count("cfa_offset_range"), u.cfa_offset_range, "{path}");
+        assert_eq!(count("rbp"), u.rbp, "{path}");
+        // One rule per signal FDE, not its rows; otherwise readelf's rows are gimli's.
+        assert_eq!(rows - signal_fdes, stats.cfi_rows, "{path}: rows, readelf vs compiled");
+    }
+}

@@ -405,3 +405,140 @@ fn unwind_library_dlopened_mid_run_is_complete_from_its_first_100ms() {
     assert!(share(complete, n) >= 0.95, "{:.1}% complete\n{stderr}", share(complete, n) * 100.0);
     assert!(copies > 0 && completed > 0, "no stack copies were used\n{stderr}");
 }
+
+/// Builds `tests/fixtures/NAME.rs` as a release build without frame pointers and without
+/// debuginfo (`rustc -C opt-level=3 -C force-frame-pointers=no`: what `cargo build --release`
+/// gives by default) into the fixture cache.
+fn build_rust_no_fp(name: &str) -> PathBuf {
+    let src = fixtures::source_dir().join(format!("{name}.rs"));
+    let dir = fixtures::cache_dir().join("unwind");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{name}_rs"));
+    let tmp = dir.join(format!("{name}_rs.tmp.{}", std::process::id()));
+    let rustc = std::env::var_os("RUSTC").filter(|v| !v.is_empty()).unwrap_or("rustc".into());
+    let done = Command::new(&rustc)
+        .args(["--edition", "2024", "-C", "opt-level=3", "-C", "force-frame-pointers=no"])
+        .args(["-C", "debuginfo=0", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {rustc:?} to build {}: {e}", src.display()));
+    assert!(
+        done.status.success(),
+        "building {} with rustc failed ({}):\n{}",
+        src.display(),
+        done.status,
+        String::from_utf8_lossy(&done.stderr)
+    );
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
+
+#[test]
+fn unwind_rust_release_without_frame_pointers_keeps_main_work_hot_and_the_split() {
+    let exe = build_rust_no_fp("unwind_split");
+    let fixture = start_ready(Command::new(&exe).arg("120"));
+    let pid = fixture.0.id();
+    let (dwarf, stderr) = record("rust_split", pid, "dwarf", "4");
+    let (fp, _) = record("rust_split", pid, "fp", "2");
+    drop(fixture);
+    let (main, work) = ("unwind_split::main", "unwind_split::work");
+    let (hot_a, hot_b) = ("unwind_split::hot_a", "unwind_split::hot_b");
+    // Rust's `main` is std's: lang_start's frames sit between it and the fixture's main.
+    let chain = |s: &Vec<String>, hot| {
+        truncated(s).is_none()
+            && has_path(s, &[main, work, hot])
+            && functions(s).contains(&"main")
+            && functions(s).contains(&"__libc_start_call_main")
+    };
+    assert!(dwarf.len() > 300, "only {} samples of the fixture", dwarf.len());
+    let a = dwarf.iter().filter(|s| chain(s, hot_a)).count();
+    let b = dwarf.iter().filter(|s| chain(s, hot_b)).count();
+    let rate = share(a + b, dwarf.len());
+    let split = 100.0 * share(a, a + b);
+    let fp_chain =
+        |s: &&Vec<String>| has_path(s, &[main, work, hot_a]) || has_path(s, &[main, work, hot_b]);
+    let fp_rate = share(fp.iter().filter(fp_chain).count(), fp.len());
+    eprintln!(
+        "rust split: dwarf {}/{} = {:.1}% under main→work→hot_a|hot_b, hot_a {split:.1}% \
+         (a={a}, b={b}); fp {:.1}% of {}",
+        a + b,
+        dwarf.len(),
+        rate * 100.0,
+        fp_rate * 100.0,
+        fp.len()
+    );
+    let bad: Vec<_> = dwarf.iter().filter(|s| !chain(s, hot_a) && !chain(s, hot_b)).collect();
+    assert!(
+        rate >= 0.98,
+        "{:.1}% of the samples under main→work→hot_*; e.g. {:?}\n{stderr}",
+        rate * 100.0,
+        &bad[..bad.len().min(3)]
+    );
+    assert!((70.0..=80.0).contains(&split), "hot_a {split:.1}% (a={a}, b={b}), want 75 ± 5");
+    // Without frame pointers the rbp chain is no chain: the fixture really has none.
+    assert!(fp.len() > 100, "only {} samples with --unwind fp", fp.len());
+    assert!(fp_rate < 0.5, "frame pointers found the chain in {:.1}%", fp_rate * 100.0);
+}
+
+/// Off-CPU stacks (`--off-cpu`) are walked with the tables too: a program without frame
+/// pointers blocking in libc's `nanosleep` and `read` from named functions keeps those
+/// functions and their callers, down to the process's start.
+#[test]
+fn unwind_off_cpu_stacks_keep_the_blocking_function_and_its_callers() {
+    let exe = build_no_fp("unwind_block");
+    let fixture = start_ready(Command::new(&exe).arg("120"));
+    let pid = fixture.0.id();
+    let out = output_path("unwind_offcpu", "json");
+    let o = out.to_str().unwrap();
+    let p = pid.to_string();
+    let args = ["-p", &p, "-d", "4", "-F", "499", "--off-cpu", "--unwind", "dwarf", "-o", o];
+    let done = run(&args).unwrap();
+    drop(fixture);
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    // The main thread only (the feeder thread sleeps in nanosleep from `feeder`).
+    let main_thread = threads_of_pid(&profile, pid)
+        .into_iter()
+        .find(|t| t.tid == u64::from(pid))
+        .expect("the fixture's main thread is in the profile");
+    let categories = tests::profile_query::sample_leaf_categories(&profile, main_thread.thread);
+    let off: Vec<Vec<String>> = sample_stacks(main_thread.thread)
+        .into_iter()
+        .zip(categories)
+        .filter(|(_, c)| c.as_deref() == Some("Off-CPU"))
+        .map(|(s, _)| s)
+        .collect();
+    // main → work → blocked_* → libc's wrapper frames → kernel frames, rooted at libc's start.
+    let complete = |s: &Vec<String>, blocking: &str| {
+        let f = functions(s);
+        let Some(i) = f.iter().position(|n| *n == blocking) else { return false };
+        truncated(s).is_none()
+            && has_path(s, &["__libc_start_call_main", "main", "work", blocking])
+            && s.get(i + 1)
+                .is_some_and(|f| module_name(f).is_some_and(|m| m.starts_with("libc.so")))
+            && s.last().is_some_and(|f| module_name(f) == Some("[kernel.kallsyms]"))
+    };
+    let sleep = off.iter().filter(|s| complete(s, "blocked_sleep")).count();
+    let read = off.iter().filter(|s| complete(s, "blocked_read")).count();
+    let rate = share(sleep + read, off.len());
+    eprintln!(
+        "off-CPU: {}/{} = {:.1}% complete under main→work→blocked_* → libc (sleep {sleep}, \
+         read {read})",
+        sleep + read,
+        off.len(),
+        rate * 100.0
+    );
+    assert!(off.len() > 200, "only {} off-CPU samples of the main thread", off.len());
+    let bad: Vec<_> = off
+        .iter()
+        .filter(|s| !complete(s, "blocked_sleep") && !complete(s, "blocked_read"))
+        .take(3)
+        .collect();
+    assert!(rate >= 0.90, "{:.1}% complete; e.g. {bad:?}\n{}", rate * 100.0, done.stderr);
+    // Both blocking places are seen, each a real share of the time.
+    assert!(sleep > off.len() / 10 && read > off.len() / 10, "sleep {sleep}, read {read}");
+}

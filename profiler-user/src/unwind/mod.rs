@@ -187,12 +187,16 @@ impl UnwindLoader {
         match table {
             FileTable::Loaded { first, count } => {
                 // The executable segment holding this mapping's file offset gives the bias.
+                // The kernel maps from the page holding p_offset, which lld does not align
+                // (Rust's default linker: p_offset 0x17130 mapped from offset 0x17000).
                 let seg = layout.as_ref().and_then(|l| {
-                    l.code.iter().find(|&&(_, memsz, off)| off <= offset && offset < off + memsz)
+                    l.code
+                        .iter()
+                        .find(|&&(_, memsz, off)| off & !0xfff <= offset && offset < off + memsz)
                 });
                 match seg {
                     Some(&(vaddr, _, off)) => {
-                        e.bias = start.wrapping_sub(vaddr + (offset - off));
+                        e.bias = start.wrapping_sub(vaddr.wrapping_add(offset).wrapping_sub(off));
                         e.first = first;
                         e.count = count;
                     }
