@@ -60,10 +60,6 @@ enum FileState {
     Done(FileTable, Option<Arc<ElfLayout>>),
 }
 
-/// Queue weight of a sample that ended at a file without its table, against 1 per process
-/// mapping it: a file the profile is waiting for goes first.
-const SAMPLE_WEIGHT: u64 = 16;
-
 /// What loading did, for the summary.
 #[derive(Clone, Debug, Default)]
 pub struct UnwindStats {
@@ -109,7 +105,6 @@ pub struct UnwindLoader {
     /// Processes published with a file pending, to republish when its table lands.
     waiting: HashMap<FileIdentity, HashSet<Pid>>,
     loaded_pids: HashSet<Pid>,
-    next_seq: u64,
     /// When sampling began, and the start-up files not landed yet.
     startup: Option<(Instant, HashSet<FileIdentity>)>,
     scratch: Box<UnwindProcess>,
@@ -117,18 +112,15 @@ pub struct UnwindLoader {
 }
 
 impl UnwindLoader {
-    /// `workers` compile threads (one or two: they share the machine with what is profiled).
-    pub fn new(
-        rows: MapData,
-        procs: BpfHashMap<MapData, u32, UnwindProcess>,
-        workers: usize,
-    ) -> Result<Self> {
+    /// Starts two compile threads: one for any file, one only for files samples wait for
+    /// (see `worker::Lane`). They start working at `mark_startup`.
+    pub fn new(rows: MapData, procs: BpfHashMap<MapData, u32, UnwindProcess>) -> Result<Self> {
         let rows = rows::RowsMmap::new(rows)?;
         let capacity = rows.capacity();
         let shared = worker::Shared::new(rows);
         let (tx, done) = mpsc::channel();
-        for n in 0..workers.max(1) {
-            worker::spawn(shared.clone(), tx.clone(), n).context("start unwind table worker")?;
+        for lane in [worker::Lane::General, worker::Lane::Urgent] {
+            worker::spawn(shared.clone(), tx.clone(), lane).context("start unwind table worker")?;
         }
         Ok(Self {
             procs,
@@ -138,7 +130,6 @@ impl UnwindLoader {
             by_module: HashMap::new(),
             waiting: HashMap::new(),
             loaded_pids: Default::default(),
-            next_seq: 0,
             startup: None,
             scratch: Box::new(UnwindProcess {
                 count: 0,
@@ -159,6 +150,7 @@ impl UnwindLoader {
             .map(|(&id, _)| id)
             .collect();
         self.stats.startup_files = pending.len() as u64;
+        self.shared.resume();
         if pending.is_empty() {
             self.stats.startup_loaded_after = Some(Duration::ZERO);
         } else {
@@ -201,11 +193,14 @@ impl UnwindLoader {
         for pid in wanted {
             *per_pid.entry(pid).or_default() += 1;
         }
-        for (id, pids) in &self.waiting {
-            let n: u64 = pids.iter().filter_map(|p| per_pid.get(p)).sum();
-            if n > 0 {
-                self.shared.bump(id, n * SAMPLE_WEIGHT);
-            }
+        let files: Vec<(FileIdentity, u64)> = self
+            .waiting
+            .iter()
+            .map(|(&id, pids)| (id, pids.iter().filter_map(|p| per_pid.get(p)).sum()))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        if !files.is_empty() {
+            self.shared.wanted(&files);
         }
     }
 
@@ -314,7 +309,7 @@ impl UnwindLoader {
         let (table, layout) = match state {
             FileState::Pending => {
                 if self.waiting.entry(identity).or_default().insert(pid) {
-                    self.shared.bump(&identity, 1);
+                    self.shared.shared_by_one_more(&identity);
                 }
                 e.flags = UNWIND_MAPPING_NOT_LOADED;
                 return e;
@@ -370,13 +365,13 @@ impl UnwindLoader {
             return;
         };
         self.by_identity.insert(identity, FileState::Pending);
-        self.next_seq += 1;
         let job = worker::Job {
             path,
             hold: m.hold(),
             name: m.path.clone(),
             weight: 0,
-            seq: self.next_seq,
+            wanted: 0,
+            size: identity.3,
         };
         self.shared.push(identity, job);
     }
@@ -450,7 +445,5 @@ impl Drop for UnwindLoader {
 /// Takes the walker's maps from the loaded object and starts the table workers.
 pub fn maps(bpf: &mut crate::bpf::object::BpfObject) -> Result<UnwindLoader> {
     let (rows, procs) = bpf.take_unwind_maps().context("unwind maps")?;
-    // One worker on a small machine: compiling competes with what is profiled.
-    let workers = if bpf.cpus.len() >= 4 { 2 } else { 1 };
-    UnwindLoader::new(rows, procs, workers)
+    UnwindLoader::new(rows, procs)
 }

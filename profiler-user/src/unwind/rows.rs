@@ -65,7 +65,11 @@ impl RowsMmap {
         assert!(end <= self.capacity as usize, "rows {first}..{end} beyond {}", self.capacity);
         // SAFETY: in bounds (checked above); the range is this writer's alone (see above).
         unsafe {
-            std::ptr::copy_nonoverlapping(rows.as_ptr(), self.ptr.as_ptr().add(first as usize), rows.len())
+            std::ptr::copy_nonoverlapping(
+                rows.as_ptr(),
+                self.ptr.as_ptr().add(first as usize),
+                rows.len(),
+            )
         };
     }
 }

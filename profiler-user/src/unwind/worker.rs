@@ -29,10 +29,38 @@ pub struct Job {
     /// Keeps `/proc/self/fd/N` paths valid until the worker has read the file.
     pub hold: Option<Arc<File>>,
     pub name: String,
-    /// Processes mapping the file plus samples that ended in it: most wanted first.
+    /// Processes mapping the file: most shared first (libc).
     pub weight: u64,
-    /// Queue order among equal weights.
-    pub seq: u64,
+    /// Samples of processes mapping the file that ended without a table: the urgent worker
+    /// takes only these, the general one ranks them above any sharing.
+    pub wanted: u64,
+    /// File size: among equal ranks, cheaper files first (more processes covered sooner).
+    pub size: u64,
+}
+
+impl Job {
+    fn rank(&self, lane: Lane) -> (u64, u64, std::cmp::Reverse<u64>) {
+        match lane {
+            // Most shared, then smallest.
+            Lane::General => (self.weight, 0, std::cmp::Reverse(self.size)),
+            // Waiting samples per compile cost (roughly the file's size): a small program's
+            // binary is not held up behind a 150 MB library that more samples wait for.
+            Lane::Urgent => {
+                let per_mib = self.wanted.saturating_mul(1 << 20) / (self.size + (64 << 10));
+                (per_mib, self.wanted, std::cmp::Reverse(self.size))
+            }
+        }
+    }
+}
+
+/// Which jobs a worker takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// Any, best ranked first.
+    General,
+    /// Only files samples are waiting for, so one large file being compiled does not hold
+    /// up the tables the profile needs now.
+    Urgent,
 }
 
 /// What became of a job.
@@ -51,6 +79,8 @@ pub struct Done {
 #[derive(Default)]
 struct Queue {
     jobs: HashMap<FileIdentity, Job>,
+    /// Until the start-up files are all queued (so the first taken is the best ranked).
+    paused: bool,
     closed: bool,
 }
 
@@ -64,15 +94,11 @@ pub struct Shared {
 impl Shared {
     pub fn new(rows: RowsMmap) -> Arc<Self> {
         Arc::new(Self {
-            queue: Mutex::default(),
+            queue: Mutex::new(Queue { paused: true, ..Default::default() }),
             ready: Condvar::new(),
             rows,
             next_row: AtomicU32::new(0),
         })
-    }
-
-    pub fn capacity(&self) -> u32 {
-        self.rows.capacity()
     }
 
     pub fn push(&self, identity: FileIdentity, job: Job) {
@@ -80,15 +106,29 @@ impl Shared {
         self.ready.notify_one();
     }
 
-    /// Raises a queued file's priority; false when it is no longer queued (being compiled).
-    pub fn bump(&self, identity: &FileIdentity, by: u64) -> bool {
-        match self.queue.lock().unwrap().jobs.get_mut(identity) {
-            Some(j) => {
-                j.weight += by;
-                true
-            }
-            None => false,
+    /// One more process maps a queued file.
+    pub fn shared_by_one_more(&self, identity: &FileIdentity) {
+        if let Some(j) = self.queue.lock().unwrap().jobs.get_mut(identity) {
+            j.weight += 1;
         }
+    }
+
+    /// `samples` samples waited for queued files (processes' files, each with its count).
+    pub fn wanted(&self, files: &[(FileIdentity, u64)]) {
+        let mut q = self.queue.lock().unwrap();
+        for (id, samples) in files {
+            if let Some(j) = q.jobs.get_mut(id) {
+                j.wanted += samples;
+            }
+        }
+        drop(q);
+        self.ready.notify_all();
+    }
+
+    /// Lets the workers start.
+    pub fn resume(&self) {
+        self.queue.lock().unwrap().paused = false;
+        self.ready.notify_all();
     }
 
     /// Stops the workers after their current file (queued files are dropped).
@@ -110,13 +150,17 @@ impl Shared {
             .ok()
     }
 
-    fn next(&self) -> Option<(FileIdentity, Job)> {
+    fn next(&self, lane: Lane) -> Option<(FileIdentity, Job)> {
         let mut q = self.queue.lock().unwrap();
         loop {
             if q.closed {
                 return None;
             }
-            let best = q.jobs.iter().max_by_key(|(_, j)| (j.weight, std::cmp::Reverse(j.seq)));
+            let best = q
+                .jobs
+                .iter()
+                .filter(|(_, j)| !q.paused && (lane == Lane::General || j.wanted > 0))
+                .max_by_key(|(_, j)| j.rank(lane));
             if let Some((&id, _)) = best {
                 let job = q.jobs.remove(&id).expect("just found");
                 return Some((id, job));
@@ -127,9 +171,13 @@ impl Shared {
 }
 
 /// Runs a worker until the queue is closed or the loop is gone.
-pub fn spawn(shared: Arc<Shared>, done: mpsc::Sender<Done>, n: usize) -> std::io::Result<()> {
-    std::thread::Builder::new().name(format!("unwind-tables-{n}")).spawn(move || {
-        while let Some((identity, job)) = shared.next() {
+pub fn spawn(shared: Arc<Shared>, done: mpsc::Sender<Done>, lane: Lane) -> std::io::Result<()> {
+    let name = match lane {
+        Lane::General => "unwind-tables",
+        Lane::Urgent => "unwind-urgent",
+    };
+    std::thread::Builder::new().name(name.into()).spawn(move || {
+        while let Some((identity, job)) = shared.next(lane) {
             if done.send(compile(&shared, identity, job)).is_err() {
                 return;
             }
@@ -141,7 +189,11 @@ pub fn spawn(shared: Arc<Shared>, done: mpsc::Sender<Done>, n: usize) -> std::io
 fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     let started = Instant::now();
     let layout = ElfLayout::read(&job.path).map(Arc::new);
-    let compiled = std::fs::read(&job.path)
+    // Mapped, not read: a 150 MB library would otherwise be 150 MB more of our RSS.
+    let compiled = File::open(&job.path)
+        // SAFETY: a read-only private mapping of a file the process maps as code; a file
+        // truncated meanwhile would fault (SIGBUS), as it would in the processes using it.
+        .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
         .map_err(|e| e.to_string())
         .and_then(|data| UnwindTable::from_elf(&data).map_err(|e| e.to_string()));
     drop(job.hold);
