@@ -53,6 +53,10 @@ impl Job {
     }
 }
 
+/// The urgent lane leaves larger files (150 MB compiler libraries: seconds to compile) to the
+/// general one, so it is never stuck on one while a small program's samples wait.
+const URGENT_MAX_BYTES: u64 = 16 << 20;
+
 /// Which jobs a worker takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Lane {
@@ -159,7 +163,10 @@ impl Shared {
             let best = q
                 .jobs
                 .iter()
-                .filter(|(_, j)| !q.paused && (lane == Lane::General || j.wanted > 0))
+                .filter(|(_, j)| {
+                    !q.paused
+                        && (lane == Lane::General || (j.wanted > 0 && j.size <= URGENT_MAX_BYTES))
+                })
                 .max_by_key(|(_, j)| j.rank(lane));
             if let Some((&id, _)) = best {
                 let job = q.jobs.remove(&id).expect("just found");
