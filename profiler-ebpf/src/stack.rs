@@ -13,7 +13,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, pt_regs},
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, pt_regs},
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
@@ -31,8 +31,9 @@ use profiler_common::{
 use crate::{config, count};
 
 /// The compiled tables of every loaded file; sized by the loader (`--unwind-table-mb`).
+/// Mmapable: userspace copies a table's rows in with memcpy instead of a syscall per row.
 #[map]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, 0);
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// Executable mappings per thread-group id. Not preallocated: a value is 8 KiB.
 #[map]

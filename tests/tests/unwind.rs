@@ -1,8 +1,8 @@
 //! The in-kernel unwinder (`--unwind dwarf`, the default) on code built without frame
 //! pointers: complete user stacks from the files' `.eh_frame`, every incomplete stack flagged
 //! by a `[truncated: …]` root frame, compared with `--unwind fp` on the same programs. Real
-//! recordings of real processes (`-p PID`, started before the recording, so their tables are
-//! loaded when sampling begins); assertions on the fixture's own samples.
+//! recordings of real processes (`-p PID` or `--all`, started before the recording);
+//! assertions on the fixture's own samples.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -541,4 +541,49 @@ fn unwind_off_cpu_stacks_keep_the_blocking_function_and_its_callers() {
     assert!(rate >= 0.90, "{:.1}% complete; e.g. {bad:?}\n{}", rate * 100.0, done.stderr);
     // Both blocking places are seen, each a real share of the time.
     assert!(sleep > off.len() / 10 && read > off.len() / 10, "sleep {sleep}, read {read}");
+}
+
+#[test]
+fn unwind_all_by_default_loads_a_running_process_tables_within_300ms() {
+    // `--all` with the default unwinder: every running process's files are queued at
+    // start-up and compiled off the event loop; the fixture (started before the recording,
+    // one process among all the host's) must be complete soon after "sampling", not once all
+    // the host's tables are in.
+    let exe = build_no_fp("split");
+    let fixture = Background(Command::new(&exe).arg("120").spawn().expect("start split"));
+    let pid = fixture.0.id();
+    let out = output_path("unwind_all_default", "json");
+    let rec = Recording::start(&["--all", "-d", "4", "-F", "499"], out).unwrap();
+    let sampling_wall_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+            * 1e3;
+    let done = rec.wait().unwrap();
+    drop(fixture);
+    let profile = done.profile().unwrap();
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    // Sample times are ms since the profile's start, a little before the "sampling" line.
+    let from = sampling_wall_ms - profile["meta"]["startTime"].as_f64().unwrap() + 300.0;
+    let mut stacks = Vec::new();
+    for t in threads_of_pid(&profile, pid) {
+        let times = sample_times(t.thread);
+        for (time, s) in times.into_iter().zip(sample_stacks(t.thread)) {
+            if time >= from && functions(&s).last() == Some(&"hot_a") {
+                stacks.push(s);
+            }
+        }
+    }
+    assert!(stacks.len() > 200, "only {} samples in hot_a from {from:.0} ms", stacks.len());
+    let chain = ["main", "work", "hot_a"];
+    let complete = stacks.iter().filter(|s| truncated(s).is_none() && has_path(s, &chain)).count();
+    let rate = share(complete, stacks.len());
+    let startup = done.stderr.lines().find(|l| l.contains("start-up tables")).unwrap_or("");
+    eprintln!(
+        "--all: {complete}/{} = {:.1}% complete main→work→hot_a from {from:.0} ms; {startup}",
+        stacks.len(),
+        rate * 100.0
+    );
+    let bad: Vec<_> = stacks.iter().filter(|s| !has_path(s, &chain)).take(3).collect();
+    assert!(rate >= 0.95, "{:.1}%; e.g. {bad:?}\n{}", rate * 100.0, done.stderr);
 }

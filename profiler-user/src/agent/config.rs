@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::{
     agent::metrics,
     agent::sinks::pyroscope::PyroscopeAuth,
-    cli::args::Mode,
+    cli::args::{Mode, Unwind},
     cli::{
         args::{AgentArgs, RecordArgs, parse_size},
         plan::RecordPlan,
@@ -57,6 +57,9 @@ pub struct FileConfig {
     pub buffer_size: Option<String>,
     pub off_cpu: Option<bool>,
     pub off_cpu_min: Option<f64>,
+    /// `dwarf`, `dwarf-fp` or `fp`.
+    pub unwind: Option<Unwind>,
+    pub unwind_table_mb: Option<u32>,
     pub host: Option<String>,
     /// `IP:PORT` or `off`.
     pub metrics: Option<String>,
@@ -159,8 +162,8 @@ impl AgentPlan {
             mode: Mode::Cpu,
             off_cpu: args.off_cpu || file.off_cpu.unwrap_or(false),
             off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
-            unwind: crate::cli::args::Unwind::Fp,
-            unwind_table_mb: 64,
+            unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::Dwarf),
+            unwind_table_mb: args.unwind_table_mb.or(file.unwind_table_mb).unwrap_or(64),
         };
         let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
             .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);
@@ -259,5 +262,9 @@ mod tests {
         assert!(parse_metrics_addr(metrics::DEFAULT_ADDR).unwrap().unwrap().ip().is_loopback());
         let e = FileConfig::parse("frequency = \"fast\"").unwrap_err().to_string();
         assert!(e.starts_with("line 1: invalid type"), "{e}");
+        let c = FileConfig::parse("unwind = \"dwarf-fp\"\nunwind-table-mb = 16").unwrap();
+        assert_eq!((c.unwind, c.unwind_table_mb), (Some(Unwind::DwarfFp), Some(16)));
+        let e = FileConfig::parse("unwind = \"lbr\"").unwrap_err().to_string();
+        assert!(e.starts_with("line 1: unknown variant `lbr`"), "{e}");
     }
 }

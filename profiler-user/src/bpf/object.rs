@@ -2,7 +2,7 @@
 //! event per online CPU and the lifecycle tracepoints, hands out the USDT program and the
 //! ring buffer, and reads the kernel-side counters.
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
@@ -16,14 +16,15 @@ use aya::{
     },
     util::online_cpus,
 };
-use profiler_common::{CgroupFilter, Config, UnwindProcess, UnwindRow, UsdtSpec};
+use profiler_common::{CgroupFilter, Config, UnwindProcess, UsdtSpec};
 
 use crate::{bpf::counters::Counters, model::ids::Pid};
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
 /// The unwind walker's rows array and per-process mapping tables.
-pub type UnwindMaps = (Array<MapData, UnwindRow>, BpfHashMap<MapData, u32, UnwindProcess>);
+/// (The rows array is mapped into memory, hence its bare `MapData`.)
+pub type UnwindMaps = (MapData, BpfHashMap<MapData, u32, UnwindProcess>);
 
 /// The BPF programs and maps of one recording.
 pub struct BpfObject {
@@ -138,7 +139,8 @@ impl BpfObject {
     pub fn take_unwind_maps(&mut self) -> Result<UnwindMaps> {
         let rows = self.ebpf.take_map("UNWIND_ROWS").context("UNWIND_ROWS map")?;
         let procs = self.ebpf.take_map("UNWIND_PROCS").context("UNWIND_PROCS map")?;
-        Ok((Array::try_from(rows)?, BpfHashMap::try_from(procs)?))
+        let aya::maps::Map::Array(rows) = rows else { bail!("UNWIND_ROWS is not an array") };
+        Ok((rows, BpfHashMap::try_from(procs)?))
     }
 
     /// Loads the USDT uprobe program; returns its fd (for links `usdt::attach` creates) and

@@ -95,6 +95,12 @@ pub struct AgentArgs {
     /// Off-CPU blocks shorter than this (ms) are summed per thread [default: 1].
     #[arg(long, value_name = "MS")]
     pub off_cpu_min: Option<f64>,
+    /// How user stacks are walked (see `record --unwind`) [default: dwarf].
+    #[arg(long, value_enum)]
+    pub unwind: Option<Unwind>,
+    /// Kernel memory for unwind tables (MiB) [default: 64].
+    #[arg(long, value_name = "MIB")]
+    pub unwind_table_mb: Option<u32>,
     /// Also write every window to this ClickHouse server's HTTP interface (e.g.
     /// `http://db:8123`, `?database=NAME` for another database than `default`); the tables are
     /// created if missing.
@@ -226,9 +232,9 @@ pub struct RecordArgs {
     /// How user stacks are walked: `dwarf` with the unwind tables (`.eh_frame`,
     /// `.debug_frame`) of the mapped files, in the kernel; `dwarf-fp` the same, following frame
     /// pointers through code without tables (JIT code; such stacks are flagged); `fp` frame
-    /// pointers only (what most distribution binaries lack).
-    /// Default `fp` until tables load fast enough for `--all` (one map update per row today).
-    #[arg(long, value_enum, default_value_t = Unwind::Fp)]
+    /// pointers only (what most distribution binaries lack). Off-CPU stacks are walked by
+    /// frame pointers in every mode.
+    #[arg(long, value_enum, default_value_t = Unwind::Dwarf)]
     pub unwind: Unwind,
 
     /// Kernel memory for unwind tables (MiB; 8 bytes a row). Files that do not fit are
@@ -295,7 +301,8 @@ pub fn parse_format(s: &str) -> Result<Format, String> {
     })
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(ValueEnum, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
 pub enum Unwind {
     Dwarf,
     DwarfFp,
@@ -348,6 +355,9 @@ mod tests {
         let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--off-cpu", "--off-cpu-min", "5"]);
         let c = c.unwrap();
         assert!(c.record.mode == Mode::Cpu && c.record.off_cpu && c.record.off_cpu_min == 5.0);
+        assert_eq!(c.record.unwind, Unwind::Dwarf, "tables by default");
+        let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--unwind", "fp"]).unwrap();
+        assert_eq!(c.record.unwind, Unwind::Fp);
     }
 
     #[test]

@@ -285,6 +285,12 @@ impl<S: SampleSink> Collector<S> {
         let cpu_delta = if s.off_cpu.is_some() { 0 } else { p.cpu_delta(s.tid, s.cpu_time_ns) };
         let r = stack::normalize(s, p, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
+        if s.off_cpu.is_none()
+            && crate::model::address::UserStackEnd::from_flags(s.flags)
+                == crate::model::address::UserStackEnd::NoTable
+        {
+            self.outbox.table_wanted(s.pid);
+        }
         if s.off_cpu.is_some()
             && s.flags & profiler_common::OFF_CPU_STACK_NOT_CAPTURED != 0
             && self.frames.is_empty()

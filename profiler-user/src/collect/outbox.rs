@@ -13,6 +13,9 @@ pub struct Outbox {
     exited_processes: Vec<Pid>,
     /// Processes whose executable mappings changed (the unwinder's tables follow them).
     maps_changed: Vec<Pid>,
+    /// Processes with samples whose walk ended at a file whose table is not loaded yet (the
+    /// loader compiles their files first).
+    tables_wanted: Vec<Pid>,
 }
 
 /// Threads and processes that exited since the last look.
@@ -33,6 +36,18 @@ impl Outbox {
 
     pub fn maps_changed(&mut self, pid: Pid) {
         self.maps_changed.push(pid);
+    }
+
+    /// Bounded: only a hint for ordering the loader's queue.
+    pub fn table_wanted(&mut self, pid: Pid) {
+        if self.tables_wanted.len() < 4096 {
+            self.tables_wanted.push(pid);
+        }
+    }
+
+    /// Processes sampled without a table since the last take, once per sample.
+    pub fn take_tables_wanted(&mut self) -> Vec<Pid> {
+        std::mem::take(&mut self.tables_wanted)
     }
 
     pub fn process_exited(&mut self, pid: Pid) {

@@ -175,7 +175,7 @@ impl<'p> Recorder<'p> {
         for &pid in &targets {
             collector.register_existing(pid);
         }
-        // Tables of the processes that already run are in the kernel before sampling starts.
+        // The processes given are published (and their files queued) before sampling starts.
         if let Some(u) = &mut unwind {
             u.after_drain(&mut collector);
         }
@@ -192,6 +192,12 @@ impl<'p> Recorder<'p> {
         usdt.scan_new_modules(&collector);
         usdt.initial_scan_done();
         collector.initial_scan_done();
+        // Queues the tables of every process found (compiled off this loop; processes are
+        // published now, their frames in files not loaded yet end as "no table").
+        if let Some(u) = &mut unwind {
+            u.after_drain(&mut collector);
+            u.mark_startup();
+        }
         let mut child_exit = None;
         if let Some(g) = gated {
             let pid = g.release()?;

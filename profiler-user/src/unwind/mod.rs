@@ -1,27 +1,32 @@
 //! Unwind tables for the BPF stack walker (profiler-ebpf's stack.rs): each mapped file's CFI
-//! compiled once per file identity (`profiler-unwind`) into the one `UNWIND_ROWS` array, and
-//! each profiled process's executable mappings (runtime range, load bias, rows of its file)
-//! written to `UNWIND_PROCS` whenever the collector says its mappings changed. Rows are never
-//! freed during a recording: a file unmapped everywhere keeps its rows for when it comes back
-//! (a full array is counted, and frames in files not loaded end their walk as "no table").
+//! compiled once per file identity (`profiler-unwind`) by worker threads (worker.rs) into the
+//! one `UNWIND_ROWS` array, which is mapped into this process (rows.rs), and each profiled
+//! process's executable mappings (runtime range, load bias, rows of its file) written to
+//! `UNWIND_PROCS` whenever the collector says its mappings changed, or a table it waited for
+//! landed. A process is published at once: files whose table is still being compiled are
+//! `NOT_LOADED` (their frames end the walk as "no table", counted) until it lands. Rows are
+//! never freed during a recording: a file unmapped everywhere keeps its rows for when it comes
+//! back (a full array is counted).
+
+mod rows;
+mod worker;
 
 pub mod copied;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt::Write as _,
     os::unix::fs::MetadataExt as _,
-    path::Path,
+    sync::{Arc, mpsc},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
-use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
     UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS,
     UnwindMapping, UnwindProcess, UnwindRow,
 };
-use profiler_unwind::UnwindTable;
 
 use crate::{
     collect::{
@@ -31,9 +36,6 @@ use crate::{
     model::ids::{ModuleId, Pid},
     store::SampleSink,
 };
-
-/// The walker's binary search does at most 24 halvings.
-const MAX_TABLE_ROWS: usize = 1 << 24;
 
 /// A file as the kernel sees it: (device, inode, mtime ns, size). A file replaced in place
 /// keeps its inode but not its mtime.
@@ -52,6 +54,14 @@ enum FileTable {
     Full,
 }
 
+/// A file's table as the loop knows it.
+#[derive(Clone)]
+enum FileState {
+    /// Queued or being compiled.
+    Pending,
+    Done(FileTable, Option<Arc<ElfLayout>>),
+}
+
 /// What loading did, for the summary.
 #[derive(Clone, Debug, Default)]
 pub struct UnwindStats {
@@ -61,68 +71,172 @@ pub struct UnwindStats {
     /// Files without usable CFI, and the errors of the first few.
     pub files_without_cfi: u64,
     pub cfi_errors: Vec<(String, String)>,
-    /// Files whose table did not fit in the rows array.
+    /// Files whose table did not fit in the rows array, and their rows.
     pub tables_not_loaded_full: u64,
+    pub rows_not_loaded_full: u64,
     /// Files that could not be read (their mappings have no table).
     pub files_unreadable: u64,
+    /// Worker time reading and compiling, and copying rows into the mapped array.
     pub compile_time: Duration,
-    /// Time writing rows into the kernel map (one update per row).
     pub load_time: Duration,
     /// Writes of a process's mapping table, and processes removed (exit or exec).
     pub process_updates: u64,
     pub processes_removed: u64,
+    /// Rewrites of a process's table because a table it waited for landed.
+    pub republished: u64,
     /// Mappings beyond `UNWIND_MAX_MAPPINGS` in one process (their frames end the walk).
     pub mappings_over_limit: u64,
     /// Process table writes the kernel refused (map full).
     pub process_update_errors: u64,
+    /// The loader's work on the event loop: in all, and its longest pass.
+    pub loop_time: Duration,
+    pub loop_max: Duration,
+    /// Files queued when sampling began, and how long after it the last of them landed.
+    pub startup_files: u64,
+    pub startup_loaded_after: Option<Duration>,
 }
 
 pub struct UnwindLoader {
-    rows: Array<MapData, UnwindRow>,
     procs: BpfHashMap<MapData, u32, UnwindProcess>,
-    next_row: u32,
-    capacity: u32,
-    by_identity: HashMap<FileIdentity, FileTable>,
-    by_module: HashMap<ModuleId, Option<(FileTable, Option<ElfLayout>)>>,
-    loaded_pids: std::collections::HashSet<Pid>,
+    shared: Arc<worker::Shared>,
+    done: mpsc::Receiver<worker::Done>,
+    by_identity: HashMap<FileIdentity, FileState>,
+    /// A module's file identity (None: unreadable), with the path it was resolved for (module
+    /// ids are reused after release).
+    by_module: HashMap<ModuleId, (String, Option<FileIdentity>)>,
+    /// Processes published with a file pending, to republish when its table lands.
+    waiting: HashMap<FileIdentity, HashSet<Pid>>,
+    loaded_pids: HashSet<Pid>,
+    /// When sampling began, and the start-up files not landed yet.
+    startup: Option<(Instant, HashSet<FileIdentity>)>,
     scratch: Box<UnwindProcess>,
     pub stats: UnwindStats,
 }
 
 impl UnwindLoader {
-    pub fn new(
-        rows: Array<MapData, UnwindRow>,
-        procs: BpfHashMap<MapData, u32, UnwindProcess>,
-    ) -> Self {
-        let capacity = rows.len();
-        Self {
-            rows,
+    /// Starts two compile threads: one for any file, one only for files samples wait for
+    /// (see `worker::Lane`). They start working at `mark_startup`.
+    pub fn new(rows: MapData, procs: BpfHashMap<MapData, u32, UnwindProcess>) -> Result<Self> {
+        let rows = rows::RowsMmap::new(rows)?;
+        let capacity = rows.capacity();
+        let shared = worker::Shared::new(rows);
+        let (tx, done) = mpsc::channel();
+        for lane in [worker::Lane::General, worker::Lane::Urgent] {
+            worker::spawn(shared.clone(), tx.clone(), lane).context("start unwind table worker")?;
+        }
+        Ok(Self {
             procs,
-            next_row: 0,
-            capacity,
+            shared,
+            done,
             by_identity: HashMap::new(),
             by_module: HashMap::new(),
+            waiting: HashMap::new(),
             loaded_pids: Default::default(),
+            startup: None,
             scratch: Box::new(UnwindProcess {
                 count: 0,
                 _pad: 0,
                 mappings: [UnwindMapping::default(); UNWIND_MAX_MAPPINGS],
             }),
             stats: UnwindStats { rows_capacity: u64::from(capacity), ..Default::default() },
+        })
+    }
+
+    /// Call when sampling begins: the files queued now are the start-up tables whose load
+    /// time the summary reports.
+    pub fn mark_startup(&mut self) {
+        let pending: HashSet<FileIdentity> = self
+            .by_identity
+            .iter()
+            .filter(|(_, s)| matches!(s, FileState::Pending))
+            .map(|(&id, _)| id)
+            .collect();
+        self.stats.startup_files = pending.len() as u64;
+        self.shared.resume();
+        if pending.is_empty() {
+            self.stats.startup_loaded_after = Some(Duration::ZERO);
+        } else {
+            self.startup = Some((Instant::now(), pending));
         }
     }
 
-    /// After each drain (before the USDT session takes the mailboxes): rewrites the mapping
-    /// table of every process whose mappings changed, loading the tables of files it maps for
-    /// the first time, and forgets processes that exited.
+    /// After each drain (before the USDT session takes the mailboxes): takes the tables the
+    /// workers finished, rewrites the mapping table of every process whose mappings changed
+    /// or that waited for one of them (queueing files it maps for the first time), and
+    /// forgets processes that exited.
     pub fn after_drain<S: SampleSink>(&mut self, collector: &mut Collector<S>) {
-        let changed = collector.outbox.take_maps_changed();
-        for pid in changed {
+        let started = Instant::now();
+        let mut pids: HashSet<Pid> = collector.outbox.take_maps_changed().into_iter().collect();
+        while let Ok(d) = self.done.try_recv() {
+            self.landed(d, &mut pids);
+        }
+        let mut pids: Vec<Pid> = pids.into_iter().collect();
+        pids.sort_unstable();
+        for pid in pids {
             self.sync(collector, pid);
         }
         let exited: Vec<Pid> = collector.outbox.pending_process_exits().to_vec();
         for pid in exited {
             self.remove(pid);
+        }
+        self.prioritize(collector);
+        let took = started.elapsed();
+        self.stats.loop_time += took;
+        self.stats.loop_max = self.stats.loop_max.max(took);
+    }
+
+    /// Files of processes whose samples ended without a table go first.
+    fn prioritize<S: SampleSink>(&mut self, collector: &mut Collector<S>) {
+        let wanted = collector.outbox.take_tables_wanted();
+        if wanted.is_empty() {
+            return;
+        }
+        let mut per_pid: HashMap<Pid, u64> = HashMap::new();
+        for pid in wanted {
+            *per_pid.entry(pid).or_default() += 1;
+        }
+        let files: Vec<(FileIdentity, u64)> = self
+            .waiting
+            .iter()
+            .map(|(&id, pids)| (id, pids.iter().filter_map(|p| per_pid.get(p)).sum()))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        if !files.is_empty() {
+            self.shared.wanted(&files);
+        }
+    }
+
+    fn landed(&mut self, d: worker::Done, republish: &mut HashSet<Pid>) {
+        self.stats.compile_time += d.compile;
+        self.stats.load_time += d.copy;
+        match d.table {
+            FileTable::Loaded { .. } => {
+                self.stats.tables_loaded += 1;
+                self.stats.rows_loaded += u64::from(d.rows);
+            }
+            FileTable::NoCfi => {
+                self.stats.files_without_cfi += 1;
+                if self.stats.cfi_errors.len() < 8 {
+                    let err = d.error.unwrap_or_default();
+                    self.stats.cfi_errors.push((d.name.clone(), err));
+                }
+            }
+            FileTable::Full => {
+                self.stats.tables_not_loaded_full += 1;
+                self.stats.rows_not_loaded_full += u64::from(d.rows);
+            }
+        }
+        self.by_identity.insert(d.identity, FileState::Done(d.table, d.layout));
+        if let Some(pids) = self.waiting.remove(&d.identity) {
+            self.stats.republished += pids.len() as u64;
+            republish.extend(pids);
+        }
+        if let Some((since, left)) = &mut self.startup {
+            left.remove(&d.identity);
+            if left.is_empty() {
+                self.stats.startup_loaded_after = Some(since.elapsed());
+                self.startup = None;
+            }
         }
     }
 
@@ -140,7 +254,8 @@ impl UnwindLoader {
                 self.stats.mappings_over_limit += 1;
                 continue;
             }
-            let entry = self.entry(&collector.modules, m.module, m.start, m.end, m.file_offset);
+            let entry =
+                self.entry(&collector.modules, pid, m.module, m.start, m.end, m.file_offset);
             self.scratch.mappings[n] = entry;
             n += 1;
         }
@@ -160,10 +275,12 @@ impl UnwindLoader {
         }
     }
 
-    /// The walker's view of one mapping of `module` at `start..end` (file offset `offset`).
+    /// The walker's view of one mapping of `module` at `start..end` (file offset `offset`) in
+    /// `pid`.
     fn entry(
         &mut self,
         modules: &ModuleTable,
+        pid: Pid,
         module: ModuleId,
         start: u64,
         end: u64,
@@ -180,9 +297,26 @@ impl UnwindLoader {
             e.flags = UNWIND_MAPPING_NO_CFI;
             return e;
         }
-        let Some((table, layout)) = self.module_table(modules, module) else {
+        let Some(identity) = self.identity(modules, module) else {
             e.flags = UNWIND_MAPPING_NO_CFI;
             return e;
+        };
+        let state = match self.by_identity.get(&identity) {
+            Some(s) => s.clone(),
+            None => {
+                self.enqueue(modules, module, identity);
+                self.by_identity[&identity].clone()
+            }
+        };
+        let (table, layout) = match state {
+            FileState::Pending => {
+                if self.waiting.entry(identity).or_default().insert(pid) {
+                    self.shared.shared_by_one_more(&identity);
+                }
+                e.flags = UNWIND_MAPPING_NOT_LOADED;
+                return e;
+            }
+            FileState::Done(t, l) => (t, l),
         };
         match table {
             FileTable::Loaded { first, count } => {
@@ -209,88 +343,43 @@ impl UnwindLoader {
         e
     }
 
-    /// The table of a module's file, compiled and loaded the first time any process maps it.
-    fn module_table(
-        &mut self,
-        modules: &ModuleTable,
-        module: ModuleId,
-    ) -> Option<(FileTable, Option<ElfLayout>)> {
-        if let Some(known) = self.by_module.get(&module) {
-            return known.clone();
+    /// The identity of a module's file (one stat, once per module).
+    fn identity(&mut self, modules: &ModuleTable, module: ModuleId) -> Option<FileIdentity> {
+        let m = modules.get(module);
+        if let Some((path, id)) = self.by_module.get(&module)
+            && *path == m.path
+        {
+            return *id;
         }
-        let found = self.load_module(modules, module);
-        self.by_module.insert(module, found.clone());
-        found
+        let meta = m.readable_path().and_then(|p| std::fs::metadata(p).ok());
+        let id = meta.map(|meta| {
+            (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len())
+        });
+        if id.is_none() {
+            self.stats.files_unreadable += 1;
+        }
+        self.by_module.insert(module, (m.path.clone(), id));
+        id
     }
 
-    fn load_module(
-        &mut self,
-        modules: &ModuleTable,
-        module: ModuleId,
-    ) -> Option<(FileTable, Option<ElfLayout>)> {
+    fn enqueue(&mut self, modules: &ModuleTable, module: ModuleId, identity: FileIdentity) {
         let m = modules.get(module);
         let Some(path) = m.readable_path() else {
+            // Gone since `identity` looked (a race): no table.
             self.stats.files_unreadable += 1;
-            return None;
+            self.by_identity.insert(identity, FileState::Done(FileTable::NoCfi, None));
+            return;
         };
-        let Ok(meta) = std::fs::metadata(&path) else {
-            self.stats.files_unreadable += 1;
-            return None;
+        self.by_identity.insert(identity, FileState::Pending);
+        let job = worker::Job {
+            path,
+            hold: m.hold(),
+            name: m.path.clone(),
+            weight: 0,
+            wanted: 0,
+            size: identity.3,
         };
-        let identity =
-            (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len());
-        let layout = ElfLayout::read(&path);
-        if let Some(&t) = self.by_identity.get(&identity) {
-            return Some((t, layout));
-        }
-        let t = self.compile_and_load(&path, &m.path);
-        self.by_identity.insert(identity, t);
-        Some((t, layout))
-    }
-
-    fn compile_and_load(&mut self, path: &Path, name: &str) -> FileTable {
-        let started = Instant::now();
-        let compiled = std::fs::read(path)
-            .map_err(|e| e.to_string())
-            .and_then(|data| UnwindTable::from_elf(&data).map_err(|e| e.to_string()));
-        self.stats.compile_time += started.elapsed();
-        let table = match compiled {
-            Ok(t) if !t.rows().is_empty() && t.rows().len() < MAX_TABLE_ROWS => t,
-            Ok(_) => {
-                self.no_cfi(name, "no rows (or more than 2^24)".into());
-                return FileTable::NoCfi;
-            }
-            Err(e) => {
-                self.no_cfi(name, e);
-                return FileTable::NoCfi;
-            }
-        };
-        let rows = table.rows();
-        let count = rows.len() as u32;
-        if u64::from(self.next_row) + u64::from(count) > u64::from(self.capacity) {
-            self.stats.tables_not_loaded_full += 1;
-            return FileTable::Full;
-        }
-        let first = self.next_row;
-        let started = Instant::now();
-        for (i, row) in rows.iter().enumerate() {
-            if self.rows.set(first + i as u32, *row, 0).is_err() {
-                self.stats.tables_not_loaded_full += 1;
-                return FileTable::Full;
-            }
-        }
-        self.stats.load_time += started.elapsed();
-        self.next_row += count;
-        self.stats.tables_loaded += 1;
-        self.stats.rows_loaded += u64::from(count);
-        FileTable::Loaded { first, count }
-    }
-
-    fn no_cfi(&mut self, name: &str, err: String) {
-        self.stats.files_without_cfi += 1;
-        if self.stats.cfi_errors.len() < 8 {
-            self.stats.cfi_errors.push((name.to_owned(), err));
-        }
+        self.shared.push(identity, job);
     }
 
     /// The summary block.
@@ -298,26 +387,44 @@ impl UnwindLoader {
         let s = &self.stats;
         let mut out = String::new();
         let row = std::mem::size_of::<UnwindRow>() as u64;
+        let mib = |rows: u64| (rows * row) as f64 / 1048576.0;
         let _ = writeln!(
             out,
-            "unwind tables: {} files loaded, {} rows ({:.1} MiB of {:.1} MiB); {} files without \
-             CFI, {} not loaded (table full), {} unreadable; compiled in {:.0} ms, loaded in {:.0} \
-             ms",
+            "unwind tables: {} files loaded, {} rows ({:.1} MiB of {:.1} MiB, \
+             --unwind-table-mb); {} files without CFI, {} not loaded (table full: {:.1} MiB \
+             more needed), {} unreadable, {} still queued at the end; compiled in {:.0} ms, \
+             copied in {:.0} ms (off the event loop)",
             s.tables_loaded,
             s.rows_loaded,
-            (s.rows_loaded * row) as f64 / 1048576.0,
-            (s.rows_capacity * row) as f64 / 1048576.0,
+            mib(s.rows_loaded),
+            mib(s.rows_capacity),
             s.files_without_cfi,
             s.tables_not_loaded_full,
+            mib(s.rows_not_loaded_full),
             s.files_unreadable,
+            self.pending(),
             s.compile_time.as_secs_f64() * 1e3,
             s.load_time.as_secs_f64() * 1e3
         );
+        let startup = match s.startup_loaded_after {
+            Some(d) => format!("all loaded {:.0} ms after sampling began", d.as_secs_f64() * 1e3),
+            None => "not all loaded by the end".to_owned(),
+        };
         let _ = writeln!(
             out,
-            "  process tables: {} writes ({} refused), {} removed, {} mappings over the {} limit",
+            "  start-up tables: {} files, {startup}; event loop: {:.0} ms in all, longest pass \
+             {:.1} ms",
+            s.startup_files,
+            s.loop_time.as_secs_f64() * 1e3,
+            s.loop_max.as_secs_f64() * 1e3
+        );
+        let _ = writeln!(
+            out,
+            "  process tables: {} writes ({} refused, {} when a table landed), {} removed, {} \
+             mappings over the {} limit",
             s.process_updates,
             s.process_update_errors,
+            s.republished,
             s.processes_removed,
             s.mappings_over_limit,
             UNWIND_MAX_MAPPINGS
@@ -327,10 +434,22 @@ impl UnwindLoader {
         }
         out
     }
+
+    /// Files queued or being compiled.
+    pub fn pending(&self) -> usize {
+        self.by_identity.values().filter(|s| matches!(s, FileState::Pending)).count()
+    }
 }
 
-/// Takes the walker's maps from the loaded object.
+impl Drop for UnwindLoader {
+    fn drop(&mut self) {
+        // A worker mid-file finishes it and stops; it is not waited for.
+        self.shared.close();
+    }
+}
+
+/// Takes the walker's maps from the loaded object and starts the table workers.
 pub fn maps(bpf: &mut crate::bpf::object::BpfObject) -> Result<UnwindLoader> {
     let (rows, procs) = bpf.take_unwind_maps().context("unwind maps")?;
-    Ok(UnwindLoader::new(rows, procs))
+    UnwindLoader::new(rows, procs)
 }
