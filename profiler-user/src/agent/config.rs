@@ -161,6 +161,7 @@ impl AgentPlan {
             off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
             unwind: crate::cli::args::Unwind::Fp,
             unwind_table_mb: 64,
+            bpf_timing: false,
         };
         let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
             .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);
