@@ -10,8 +10,8 @@
 //! Both run forever and print how many iterations they have done every 100 ms. For each
 //! workload and tool a fresh workload process starts, the tool attaches to its pid and, once it
 //! samples (rsprof-bpf: its "sampling" line; perf: started with events disabled and enabled
-//! through its control fifo, acknowledged; samply: no signal, a fixed wait), the workload's rate
-//! is measured over `--secs`; then the tool gets SIGINT and writes its output.
+//! through its control fifo, acknowledged; samply: its "Recording process" line), the
+//! workload's rate is measured over `--secs`; then the tool gets SIGINT and writes its output.
 //!
 //! A stack is complete when it reaches the executable's `_start` (whose CFI ends every walk,
 //! after `main` and glibc's `__libc_start_call_main` / `__libc_start_main`): judged the same way
@@ -47,8 +47,6 @@ const PYTHON: &str = "/usr/bin/python3.11";
 const C_FLAGS: &[&str] = &["-O2", "-g", "-fomit-frame-pointer"];
 /// How long rsprof-bpf may take to say "sampling" (BPF load, unwind tables compiled and loaded).
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(600);
-/// samply says nothing once it samples: it gets this long.
-const SAMPLY_STARTUP: Duration = Duration::from_secs(3);
 /// How long a tool gets to write its output after SIGINT (and perf script to run).
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -438,8 +436,10 @@ fn run_one(
         Tool::Samply => {
             let mut cmd = Command::new(samply.context("samply missing")?);
             cmd.args(["record", "--save-only", "-r", &freq, "-p", &pid, "-o"]).arg(&output);
-            let p = spawn_tool(cmd, None)?;
-            thread::sleep(SAMPLY_STARTUP);
+            let p = spawn_tool(cmd, Some("Recording process with PID"))?;
+            if p.ready.recv_timeout(ATTACH_TIMEOUT).is_err() {
+                bail!("samply did not say it records{}", tail(&p.text.lock().unwrap()));
+            }
             Some(p)
         }
     };
