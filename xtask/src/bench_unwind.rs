@@ -171,8 +171,9 @@ pub fn bench_unwind(args: BenchUnwindArgs) -> anyhow::Result<()> {
             args: vec![script.into()],
         },
     ];
-    // samply: installed by `cargo xtask setup`; a failure to install is the row's result.
-    let samply = crate::setup::samply().map_err(|e| format!("{e:#}"));
+    // samply: installed by `cargo xtask setup` (a build of several minutes, not started from a
+    // benchmark); missing, its rows say so.
+    let samply = crate::setup::samply_installed().map_err(|e| format!("{e:#}"));
     let _stats = StatsGuard::enable()?;
 
     let mut results = Vec::new();
@@ -712,7 +713,7 @@ fn render(args: &BenchUnwindArgs, results: &[(&Workload, Vec<(Tool, Outcome)>)])
     let mut s = String::new();
     let _ = writeln!(s, "## Unwinding without frame pointers: `{}`\n", args.command_line());
     let perf = crate::bench::stdout_of(Command::new("perf").arg("--version"));
-    let samply = crate::setup::samply()
+    let samply = crate::setup::samply_installed()
         .ok()
         .and_then(|p| crate::bench::stdout_of(Command::new(p).arg("--version")));
     let _ = writeln!(

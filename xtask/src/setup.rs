@@ -179,14 +179,26 @@ fn samply_path() -> std::path::PathBuf {
     home.join("bin").join("samply")
 }
 
+/// The installed samply's version (`samply --version` prints "samply 0.13.1").
+fn samply_version(path: &Path) -> Option<String> {
+    stdout_of(Command::new(path).arg("--version"))
+        .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
+}
+
+/// samply's path if the pinned version is installed, else why not.
+pub fn samply_installed() -> anyhow::Result<std::path::PathBuf> {
+    let path = samply_path();
+    match samply_version(&path) {
+        Some(v) if v == SAMPLY_VERSION => Ok(path),
+        Some(v) => bail!("{} is {v}, not {SAMPLY_VERSION} (`cargo xtask setup`)", path.display()),
+        None => bail!("{} is not installed (`cargo xtask setup` installs it)", path.display()),
+    }
+}
+
 /// samply (`cargo install samply --locked`, pinned), installed when missing; its path.
 pub fn samply() -> anyhow::Result<std::path::PathBuf> {
     let path = samply_path();
-    // `samply --version` prints "samply 0.13.1".
-    let version = || {
-        stdout_of(Command::new(&path).arg("--version"))
-            .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
-    };
+    let version = || samply_version(&path);
     match version() {
         Some(v) if v == SAMPLY_VERSION => {
             println!("samply {v}: already installed");
