@@ -747,8 +747,9 @@ fn render(args: &BenchUnwindArgs, results: &[(&Workload, Vec<(Tool, Outcome)>)])
          script` (its wall time in brackets).\n\
          - BPF per sample: rsprof-bpf's hidden `--bpf-timing` (bpf_ktime_get_ns from the \
          sampler's entry to its ring buffer output, a log-linear histogram; 12.5 % buckets), \
-         mean user frames per sample in brackets; the mean from kernel.bpf_stats_enabled (all \
-         runs) after the slash.\n\
+         mean user frames per sample in brackets; after the slash the mean from \
+         kernel.bpf_stats_enabled, over all runs including the cheap ones filtered out (other \
+         processes), so lower.\n\
          - Bytes per sample: rsprof-bpf's ring buffer bytes (record + 8-byte header); perf's \
          perf.data size and samply's output size divided by their samples.\n\
          - Peak RSS: ru_maxrss from wait4 (perf: record / script).\n"
