@@ -383,6 +383,7 @@ fn run_one(
     });
     let _ = fs::remove_file(&output);
     let mut perf_ctl = None;
+    let mut paranoid = None;
     let proc = match tool {
         Tool::Alone => None,
         Tool::RsprofDwarf | Tool::RsprofFp => {
@@ -435,6 +436,8 @@ fn run_one(
             Some(p)
         }
         Tool::Samply => {
+            // samply refuses to start while kernel.perf_event_paranoid > 1, even as root.
+            paranoid = Some(ParanoidGuard::at_most_1()?);
             let mut cmd = Command::new(samply.context("samply missing")?);
             cmd.args(["record", "--save-only", "-r", &freq, "-p", &pid, "-o"]).arg(&output);
             let p = spawn_tool(cmd, Some("Recording process with PID"))?;
@@ -459,6 +462,7 @@ fn run_one(
     let usage = reap(p.pid, started)
         .with_context(|| format!("`{}` failed{}", p.what, tail(&p.text.lock().unwrap())));
     drop(perf_ctl);
+    drop(paranoid);
     drop(work);
     let usage = usage?;
     out.cpu = usage.cpu;
@@ -506,6 +510,30 @@ fn run_one(
     }
     let _ = fs::remove_file(&output);
     Ok(out)
+}
+
+const PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
+
+/// Lowers kernel.perf_event_paranoid to 1 (if above) and restores it on drop.
+struct ParanoidGuard(Option<String>);
+
+impl ParanoidGuard {
+    fn at_most_1() -> anyhow::Result<Self> {
+        let old = fs::read_to_string(PARANOID).context("read kernel.perf_event_paranoid")?;
+        if old.trim().parse::<i32>().is_ok_and(|v| v <= 1) {
+            return Ok(Self(None));
+        }
+        fs::write(PARANOID, "1").context("set kernel.perf_event_paranoid to 1")?;
+        Ok(Self(Some(old.trim().to_owned())))
+    }
+}
+
+impl Drop for ParanoidGuard {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = fs::write(PARANOID, old);
+        }
+    }
 }
 
 /// The last lines of a tool's output, for an error message.
