@@ -312,6 +312,8 @@ pub struct Config {
     /// of copies (every process new to the tables at start-up) from filling the ring buffer,
     /// which is sized for samples without copies. Set by the loader from the ring's size.
     pub stack_copy_budget: u32,
+    /// Nonzero (hidden `--bpf-timing`): the sampler times each sample into `SAMPLER_TIMING`.
+    pub bpf_timing: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -357,7 +359,64 @@ impl Config {
         pt_regs_ip: 0,
         unwind_mode: UNWIND_MODE_FP,
         stack_copy_budget: 0,
+        bpf_timing: 0,
     };
+}
+
+/// `SAMPLER_TIMING` (per-CPU u64 array, `--bpf-timing`): a log-linear histogram of the
+/// sampler's run time per sample that passed the filter, in ns, measured with
+/// `bpf_ktime_get_ns` from program entry to the ring buffer output; then the number of timed
+/// samples, the sum of their user frames and the ring buffer bytes they took (record rounded
+/// up to 8 plus the ring's 8-byte record header). Buckets: values below 8 exactly, then 8 buckets
+/// per power of two (12.5 % wide).
+pub const TIMING_BUCKETS: u32 = 496;
+pub const TIMING_SAMPLES: u32 = TIMING_BUCKETS;
+pub const TIMING_USER_FRAMES: u32 = TIMING_BUCKETS + 1;
+pub const TIMING_RING_BYTES: u32 = TIMING_BUCKETS + 2;
+pub const TIMING_ENTRIES: u32 = TIMING_BUCKETS + 3;
+
+/// Histogram bucket of `ns` (see [`TIMING_BUCKETS`]).
+#[inline(always)]
+pub const fn timing_bucket(ns: u64) -> u32 {
+    if ns < 8 {
+        return ns as u32;
+    }
+    // Index of the highest set bit, without a count-leading-zeros instruction (BPF has none).
+    let (mut m, mut v) = (0u32, ns);
+    if v >> 32 != 0 {
+        v >>= 32;
+        m += 32;
+    }
+    if v >> 16 != 0 {
+        v >>= 16;
+        m += 16;
+    }
+    if v >> 8 != 0 {
+        v >>= 8;
+        m += 8;
+    }
+    if v >> 4 != 0 {
+        v >>= 4;
+        m += 4;
+    }
+    if v >> 2 != 0 {
+        v >>= 2;
+        m += 2;
+    }
+    if v >> 1 != 0 {
+        m += 1;
+    }
+    let sub = ((ns >> (m - 3)) & 7) as u32;
+    8 * (m - 2) + sub
+}
+
+/// Smallest value of histogram bucket `i`.
+pub const fn timing_bucket_low(i: u32) -> u64 {
+    if i < 8 {
+        return i as u64;
+    }
+    let (m, sub) = (i / 8 + 2, (i % 8) as u64);
+    (8 + sub) << (m - 3)
 }
 
 /// Deepest cgroup level the cgroup filter can select (levels are bits of a u64).
@@ -638,4 +697,22 @@ mod pod {
     unsafe impl aya::Pod for super::UsdtSpec {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::CgroupFilter {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_buckets_are_contiguous_and_cover_u64() {
+        for ns in 0..100_000u64 {
+            let b = timing_bucket(ns);
+            assert!(timing_bucket_low(b) <= ns && ns < timing_bucket_low(b + 1), "{ns} in {b}");
+        }
+        assert_eq!(timing_bucket(u64::MAX), TIMING_BUCKETS - 1);
+        for i in 1..TIMING_BUCKETS {
+            assert!(timing_bucket_low(i) > timing_bucket_low(i - 1));
+            assert_eq!(timing_bucket(timing_bucket_low(i)), i);
+        }
+    }
 }

@@ -26,7 +26,8 @@ use profiler_common::{
     CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader, FILTER_ALL,
     SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY,
     SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, STACK_COPY_HEADER_SIZE,
-    SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TaskRecord, counter,
+    SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TIMING_ENTRIES, TIMING_RING_BYTES,
+    TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, counter, timing_bucket,
 };
 
 #[unsafe(no_mangle)]
@@ -48,6 +49,10 @@ static TASK_SCRATCH: PerCpuArray<TaskRecord> = PerCpuArray::with_max_entries(1, 
 /// Per CPU: start of the current 100 ms window and the stack-copy bytes sent in it.
 #[map]
 static COPY_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+/// `--bpf-timing`: the sampler's run time per sample (see `profiler_common::TIMING_BUCKETS`).
+#[map]
+static SAMPLER_TIMING: PerCpuArray<u64> = PerCpuArray::with_max_entries(TIMING_ENTRIES, 0);
 
 /// Thread-group ids selected by `-p` / `-- CMD` (value unused). LRU so that a long `-- CMD`
 /// session forking many children cannot fill it; evictions only hit long-dead processes.
@@ -87,6 +92,9 @@ pub(crate) unsafe fn read_kernel_u32(addr: u64) -> Option<u32> {
 #[perf_event]
 pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
     let cfg = config();
+    // Off (the default) this costs one branch on a read-only global.
+    // SAFETY: a helper without arguments.
+    let start = if cfg.bpf_timing != 0 { unsafe { bpf_ktime_get_ns() } } else { 0 };
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if !selected(&cfg, tgid) || (cfg.filter_mode != FILTER_ALL && tgid == 0) || !cgroup::selected()
@@ -160,7 +168,8 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
             copy_len = attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
             len += copy_len;
         }
-        if output(scratch, len, false) {
+        let sent = output(scratch, len, false);
+        if sent {
             count(counter::SAMPLES_SENT);
             // Counted once sent: a sample lost to a full ring counts as lost, copy or not.
             if copy_len > 0 {
@@ -169,6 +178,17 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
             }
         } else {
             count(counter::LOST_RINGBUF_FULL);
+        }
+        if cfg.bpf_timing != 0 {
+            add_timing(timing_bucket(bpf_ktime_get_ns().wrapping_sub(start)), 1);
+            add_timing(TIMING_SAMPLES, 1);
+            add_timing(TIMING_USER_FRAMES, uframes);
+            let clamped = if len > size_of::<SampleScratch>() as u64 {
+                size_of::<SampleScratch>() as u64
+            } else {
+                len
+            };
+            add_timing(TIMING_RING_BYTES, if sent { ((clamped + 7) & !7) + 8 } else { 0 });
         }
     }
     0
@@ -225,6 +245,14 @@ unsafe fn attach_stack_copy(
 pub(crate) fn count_add(index: u32, n: u64) {
     if let Some(c) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: as in `count`.
+        unsafe { *c += n };
+    }
+}
+
+#[inline(always)]
+fn add_timing(index: u32, n: u64) {
+    if let Some(c) = SAMPLER_TIMING.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, as in `count`.
         unsafe { *c += n };
     }
 }

@@ -244,7 +244,7 @@ pub fn online_cpus() -> u64 {
     if n > 0 { n as u64 } else { 1 }
 }
 
-fn stdout_of(cmd: &mut Command) -> Option<String> {
+pub fn stdout_of(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -14,6 +14,8 @@
 //!   `bench_offcpu.rs`.
 //! * `bench-cost` measures the profiler's own CPU and RSS while recording system-wide, idle and
 //!   busy with an exec storm, next to `perf record`, see `bench_cost.rs`.
+//! * `bench-unwind` compares user stack unwinding without frame pointers with perf and samply,
+//!   see `bench_unwind.rs`.
 
 mod bench;
 mod bench_agent;
@@ -23,6 +25,7 @@ mod bench_dump;
 mod bench_metrics;
 mod bench_offcpu;
 mod bench_storage;
+mod bench_unwind;
 mod bench_usdt;
 mod setup;
 
@@ -100,6 +103,9 @@ enum Cmd {
     /// Measure what a Prometheus scrape of the agent costs (agent CPU per scrape, latency);
     /// update BENCHMARKS.md.
     BenchMetrics(bench_metrics::BenchMetricsArgs),
+    /// Measure unwinding without frame pointers (rsprof-bpf --unwind dwarf / fp, perf
+    /// --call-graph dwarf, samply) on a C fixture and python3.11; update BENCHMARKS.md.
+    BenchUnwind(bench_unwind::BenchUnwindArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -134,6 +140,7 @@ fn main() {
         Cmd::BenchAgent(args) => bench_agent::bench_agent(args),
         Cmd::BenchDump(args) => bench_dump::bench_dump(args),
         Cmd::BenchMetrics(args) => bench_metrics::bench_metrics(args),
+        Cmd::BenchUnwind(args) => bench_unwind::bench_unwind(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -30,6 +30,8 @@ pub fn setup() -> anyhow::Result<()> {
         &["protobuf-compiler"],
         tests::prometheus::DEBIAN_PACKAGES,
         tests::agent::DEBIAN_PACKAGES,
+        // `cargo xtask bench-unwind`'s Python workload.
+        &["python3.11-minimal"],
     ]
     .concat();
     install_missing(&mut present, &extra)?;
@@ -38,6 +40,7 @@ pub fn setup() -> anyhow::Result<()> {
     }
     profiler_cli()?;
     go_pprof()?;
+    samply()?;
     environment_checks();
     println!("setup: done");
     Ok(())
@@ -160,6 +163,59 @@ fn bpf_linker(present: &mut Vec<String>) -> anyhow::Result<()> {
             "bpf-linker was installed but `bpf-linker --version` reports {other:?}; is \
              ~/.cargo/bin on PATH (`. \"$HOME/.cargo/env\"`)?"
         ),
+    }
+}
+
+/// samply version `cargo xtask bench-unwind` compares with (installed by `setup`).
+pub const SAMPLY_VERSION: &str = "0.13.1";
+
+/// Where `cargo install` puts samply: `$CARGO_HOME/bin` or `~/.cargo/bin`.
+fn samply_path() -> std::path::PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .filter(|h| !h.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .unwrap_or_else(|| "/root/.cargo".into());
+    home.join("bin").join("samply")
+}
+
+/// The installed samply's version (`samply --version` prints "samply 0.13.1").
+fn samply_version(path: &Path) -> Option<String> {
+    stdout_of(Command::new(path).arg("--version"))
+        .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
+}
+
+/// samply's path if the pinned version is installed, else why not.
+pub fn samply_installed() -> anyhow::Result<std::path::PathBuf> {
+    let path = samply_path();
+    match samply_version(&path) {
+        Some(v) if v == SAMPLY_VERSION => Ok(path),
+        Some(v) => bail!("{} is {v}, not {SAMPLY_VERSION} (`cargo xtask setup`)", path.display()),
+        None => bail!("{} is not installed (`cargo xtask setup` installs it)", path.display()),
+    }
+}
+
+/// samply (`cargo install samply --locked`, pinned), installed when missing; its path.
+pub fn samply() -> anyhow::Result<std::path::PathBuf> {
+    let path = samply_path();
+    let version = || samply_version(&path);
+    match version() {
+        Some(v) if v == SAMPLY_VERSION => {
+            println!("samply {v}: already installed");
+            return Ok(path);
+        }
+        Some(v) => println!("samply: found {v}, need {SAMPLY_VERSION}; installing"),
+        None => println!("samply: missing, installing {SAMPLY_VERSION}"),
+    }
+    run_cmd(Command::new("cargo").args([
+        "install",
+        &format!("samply@{SAMPLY_VERSION}"),
+        "--locked",
+        "--force",
+    ]))?;
+    match version() {
+        Some(v) if v == SAMPLY_VERSION => Ok(path),
+        other => bail!("samply was installed but {} --version reports {other:?}", path.display()),
     }
 }
 

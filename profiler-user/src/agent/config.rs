@@ -164,6 +164,7 @@ impl AgentPlan {
             off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
             unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::Dwarf),
             unwind_table_mb: args.unwind_table_mb.or(file.unwind_table_mb).unwrap_or(64),
+            bpf_timing: false,
         };
         let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
             .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);

@@ -16,7 +16,10 @@ use aya::{
     },
     util::online_cpus,
 };
-use profiler_common::{CgroupFilter, Config, UnwindProcess, UsdtSpec};
+use profiler_common::{
+    CgroupFilter, Config, TIMING_BUCKETS, TIMING_ENTRIES, UnwindProcess, UnwindRow, UsdtSpec,
+    timing_bucket_low,
+};
 
 use crate::{bpf::counters::Counters, model::ids::Pid};
 
@@ -188,6 +191,23 @@ impl BpfObject {
         v
     }
 
+    /// The sampler's per-sample run times (`--bpf-timing`), summed over CPUs.
+    pub fn sampler_timing(&self) -> Result<SamplerTiming> {
+        let arr: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.ebpf.map("SAMPLER_TIMING").context("SAMPLER_TIMING map")?)?;
+        let mut all = vec![0u64; TIMING_ENTRIES as usize];
+        for (i, slot) in all.iter_mut().enumerate() {
+            *slot = arr.get(&(i as u32), 0)?.iter().sum();
+        }
+        let (buckets, tail) = all.split_at(TIMING_BUCKETS as usize);
+        Ok(SamplerTiming {
+            buckets: buckets.to_vec(),
+            samples: tail[0],
+            user_frames: tail[1],
+            ring_bytes: tail[2],
+        })
+    }
+
     /// Instructions the verifier processed to load `prog` (its `verified_insns`).
     pub fn verified_insns(&self, prog: &str) -> Option<u32> {
         self.ebpf.program(prog)?.info().ok()?.verified_instruction_count()
@@ -212,6 +232,53 @@ impl BpfObject {
                 let _ = p.detach(link);
             }
         }
+    }
+}
+
+/// `--bpf-timing`: a histogram of the sampler's run time per sample.
+pub struct SamplerTiming {
+    /// Samples per `profiler_common::timing_bucket`.
+    pub buckets: Vec<u64>,
+    pub samples: u64,
+    pub user_frames: u64,
+    /// Ring buffer bytes the timed samples took.
+    pub ring_bytes: u64,
+}
+
+impl SamplerTiming {
+    /// The `q` quantile (0..=1) in ns: the middle of the bucket holding it; None without
+    /// samples.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                let (lo, hi) = (timing_bucket_low(i as u32), timing_bucket_low(i as u32 + 1));
+                return Some((lo as f64 + hi.max(lo + 1) as f64 - 1.0) / 2.0);
+            }
+        }
+        None
+    }
+}
+
+impl std::fmt::Display for SamplerTiming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ns = |q| self.quantile(q).map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0}"));
+        write!(
+            f,
+            "BPF sampler per sample (--bpf-timing): {} samples, median {} ns, p99 {} ns; {:.1} \
+             user frames and {:.0} ring buffer bytes per sample",
+            self.samples,
+            ns(0.5),
+            ns(0.99),
+            self.user_frames as f64 / self.samples.max(1) as f64,
+            self.ring_bytes as f64 / self.samples.max(1) as f64
+        )
     }
 }
 

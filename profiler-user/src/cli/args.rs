@@ -242,6 +242,11 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub unwind_table_mb: u32,
 
+    /// Time the sampler per sample in the kernel and print the median and p99 at the end (for
+    /// `cargo xtask bench-unwind`; off, it costs one branch per sample).
+    #[arg(long, hide = true)]
+    pub bpf_timing: bool,
+
     /// Off-CPU blocks shorter than this (ms) are summed per thread and sent with the stack of
     /// the block that brings the sum to this length, which keeps context-switch storms cheap;
     /// longer ones are sent one by one.

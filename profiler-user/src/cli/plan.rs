@@ -48,6 +48,8 @@ pub struct RecordPlan {
     pub unwind_mode: u32,
     /// Capacity of the unwind rows array.
     pub unwind_rows: u32,
+    /// Hidden `--bpf-timing`.
+    pub bpf_timing: bool,
 }
 
 impl RecordPlan {
@@ -121,6 +123,7 @@ impl RecordPlan {
             off_cpu_min_ns: (args.off_cpu_min * 1e6) as u64,
             unwind_mode,
             unwind_rows: unwind_rows as u32,
+            bpf_timing: args.bpf_timing,
         })
     }
 

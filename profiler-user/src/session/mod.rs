@@ -126,6 +126,7 @@ impl<'p> Recorder<'p> {
         config.off_cpu = plan.off_cpu;
         config.off_cpu_min_ns = plan.off_cpu_min_ns;
         config.unwind_mode = plan.unwind_mode;
+        config.bpf_timing = u32::from(plan.bpf_timing);
         let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
         // Frame-pointer mode loads no tables: a one-row array.
         let rows = if plan.unwind_mode == UNWIND_MODE_FP { 1 } else { plan.unwind_rows };
@@ -579,6 +580,12 @@ impl<'p> Recorder<'p> {
                     time.as_nanos() as f64 / runs as f64,
                     time.as_secs_f64()
                 ));
+            }
+        }
+        if self.plan.bpf_timing {
+            match self.bpf.sampler_timing() {
+                Ok(t) => self.msgs.info(format_args!("{t}")),
+                Err(e) => self.msgs.info(format_args!("--bpf-timing: {e:#}")),
             }
         }
         if let Some(c) = &self.plan.cgroups {
