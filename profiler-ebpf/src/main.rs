@@ -12,7 +12,7 @@ mod usdt;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_RB_NO_WAKEUP,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         bpf_probe_read_user_buf,
@@ -27,7 +27,7 @@ use profiler_common::{
     SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY,
     SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, STACK_COPY_HEADER_SIZE,
     SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TIMING_ENTRIES, TIMING_RING_BYTES,
-    TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, counter, timing_bucket,
+    TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, UNWIND_MODE_FP, counter, timing_bucket,
 };
 
 #[unsafe(no_mangle)]
@@ -258,14 +258,21 @@ fn add_timing(index: u32, n: u64) {
 }
 
 /// Copies the first `len` bytes of `*rec` (at most its size, as the verifier needs) to the
-/// ring buffer; false when it is full. Samples and USDT hits do not wake userspace: it drains
-/// on a timer, so a busy machine costs a few hundred wakeups a second instead of one per
-/// record. Task events (rare) do.
+/// ring buffer; false when it is full. Nothing wakes userspace by default: it drains on a
+/// timer whose period the ring holds at least twice over at the worst-case sample rate (see
+/// `session::drain_interval`), so an idle host costs a few wakeups a second. `wake` records
+/// (those the DWARF unwinder's table loader waits for) wake it at once, and so does any record
+/// written while a quarter of the ring is pending: a burst of USDT hits, off-CPU records or
+/// task events is drained long before the ring fills.
 #[inline(always)]
 pub(crate) unsafe fn output<T>(rec: *const T, len: u64, wake: bool) -> bool {
     let size = core::mem::size_of::<T>() as u64;
     let len = if len > size { size } else { len };
-    let flags = if wake { 0 } else { BPF_RB_NO_WAKEUP as u64 };
+    let flags = if wake || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= wake_threshold() {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    };
     // SAFETY: `rec` points to at least `size` readable bytes (a scratch map value).
     let ret = unsafe {
         aya_ebpf::helpers::generated::bpf_ringbuf_output(
@@ -278,10 +285,23 @@ pub(crate) unsafe fn output<T>(rec: *const T, len: u64, wake: bool) -> bool {
     ret >= 0
 }
 
+/// Pending bytes past which every record wakes userspace: a quarter of the ring.
+#[inline(always)]
+fn wake_threshold() -> u64 {
+    EVENTS.query(BPF_RB_RING_SIZE as u64) / 4
+}
+
+/// Records the DWARF unwinder's table loader needs soon (a new image, an executable mapping)
+/// wake userspace; with frame pointers nothing waits for them.
+#[inline(always)]
+pub(crate) fn wake_for_unwinder(cfg: &Config) -> bool {
+    cfg.unwind_mode != UNWIND_MODE_FP
+}
+
 /// Sends the first `len` bytes of this CPU's task scratch record.
 #[inline(always)]
-unsafe fn send_task(rec: *mut TaskRecord, len: u64) {
-    if !unsafe { output(rec, len, true) } {
+unsafe fn send_task(rec: *mut TaskRecord, len: u64, wake: bool) {
+    if !unsafe { output(rec, len, wake) } {
         count(counter::LOST_TASK_EVENTS);
     }
 }
@@ -358,7 +378,7 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
         // The child's own address space (a copy of the parent's, or the parent's with
         // CLONE_VM): userspace starts it from the parent's mappings.
         (*rec).mm = read_kernel_u64(child + cfg.task_mm as u64).unwrap_or(0);
-        send_task(rec, TASK_RECORD_FIXED as u64);
+        send_task(rec, TASK_RECORD_FIXED as u64, false);
     }
     0
 }
@@ -407,7 +427,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
             }
         }
         (*rec).cmdline_len = len as u32;
-        send_task(rec, TASK_RECORD_FIXED as u64 + len);
+        send_task(rec, TASK_RECORD_FIXED as u64 + len, wake_for_unwinder(&cfg));
         let mm = (*rec).mm;
         if mm != 0 {
             maptrack::send_exec_mappings(&cfg, tgid, tid, mm);
@@ -425,7 +445,7 @@ pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
         task_header(EVENT_EXIT, rec, tgid, tid);
-        send_task(rec, TASK_RECORD_FIXED as u64);
+        send_task(rec, TASK_RECORD_FIXED as u64, false);
     }
     0
 }

@@ -94,10 +94,10 @@ unsafe fn start_record(kind: u32, tgid: u32, tid: u32, mm: u64) -> Option<*mut M
 }
 
 #[inline(always)]
-unsafe fn send(rec: *mut MapRecord, len: u64) {
-    // No wakeup: the record carries all userspace needs (no /proc lookup racing the process's
-    // exit), and an exec storm would otherwise wake the reader several times per process.
-    if unsafe { output(rec, len, false) } {
+unsafe fn send(rec: *mut MapRecord, len: u64, wake: bool) {
+    // No wakeup unless the unwinder waits for it: the record carries all userspace needs (no
+    // /proc lookup racing the process's exit).
+    if unsafe { output(rec, len, wake) } {
         count(counter::MAP_EVENTS_SENT);
     } else {
         count(counter::MAP_EVENTS_LOST);
@@ -121,7 +121,7 @@ unsafe fn send_file(cfg: &Config, rec: *mut MapRecord, file: u64) {
         } else {
             count(counter::MAP_PATH_INCOMPLETE);
         }
-        send(rec, MAP_RECORD_FIXED as u64 + len);
+        send(rec, MAP_RECORD_FIXED as u64 + len, crate::wake_for_unwinder(cfg));
     }
 }
 
@@ -178,7 +178,7 @@ pub fn on_exit_mmap(ctx: TracePointContext) -> u32 {
         (*rec).len = (p.len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
         if p.flags & MAP_ANONYMOUS != 0 {
             (*rec).flags = MAP_ANON;
-            send(rec, MAP_RECORD_FIXED as u64);
+            send(rec, MAP_RECORD_FIXED as u64, false);
             return 0;
         }
         (*rec).offset = p.off;
@@ -186,7 +186,7 @@ pub fn on_exit_mmap(ctx: TracePointContext) -> u32 {
         // names it unless another thread closed it meanwhile (then the path names the file).
         match fd_file(&cfg, p.fd) {
             Some(file) => send_file(&cfg, rec, file),
-            None => send(rec, MAP_RECORD_FIXED as u64),
+            None => send(rec, MAP_RECORD_FIXED as u64, false),
         }
     }
     0
@@ -207,7 +207,7 @@ pub fn on_enter_munmap(ctx: TracePointContext) -> u32 {
         let Some(rec) = start_record(EVENT_MUNMAP, tgid, tid, mm) else { return 0 };
         (*rec).start = start;
         (*rec).len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
-        send(rec, MAP_RECORD_FIXED as u64);
+        send(rec, MAP_RECORD_FIXED as u64, false);
     }
     0
 }
@@ -246,7 +246,7 @@ pub(crate) unsafe fn send_exec_mappings(cfg: &Config, tgid: u32, tid: u32, mm: u
                 {
                     (*rec).start = base;
                     (*rec).flags = MAP_INTERP;
-                    send(rec, MAP_RECORD_FIXED as u64);
+                    send(rec, MAP_RECORD_FIXED as u64, false);
                 }
                 return;
             }

@@ -277,6 +277,49 @@ fn duration_stops_the_recording_and_summary_reports_losses() {
     }
 }
 
+/// A ring far too small for 999 Hz between drains (the loop drains on a timer, and BPF wakes
+/// it only once a quarter of the ring is pending): what does not fit is counted as lost
+/// ("ring buffer full"), and recorded plus lost add up to the sampler's rate.
+#[test]
+fn tiny_ring_buffer_loses_samples_and_counts_them() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let exe = fixtures::build("bench_work.c").unwrap();
+    // Far more work than the recording lasts; killed when dropped.
+    let _busy = Background(
+        Command::new(&exe)
+            .args(["1000000000000", &cpus.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = output_path("tiny_ring", "json");
+    let args = ["--all", "-F", "999", "--ring-buffer-size", "4096", "-d", "3"];
+    let done = run(&[&args[..], &["-o", out.to_str().unwrap()]].concat()).unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    let number_after = |before: &str| -> u64 {
+        let at =
+            done.stderr.find(before).unwrap_or_else(|| panic!("no '{before}':\n{}", done.stderr));
+        let rest = &done.stderr[at + before.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap_or_else(|_| panic!("no number after '{before}':\n{}", done.stderr))
+    };
+    let recorded = number_after("samples: ");
+    let lost = number_after(" recorded, ");
+    let ring_full = number_after("ring buffer full ");
+    assert!(
+        ring_full > 0 && lost >= ring_full,
+        "a 4 KiB ring at 999 Hz overflows:\n{}",
+        done.stderr
+    );
+    // The timer fires on every CPU, idle or not: 999 Hz × 3 s × CPUs, less start-up slack.
+    let expected = 999 * 3 * cpus as u64;
+    assert!(
+        (recorded + lost) as f64 > 0.8 * expected as f64,
+        "recorded {recorded} + lost {lost} of ~{expected} sampler runs:\n{}",
+        done.stderr
+    );
+}
+
 /// Nothing to record (the only target sleeps throughout): the profile still opens in the
 /// Firefox Profiler (which refuses one without threads) with one thread, rsprof-bpf's own,
 /// carrying a note that says why; stderr says so even with -q.

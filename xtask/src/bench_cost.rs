@@ -1,7 +1,9 @@
 //! `cargo xtask bench-cost`: what rsprof-bpf itself costs while it records system-wide, next
 //! to `perf record -a -g` at the same frequency, in one run.
 //!
-//! Two scenarios, each with both tools in turn:
+//! Two scenarios, each at every frequency of `--freqs`, each with both tools in turn (or, with
+//! `--together`, both recording the same window, which halves the wall time and exposes both to
+//! exactly the same load):
 //! 1. idle: whatever else runs on the host;
 //! 2. busy: one busy loop per CPU plus an exec storm (a shell running `/bin/true` in a loop).
 //!
@@ -38,9 +40,13 @@ pub struct BenchCostArgs {
     /// Measured seconds per tool and scenario.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
-    /// Sampling frequency of both tools.
-    #[arg(long, default_value_t = 99)]
-    freq: u64,
+    /// Sampling frequencies of both tools, each measured in turn (e.g. `99,999`).
+    #[arg(long = "freqs", alias = "freq", value_delimiter = ',', default_value = "99")]
+    freqs: Vec<u64>,
+    /// Both tools record the same window at once, each measured by its own utime + stime
+    /// (instead of one after the other).
+    #[arg(long)]
+    together: bool,
     /// Use this rsprof-bpf binary instead of building target/release/rsprof-bpf.
     #[arg(long)]
     profiler: Option<PathBuf>,
@@ -59,6 +65,7 @@ pub struct BenchCostArgs {
 
 struct Run {
     scenario: &'static str,
+    freq: u64,
     tool: &'static str,
     window: f64,
     cpu: f64,
@@ -125,43 +132,64 @@ fn start_tool(mut cmd: Command, rsprof: bool) -> anyhow::Result<Child> {
     Ok(child)
 }
 
+/// A running tool being measured.
+struct Watch {
+    tool: &'static str,
+    child: Child,
+    cpu0: f64,
+    rss: Vec<u64>,
+}
+
+/// Measures `tools` (already sampling) over the same `seconds`, then stops each with SIGINT.
 fn measure(
     scenario: &'static str,
-    tool: &'static str,
-    child: &mut Child,
+    freq: u64,
+    tools: Vec<(&'static str, Child)>,
     seconds: u64,
-) -> anyhow::Result<Run> {
-    let pid = child.id();
-    let (cpu0, forks0, t0) =
-        (cpu_secs(pid).context("tool exited")?, forks_since_boot(), Instant::now());
-    let mut rss = Vec::new();
+) -> anyhow::Result<Vec<Run>> {
+    let mut watches = Vec::new();
+    for (tool, child) in tools {
+        let cpu0 = cpu_secs(child.id()).with_context(|| format!("{tool} exited"))?;
+        watches.push(Watch { tool, child, cpu0, rss: Vec::new() });
+    }
+    let (forks0, t0) = (forks_since_boot(), Instant::now());
     while t0.elapsed() < Duration::from_secs(seconds) {
-        rss.push(status_kib(pid, "VmRSS:").context("tool exited")?);
+        for w in &mut watches {
+            let rss = status_kib(w.child.id(), "VmRSS:");
+            w.rss.push(rss.with_context(|| format!("{} exited", w.tool))?);
+        }
         thread::sleep(Duration::from_secs(1));
     }
-    let cpu1 = cpu_secs(pid).context("tool exited")?;
+    let cpu1: Vec<Option<f64>> = watches.iter().map(|w| cpu_secs(w.child.id())).collect();
     let window = t0.elapsed().as_secs_f64();
-    let hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
     let forks_per_s = (forks_since_boot() - forks0) as f64 / window;
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
-    let status = child.wait()?;
-    // perf ends by re-raising the SIGINT it got.
-    use std::os::unix::process::ExitStatusExt as _;
-    if !status.success() && status.signal() != Some(libc::SIGINT) {
-        bail!("{tool} exited with {status}");
+    let mut runs = Vec::new();
+    for (mut w, cpu1) in watches.into_iter().zip(cpu1) {
+        let pid = w.child.id();
+        let cpu1 = cpu1.with_context(|| format!("{} exited", w.tool))?;
+        let hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        let status = w.child.wait()?;
+        // perf ends by re-raising the SIGINT it got.
+        use std::os::unix::process::ExitStatusExt as _;
+        if !status.success() && status.signal() != Some(libc::SIGINT) {
+            bail!("{} exited with {status}", w.tool);
+        }
+        runs.push(Run {
+            scenario,
+            freq,
+            tool: w.tool,
+            window,
+            cpu: cpu1 - w.cpu0,
+            rss_first_kib: w.rss[0],
+            rss_last_kib: *w.rss.last().unwrap(),
+            rss_max_kib: *w.rss.iter().max().unwrap(),
+            hwm_kib,
+            forks_per_s,
+        });
     }
-    Ok(Run {
-        scenario,
-        tool,
-        window,
-        cpu: cpu1 - cpu0,
-        rss_first_kib: rss[0],
-        rss_last_kib: *rss.last().unwrap(),
-        rss_max_kib: *rss.iter().max().unwrap(),
-        hwm_kib,
-        forks_per_s,
-    })
+    Ok(runs)
 }
 
 fn load(busy: bool) -> anyhow::Result<Vec<Child>> {
@@ -188,25 +216,47 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
         let _ = fs::remove_dir_all(&dir);
         return r;
     }
-    let freq = args.freq.to_string();
     let mut runs = Vec::new();
     for (scenario, busy) in [("idle", false), ("busy + exec storm", true)] {
         let mut kids = load(busy)?;
-        for tool in ["rsprof-bpf", "perf"] {
-            step(&format!("bench-cost: {scenario}, {tool} -F {freq}, {} s", args.seconds));
-            let mut cmd;
-            if tool == "perf" {
-                cmd = Command::new("perf");
-                cmd.args(["record", "-a", "-g", "-q", "-F", &freq, "-o"])
-                    .arg(dir.join("perf.data"));
+        for &freq in &args.freqs {
+            let groups: Vec<Vec<&'static str>> = if args.together {
+                vec![vec!["rsprof-bpf", "perf"]]
             } else {
-                cmd = Command::new(&rsprof);
-                cmd.args(["--all", "-F", &freq, "-o"]).arg(dir.join("cost.json.gz"));
+                vec![vec!["rsprof-bpf"], vec!["perf"]]
+            };
+            for group in groups {
+                step(&format!(
+                    "bench-cost: {scenario}, {} -F {freq}, {} s",
+                    group.join(" and "),
+                    args.seconds
+                ));
+                let mut tools = Vec::new();
+                for tool in group {
+                    let f = freq.to_string();
+                    let mut cmd;
+                    if tool == "perf" {
+                        cmd = Command::new("perf");
+                        cmd.args(["record", "-a", "-g", "-q", "-F", &f, "-o"])
+                            .arg(dir.join(format!("perf-{freq}.data")));
+                    } else {
+                        cmd = Command::new(&rsprof);
+                        cmd.args(["--all", "-F", &f, "-o"])
+                            .arg(dir.join(format!("cost-{freq}.json.gz")));
+                    }
+                    match start_tool(cmd, tool == "rsprof-bpf") {
+                        Ok(child) => tools.push((tool, child)),
+                        Err(e) => {
+                            for (_, mut c) in tools {
+                                let _ = c.kill();
+                                let _ = c.wait();
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                runs.extend(measure(scenario, freq, tools, args.seconds)?);
             }
-            let mut child = start_tool(cmd, tool == "rsprof-bpf")?;
-            let r = measure(scenario, tool, &mut child, args.seconds);
-            let _ = child.kill();
-            runs.push(r?);
         }
         for k in &mut kids {
             let _ = k.kill();
@@ -232,32 +282,41 @@ fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
     if args.seconds != 30 {
         let _ = write!(cmd, " --seconds {}", args.seconds);
     }
-    if args.freq != 99 {
-        let _ = write!(cmd, " --freq {}", args.freq);
+    if args.freqs != [99] {
+        let f: Vec<String> = args.freqs.iter().map(u64::to_string).collect();
+        let _ = write!(cmd, " --freqs {}", f.join(","));
+    }
+    if args.together {
+        cmd.push_str(" --together");
     }
     let _ = writeln!(
         s,
         "`{cmd}`, run {} on {} CPUs ({}). Each tool measured for {} s once it samples \
-         (`rsprof-bpf --all -F {f}` vs `perf record -a -g -F {f}`); busy = one busy loop per CPU \
-         plus a shell running `/bin/true` in a loop. CPU = the tool's utime + stime over the \
+         (`rsprof-bpf --all -F HZ` vs `perf record -a -g -F HZ`), {}; busy = one busy loop per \
+         CPU plus a shell running `/bin/true` in a loop. CPU = the tool's utime + stime over the \
          window; RSS sampled every second; peak = VmHWM (start-up included). The machine is \
          shared with other work: compare the two tools within a scenario.\n",
         crate::bench::utc_now(),
         online_cpus(),
         std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
         args.seconds,
-        f = args.freq,
+        if args.together {
+            "both recording the same window at once"
+        } else {
+            "one after the other"
+        },
     );
     let _ = writeln!(
         s,
-        "| scenario | tool | forks/s on the host | CPU s | % of one core | RSS first / last / max MiB | peak RSS MiB |"
+        "| scenario | Hz | tool | forks/s on the host | CPU s | % of one core | RSS first / last / max MiB | peak RSS MiB |"
     );
-    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|");
     for r in runs {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.2} | {:.2}% | {:.1} / {:.1} / {:.1} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2}% | {:.1} / {:.1} / {:.1} | {:.1} |",
             r.scenario,
+            r.freq,
             r.tool,
             r.forks_per_s,
             r.cpu,
@@ -282,7 +341,7 @@ fn long_run(
     rsprof: &std::path::Path,
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let freq = args.freq.to_string();
+    let freq = args.freqs[0].to_string();
     step(&format!(
         "bench-cost --long: rsprof-bpf --all -F {freq} --buffer-size {}, {} s",
         args.buffer_size, args.seconds
@@ -332,11 +391,11 @@ fn render_long(args: &BenchCostArgs, series: &[(u64, u64, f64)], hwm_kib: u64) -
          running), RSS (VmRSS) every 10 s from its \"sampling\" line; the small buffer makes the \
          sample store recycle early, so the later minutes show the steady state.\n",
         args.seconds,
-        args.freq,
+        args.freqs[0],
         args.buffer_size,
         crate::bench::utc_now(),
         online_cpus(),
-        args.freq,
+        args.freqs[0],
         args.buffer_size
     );
     // Flatness over the second half of the run (the store recycles well before).

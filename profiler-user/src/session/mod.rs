@@ -33,6 +33,27 @@ use crate::{
 };
 use messages::Messages;
 
+/// The ring is drained at least this often when nothing wakes the loop: a few wakeups a second
+/// on an idle host.
+const MAX_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
+/// A drain the BPF programs ask for comes at least this long after the previous one, so a
+/// storm of waking records (exec storms with the DWARF unwinder, bursts past the wake
+/// threshold) cannot spin the loop.
+const MIN_DRAIN_GAP: Duration = Duration::from_millis(10);
+
+/// How often to drain the ring on the timer: the ring holds two intervals of the worst case
+/// (every CPU sampling at `frequency`, every sample of full depth), at most
+/// `MAX_DRAIN_INTERVAL`. Anything beyond the sampler's rate (USDT hits, off-CPU records, task
+/// events) wakes the loop from BPF once a quarter of the ring is pending (`output` in
+/// profiler-ebpf).
+pub fn drain_interval(ring_bytes: u32, cpus: usize, frequency: u64) -> Duration {
+    // Each record has an 8-byte ring header.
+    let record = (std::mem::size_of::<profiler_common::SampleRecord>() + 8) as f64;
+    let worst_bytes_per_s = cpus.max(1) as f64 * frequency.max(1) as f64 * record;
+    let secs = f64::from(ring_bytes) / 2.0 / worst_bytes_per_s;
+    Duration::from_secs_f64(secs).clamp(MIN_DRAIN_GAP, MAX_DRAIN_INTERVAL)
+}
+
 /// The next request, or never when there is no channel (or it closed).
 async fn next_request(rx: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {
     match rx {
@@ -111,6 +132,8 @@ pub struct Recorder<'p> {
     /// `usr1`) instead of writing a snapshot.
     wake: Option<std::sync::Arc<tokio::sync::Notify>>,
     usr1: bool,
+    /// The timer's drain period (`drain_interval`).
+    drain_every: Duration,
 }
 
 impl<'p> Recorder<'p> {
@@ -245,6 +268,7 @@ impl<'p> Recorder<'p> {
             ring_fill,
             wake: None,
             usr1: false,
+            drain_every: drain_interval(plan.ring_bytes, logical_cpus as usize, plan.frequency),
         })
     }
 
@@ -252,8 +276,8 @@ impl<'p> Recorder<'p> {
         RecordingInfo { end, ..self.info.clone() }
     }
 
-    /// Samples are sent without wakeups (lifecycle records still wake us), so this also runs
-    /// on a timer.
+    /// Records are sent without wakeups (but for those the DWARF unwinder waits for, and any
+    /// past a quarter of the ring), so this runs on a timer.
     fn drain(&mut self) {
         let collector = &mut self.collector;
         // Undecodable records are counted in the collector's stats and reported.
@@ -316,9 +340,12 @@ impl<'p> Recorder<'p> {
         until: Option<tokio::time::Instant>,
     ) -> Result<Option<String>> {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
-        // Drain often enough that a 16 MB ring never fills at 999 Hz on hundreds of CPUs.
-        let mut poll = tokio::time::interval(Duration::from_millis(20));
+        let every = self.drain_every;
+        let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_drain = Instant::now();
+        // Off while a BPF wakeup waits out MIN_DRAIN_GAP (the timer then drains).
+        let mut ring_armed = true;
         let deadline = self.plan.duration.map(|d| tokio::time::Instant::now() + d);
         let sleep = async {
             match deadline {
@@ -354,14 +381,26 @@ impl<'p> Recorder<'p> {
         let mut requests = self.requests.take();
         let result = loop {
             tokio::select! {
-                ready = self.ring.readable_mut() => match ready {
+                ready = self.ring.readable_mut(), if ring_armed => match ready {
                     Ok(mut ready) => {
                         ready.clear_ready();
-                        self.drain();
+                        let since = last_drain.elapsed();
+                        if since >= MIN_DRAIN_GAP {
+                            self.drain();
+                            last_drain = Instant::now();
+                            poll.reset();
+                        } else {
+                            ring_armed = false;
+                            poll.reset_at(tokio::time::Instant::now() + (MIN_DRAIN_GAP - since));
+                        }
                     }
                     Err(e) => break Err(e.into()),
                 },
-                _ = poll.tick() => self.drain(),
+                _ = poll.tick() => {
+                    self.drain();
+                    last_drain = Instant::now();
+                    ring_armed = true;
+                }
                 Some(req) = next_request(&mut requests) => self.answer(req),
                 _ = signals.int.recv() => break Ok(Some("Ctrl-C".to_owned())),
                 _ = signals.term.recv() => break Ok(Some("SIGTERM".to_owned())),
@@ -599,5 +638,24 @@ impl<'p> Recorder<'p> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_interval_keeps_two_worst_case_periods_in_the_ring() {
+        // A small host at the default ring: the ceiling, a few wakeups a second.
+        assert_eq!(drain_interval(16 << 20, 2, 99), MAX_DRAIN_INTERVAL);
+        assert_eq!(drain_interval(16 << 20, 2, 999), MAX_DRAIN_INTERVAL);
+        // A large host at 999 Hz: full-depth samples for one interval fill at most half.
+        let d = drain_interval(16 << 20, 256, 999);
+        assert!(d < MAX_DRAIN_INTERVAL && d >= MIN_DRAIN_GAP, "{d:?}");
+        let record = (std::mem::size_of::<profiler_common::SampleRecord>() + 8) as f64;
+        assert!(256.0 * 999.0 * record * d.as_secs_f64() <= f64::from(16u32 << 20) / 2.0 + 1.0);
+        // A tiny ring: never below the gap that bounds the loop's wakeups.
+        assert_eq!(drain_interval(64 << 10, 2, 999), MIN_DRAIN_GAP);
     }
 }

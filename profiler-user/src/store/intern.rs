@@ -1,6 +1,10 @@
 //! Dense ids for distinct values, reclaimed once nothing uses them.
 
-use std::{borrow::Borrow, collections::HashMap, hash::Hash};
+use std::{borrow::Borrow, hash::Hash};
+
+/// Looked up once per frame of every sample: foldhash, not SipHash (keys are small and the
+/// seed is random per process).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// An interner whose entries can be dropped once nothing refers to them any more, so it stays
 /// bounded while the data that uses its ids is recycled. Every `intern` stamps the entry with
@@ -16,7 +20,7 @@ pub struct PrunableInterner<T> {
 
 impl<T> Default for PrunableInterner<T> {
     fn default() -> Self {
-        Self { items: Vec::new(), last_use: Vec::new(), ids: HashMap::new(), free: Vec::new() }
+        Self { items: Vec::new(), last_use: Vec::new(), ids: HashMap::default(), free: Vec::new() }
     }
 }
 

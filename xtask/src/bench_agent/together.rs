@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    Load, Reaper, SinkKind, TICK, WARMUP, bpf_programs, clickhouse_bytes, cpu_seconds,
+    Load, Reaper, SinkKind, TICK, bpf_programs, clickhouse_bytes, cpu_seconds,
     delivery_stats, mib, rss_kib, start_agent, stop_agent, tempfile_dir,
 };
 use crate::{bench::online_cpus, display};
@@ -152,7 +152,9 @@ pub(super) fn run(
     sinks: &[SinkKind],
     rates: &[u32],
     secs: u64,
+    warmup: u64,
 ) -> anyhow::Result<Vec<Phase>> {
+    let warmup = std::time::Duration::from_secs(warmup);
     let tmp = tempfile_dir()?;
     let server = match sinks.contains(&SinkKind::Clickhouse) {
         true => Some(::tests::clickhouse::Server::start()?),
@@ -197,8 +199,8 @@ pub(super) fn run(
             r.metrics
         );
     }
-    println!("{} agents running together; {} s warm-up", runs.len(), WARMUP.as_secs());
-    std::thread::sleep(WARMUP);
+    println!("{} agents running together; {} s warm-up", runs.len(), warmup.as_secs());
+    std::thread::sleep(warmup);
     let mut phases = Vec::new();
     for load in [Load::Idle, Load::Busy] {
         crate::step(&format!("bench-agent --together: {} for {secs} s", load.name()));
@@ -284,7 +286,7 @@ pub(super) fn run(
 }
 
 /// The results as markdown: the table of BENCHMARKS.md.
-pub(super) fn table(phases: &[Phase], secs: u64) -> String {
+pub(super) fn table(phases: &[Phase], secs: u64, warmup: u64) -> String {
     let mut md = String::new();
     md.push_str(&format!(
         "**The {} agents ran concurrently** (`--together`: started at once, each with its own \
@@ -297,7 +299,7 @@ pub(super) fn table(phases: &[Phase], secs: u64) -> String {
          ClickHouse bytes = growth of `bytes_on_disk` of its database's active parts (after \
          `OPTIMIZE … FINAL`); both scaled to one hour.\n\n",
         phases.iter().filter(|p| p.load == Load::Idle).count(),
-        WARMUP.as_secs()
+        warmup
     ));
     md.push_str(
         "| Sink | Rate | Load | CPU | agent / BPF s | RSS start → end (max) | Windows | Spool \
