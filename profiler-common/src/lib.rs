@@ -157,6 +157,18 @@ pub struct PendingMmap {
     pub off: u64,
 }
 
+/// mprotect(2) or mremap(2) arguments kept from syscall entry to exit (map `RANGE_PENDING`,
+/// keyed by tid): the range, for mremap the new length, and whether the range held code at
+/// entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingRange {
+    pub start: u64,
+    pub len: u64,
+    pub new_len: u64,
+    pub was_exec: u64,
+}
+
 pub const MAP_RECORD_FIXED: usize =
     core::mem::size_of::<MapRecord>() - (MAP_PATH_MAX + MAP_NAME_MAX);
 pub const SAMPLE_RECORD_FIXED: usize = core::mem::size_of::<SampleHeader>();
@@ -298,7 +310,12 @@ pub struct Config {
     pub pt_regs_ip: u32,
     /// `UNWIND_MODE_*`: how user stacks are walked.
     pub unwind_mode: u32,
-    pub _pad: u32,
+    /// `struct vm_area_struct` fields, for mprotect(2) and mremap(2) of code (maptrack.rs).
+    pub vma_start: u32,
+    pub vma_end: u32,
+    pub vma_pgoff: u32,
+    pub vma_file: u32,
+    pub vma_flags: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -343,7 +360,11 @@ impl Config {
         off_cpu_min_ns: 0,
         pt_regs_ip: 0,
         unwind_mode: UNWIND_MODE_FP,
-        _pad: 0,
+        vma_start: 0,
+        vma_end: 0,
+        vma_pgoff: 0,
+        vma_file: 0,
+        vma_flags: 0,
     };
 }
 
@@ -457,7 +478,10 @@ pub mod counter {
     pub const UNWIND_FRAME_POINTER: u32 = 43;
     /// Walks that followed frame pointers for some frames (code without a table).
     pub const UNWIND_USED_FP: u32 = 44;
-    pub const COUNT: u32 = 45;
+    /// mprotect(2)/mremap(2) of code whose mappings could not be looked up (`bpf_find_vma`
+    /// failed, e.g. the address space's lock was busy): frames there may show as unmapped.
+    pub const MAP_VMA_UNREAD: u32 = 45;
+    pub const COUNT: u32 = 46;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

@@ -177,6 +177,11 @@ pub const COUNTERS: &[CounterDef] = &[
         "unwind_used_frame_pointers",
         "User stacks that followed frame pointers through code without tables",
     ),
+    def(
+        counter::MAP_VMA_UNREAD,
+        "map_vma_unread",
+        "mprotect/mremap of code whose mappings the kernel could not look up",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.
