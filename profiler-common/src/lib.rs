@@ -479,7 +479,8 @@ pub mod counter {
     /// Walks that followed frame pointers for some frames (code without a table).
     pub const UNWIND_USED_FP: u32 = 44;
     /// mprotect(2)/mremap(2) of code whose mappings could not be looked up (`bpf_find_vma`
-    /// failed, e.g. the address space's lock was busy): frames there may show as unmapped.
+    /// failed, e.g. the address space's lock was busy) or sent (more than one file's code, or
+    /// more than 8 mappings, in one range): frames there may show as unmapped.
     pub const MAP_VMA_UNREAD: u32 = 45;
     pub const COUNT: u32 = 46;
 

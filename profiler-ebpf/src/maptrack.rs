@@ -304,51 +304,62 @@ fn range_has_code(start: u64, end: u64) -> bool {
 
 /// Sends what `start..end` of the current task now holds: each executable VMA piece as a
 /// mapping (file, identity and offset from the VMA), and, with `drop_other`, every other
-/// piece as a removal (code that stopped being code).
+/// piece as a removal (code that stopped being code). One file-backed piece per call is sent
+/// with its path: each path walk is verified separately, and a walk per loop iteration is
+/// past the verifier's limit. Further file pieces in one range (rare: adjacent code of one
+/// file is one VMA) are counted in `MAP_VMA_UNREAD`.
 #[inline(always)]
 fn send_range(start: u64, end: u64, drop_other: u64) {
+    let cfg = config();
+    let Some((tgid, tid, mm)) = current_selected(&cfg) else { return };
     let mut addr = start;
+    let mut file_piece: Option<(u64, u64, u64, u64)> = None;
+    let mut done = false;
     for _ in 0..VMAS_PER_RANGE {
         if addr >= end {
-            return;
+            done = true;
+            break;
         }
-        let Some(v) = find_vma(addr) else { return };
+        let Some(v) = find_vma(addr) else {
+            done = true;
+            break;
+        };
         let piece_end = if v.end < end { v.end } else { end };
-        send_piece(&v, addr, piece_end, drop_other);
+        let exec = v.flags & VM_EXEC != 0;
+        if exec && v.file != 0 {
+            if file_piece.is_none() {
+                let offset = (v.pgoff << 12) + (addr - v.start);
+                file_piece = Some((addr, piece_end, offset, v.file));
+            } else {
+                count(counter::MAP_VMA_UNREAD);
+            }
+        } else if exec || drop_other != 0 {
+            let (kind, flags) = if exec { (EVENT_MMAP, MAP_ANON) } else { (EVENT_MUNMAP, 0) };
+            // SAFETY: per-CPU scratch record.
+            unsafe {
+                if let Some(rec) = start_record(kind, tgid, tid, mm) {
+                    (*rec).start = addr;
+                    (*rec).len = piece_end - addr;
+                    (*rec).flags = flags;
+                    send(rec, MAP_RECORD_FIXED as u64);
+                }
+            }
+        }
         addr = piece_end;
     }
-    if addr < end {
+    if !done && addr < end {
         count(counter::MAP_VMA_UNREAD);
     }
-}
-
-/// One piece `start..end` of VMA `v` (see [`send_range`]). A subprogram: the path walk is
-/// verified once, not once per loop iteration.
-#[inline(never)]
-fn send_piece(v: &Vma, start: u64, end: u64, drop_other: u64) -> i64 {
-    let exec = v.flags & VM_EXEC != 0;
-    if !exec && drop_other == 0 {
-        return 0;
-    }
-    let cfg = config();
-    let Some((tgid, tid, mm)) = current_selected(&cfg) else { return 0 };
-    // SAFETY: per-CPU scratch record; kernel reads are fault-checked.
-    unsafe {
-        let kind = if exec { EVENT_MMAP } else { EVENT_MUNMAP };
-        let Some(rec) = start_record(kind, tgid, tid, mm) else { return 0 };
-        (*rec).start = start;
-        (*rec).len = end - start;
-        if !exec {
-            send(rec, MAP_RECORD_FIXED as u64);
-        } else if v.file == 0 {
-            (*rec).flags = MAP_ANON;
-            send(rec, MAP_RECORD_FIXED as u64);
-        } else {
-            (*rec).offset = (v.pgoff << 12) + (start - v.start);
-            send_file(&cfg, rec, v.file);
+    if let Some((s, e, offset, file)) = file_piece {
+        // SAFETY: per-CPU scratch record; kernel reads are fault-checked.
+        unsafe {
+            let Some(rec) = start_record(EVENT_MMAP, tgid, tid, mm) else { return };
+            (*rec).start = s;
+            (*rec).len = e - s;
+            (*rec).offset = offset;
+            send_file(&cfg, rec, file);
         }
     }
-    0
 }
 
 /// Sends a removal of `start..start+len`.
