@@ -167,6 +167,18 @@ pub struct PendingMmap {
     pub off: u64,
 }
 
+/// mprotect(2) or mremap(2) arguments kept from syscall entry to exit (map `RANGE_PENDING`,
+/// keyed by tid): the range, for mremap the new length, and whether the range held code at
+/// entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingRange {
+    pub start: u64,
+    pub len: u64,
+    pub new_len: u64,
+    pub was_exec: u64,
+}
+
 pub const MAP_RECORD_FIXED: usize =
     core::mem::size_of::<MapRecord>() - (MAP_PATH_MAX + MAP_NAME_MAX);
 pub const SAMPLE_RECORD_FIXED: usize = core::mem::size_of::<SampleHeader>();
@@ -314,6 +326,14 @@ pub struct Config {
     pub stack_copy_budget: u32,
     /// Nonzero (hidden `--bpf-timing`): the sampler times each sample into `SAMPLER_TIMING`.
     pub bpf_timing: u32,
+    /// `struct vm_area_struct` fields, for mprotect(2) and mremap(2) of code (maptrack.rs).
+    pub vma_start: u32,
+    pub vma_end: u32,
+    pub vma_pgoff: u32,
+    pub vma_file: u32,
+    pub vma_flags: u32,
+    /// Keeps the size a multiple of 8 with no implicit padding (the loader copies it as bytes).
+    pub _pad: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -360,6 +380,12 @@ impl Config {
         unwind_mode: UNWIND_MODE_FP,
         stack_copy_budget: 0,
         bpf_timing: 0,
+        vma_start: 0,
+        vma_end: 0,
+        vma_pgoff: 0,
+        vma_file: 0,
+        vma_flags: 0,
+        _pad: 0,
     };
 }
 
@@ -539,7 +565,11 @@ pub mod counter {
     /// Such a walk on a CPU that used up its copy budget (`Config::stack_copy_budget`): sent
     /// without a copy.
     pub const STACK_COPY_OVER_BUDGET: u32 = 48;
-    pub const COUNT: u32 = 49;
+    /// mprotect(2)/mremap(2) of code whose mappings could not be looked up (`bpf_find_vma`
+    /// failed, e.g. the address space's lock was busy) or sent (more than one file's code, or
+    /// more than 8 mappings, in one range): frames there may show as unmapped.
+    pub const MAP_VMA_UNREAD: u32 = 49;
+    pub const COUNT: u32 = 50;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

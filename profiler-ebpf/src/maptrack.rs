@@ -14,8 +14,13 @@
 //!   mmap(2); the exec tracepoint (main.rs) sends them from the new mm: the executable's code
 //!   range (`start_code..end_code`) and file, and the interpreter's load base (`AT_BASE`).
 //!
-//! Not seen: mprotect adding PROT_EXEC to a mapping and mremap of code (JITs; their frames
-//! are counted as unmapped and kept as addresses).
+//! - mprotect(2) and mremap(2) of code: the syscall's arguments say only a range, so
+//!   `sys_exit_mprotect`/`sys_exit_mremap` look up the mappings now there with `bpf_find_vma`
+//!   (5.17+) and send each executable piece in the range as a mapping (file and offset from
+//!   the VMA), and the pieces no longer executable, or the range mremap moved away from, as
+//!   removals. Entry checks whether the range held code, so the many mprotect/mremap calls
+//!   of ordinary data (malloc) send nothing. Where the helper is missing these programs do
+//!   not load; the rest works without them.
 //!
 //! All run in the task making the change, before it can execute code at the new address, and
 //! write to the same ring buffer as the samples, whose records are ordered by reservation
@@ -24,7 +29,10 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        generated::{bpf_get_current_task, bpf_get_smp_processor_id, bpf_probe_read_kernel_str},
+        generated::{
+            bpf_find_vma, bpf_get_current_task, bpf_get_current_task_btf, bpf_get_smp_processor_id,
+            bpf_probe_read_kernel_str,
+        },
     },
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray},
@@ -33,7 +41,7 @@ use aya_ebpf::{
 use profiler_common::{
     Config, EVENT_MMAP, EVENT_MUNMAP, EventHeader, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
     MAP_NAME_MAX, MAP_PATH_COMPLETE, MAP_PATH_DEPTH, MAP_PATH_MAX, MAP_RECORD_FIXED, MapRecord,
-    PendingMmap, counter,
+    PendingMmap, PendingRange, counter,
 };
 
 use crate::{cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
@@ -55,6 +63,10 @@ static MAP_SCRATCH: PerCpuArray<MapRecord> = PerCpuArray::with_max_entries(1, 0)
 /// Executable mmap(2) calls between entry and exit, by thread.
 #[map]
 static MMAP_PENDING: HashMap<u32, PendingMmap> = HashMap::with_max_entries(8192, 0);
+
+/// mprotect(2)/mremap(2) calls on code between entry and exit, by thread.
+#[map]
+static RANGE_PENDING: HashMap<u32, PendingRange> = HashMap::with_max_entries(8192, 0);
 
 /// The current task's (tgid, tid, mm) when the filters select it.
 #[inline(always)]
@@ -209,6 +221,241 @@ pub fn on_enter_munmap(ctx: TracePointContext) -> u32 {
         (*rec).len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
         send(rec, MAP_RECORD_FIXED as u64, false);
     }
+    0
+}
+
+/// `VM_EXEC` of `vm_area_struct.vm_flags`.
+const VM_EXEC: u64 = 0x4;
+/// VMAs looked at per mprotect/mremap range (a range spanning more is cut there; counted).
+const VMAS_PER_RANGE: u32 = 8;
+const MREMAP_DONTUNMAP: u64 = 4;
+
+/// What `bpf_find_vma`'s callback copies out of the VMA (it is only valid inside it).
+#[repr(C)]
+struct Vma {
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    file: u64,
+    flags: u64,
+}
+
+/// `bpf_find_vma` callback: copies the fields of `vma`. Fault-checked reads at the loader's
+/// offsets (no CO-RE here).
+#[inline(never)]
+extern "C" fn copy_vma(
+    _task: *mut core::ffi::c_void,
+    vma: *mut core::ffi::c_void,
+    ctx: *mut core::ffi::c_void,
+) -> i64 {
+    let cfg = config();
+    let v = vma as u64;
+    let out = ctx.cast::<Vma>();
+    // SAFETY: `ctx` is the caller's `Vma` on its stack; kernel reads are fault-checked.
+    unsafe {
+        (*out).start = read_kernel_u64(v + cfg.vma_start as u64).unwrap_or(0);
+        (*out).end = read_kernel_u64(v + cfg.vma_end as u64).unwrap_or(0);
+        (*out).pgoff = read_kernel_u64(v + cfg.vma_pgoff as u64).unwrap_or(0);
+        (*out).file = read_kernel_u64(v + cfg.vma_file as u64).unwrap_or(0);
+        (*out).flags = read_kernel_u64(v + cfg.vma_flags as u64).unwrap_or(0);
+    }
+    0
+}
+
+/// The current task's VMA holding `addr`, if any (`None` also when the lookup failed).
+#[inline(always)]
+fn find_vma(addr: u64) -> Option<Vma> {
+    let mut v = Vma { start: 0, end: 0, pgoff: 0, file: 0, flags: 0 };
+    // SAFETY: `copy_vma` is a BPF subprogram with the callback signature; its context is `v`
+    // on this stack, which outlives the call.
+    let ret = unsafe {
+        bpf_find_vma(
+            bpf_get_current_task_btf(),
+            addr,
+            copy_vma as *mut core::ffi::c_void,
+            core::ptr::addr_of_mut!(v).cast(),
+            0,
+        )
+    };
+    // -ENOENT: nothing mapped at `addr`; anything else (-EBUSY: the mmap lock was taken) is
+    // a lookup that failed.
+    if ret != 0 && ret != -2 {
+        count(counter::MAP_VMA_UNREAD);
+    }
+    (ret == 0 && v.end > v.start).then_some(v)
+}
+
+/// Whether any VMA in `start..end` is executable now (the first `VMAS_PER_RANGE`).
+#[inline(always)]
+fn range_has_code(start: u64, end: u64) -> bool {
+    let mut addr = start;
+    for _ in 0..VMAS_PER_RANGE {
+        if addr >= end {
+            break;
+        }
+        let Some(v) = find_vma(addr) else { break };
+        if v.flags & VM_EXEC != 0 {
+            return true;
+        }
+        addr = v.end;
+    }
+    false
+}
+
+/// Sends what `start..end` of the current task now holds: each executable VMA piece as a
+/// mapping (file, identity and offset from the VMA), and, with `drop_other`, every other
+/// piece as a removal (code that stopped being code). One file-backed piece per call is sent
+/// with its path: each path walk is verified separately, and a walk per loop iteration is
+/// past the verifier's limit. Further file pieces in one range (rare: adjacent code of one
+/// file is one VMA) are counted in `MAP_VMA_UNREAD`.
+#[inline(always)]
+fn send_range(start: u64, end: u64, drop_other: u64) {
+    let cfg = config();
+    let Some((tgid, tid, mm)) = current_selected(&cfg) else { return };
+    let mut addr = start;
+    let mut file_piece: Option<(u64, u64, u64, u64)> = None;
+    let mut done = false;
+    for _ in 0..VMAS_PER_RANGE {
+        if addr >= end {
+            done = true;
+            break;
+        }
+        let Some(v) = find_vma(addr) else {
+            done = true;
+            break;
+        };
+        let piece_end = if v.end < end { v.end } else { end };
+        let exec = v.flags & VM_EXEC != 0;
+        if exec && v.file != 0 {
+            if file_piece.is_none() {
+                let offset = (v.pgoff << 12) + (addr - v.start);
+                file_piece = Some((addr, piece_end, offset, v.file));
+            } else {
+                count(counter::MAP_VMA_UNREAD);
+            }
+        } else if exec || drop_other != 0 {
+            let (kind, flags) = if exec { (EVENT_MMAP, MAP_ANON) } else { (EVENT_MUNMAP, 0) };
+            // SAFETY: per-CPU scratch record.
+            unsafe {
+                if let Some(rec) = start_record(kind, tgid, tid, mm) {
+                    (*rec).start = addr;
+                    (*rec).len = piece_end - addr;
+                    (*rec).flags = flags;
+                    send(rec, MAP_RECORD_FIXED as u64);
+                }
+            }
+        }
+        addr = piece_end;
+    }
+    if !done && addr < end {
+        count(counter::MAP_VMA_UNREAD);
+    }
+    if let Some((s, e, offset, file)) = file_piece {
+        // SAFETY: per-CPU scratch record; kernel reads are fault-checked.
+        unsafe {
+            let Some(rec) = start_record(EVENT_MMAP, tgid, tid, mm) else { return };
+            (*rec).start = s;
+            (*rec).len = e - s;
+            (*rec).offset = offset;
+            send_file(&cfg, rec, file);
+        }
+    }
+}
+
+/// Sends a removal of `start..start+len`.
+#[inline(always)]
+fn send_unmap(start: u64, len: u64) {
+    let cfg = config();
+    let Some((tgid, tid, mm)) = current_selected(&cfg) else { return };
+    // SAFETY: per-CPU scratch record.
+    unsafe {
+        let Some(rec) = start_record(EVENT_MUNMAP, tgid, tid, mm) else { return };
+        (*rec).start = start;
+        (*rec).len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        send(rec, MAP_RECORD_FIXED as u64);
+    }
+}
+
+/// Keeps `p` for the syscall's exit.
+#[inline(always)]
+fn keep_pending(p: &PendingRange) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if RANGE_PENDING.insert(&tid, p, 0).is_err() {
+        count(counter::MAP_EVENTS_LOST);
+    }
+}
+
+/// The arguments kept at entry of this thread's syscall, and its result.
+#[inline(always)]
+fn take_pending(ctx: &TracePointContext) -> Option<(PendingRange, i64)> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: the value is copied out before the entry is removed.
+    let p = unsafe { RANGE_PENDING.get(&tid) }.copied()?;
+    let _ = RANGE_PENDING.remove(&tid);
+    let ret: i64 = unsafe { ctx.read_at(TP_EXIT_RET) }.unwrap_or(-1);
+    Some((p, ret))
+}
+
+/// `sys_enter_mprotect(start, len, prot)`: kept when it makes code, or changes a range
+/// holding code (which may stop being code).
+#[tracepoint]
+pub fn on_enter_mprotect(ctx: TracePointContext) -> u32 {
+    let arg = |i: usize| unsafe { ctx.read_at::<u64>(TP_ENTER_ARG0 + i * 8) }.unwrap_or(0);
+    let (start, len, prot) = (arg(0), arg(1), arg(2));
+    let cfg = config();
+    if current_selected(&cfg).is_none() {
+        return 0;
+    }
+    let len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    let was_exec = range_has_code(start, start + len);
+    if prot & PROT_EXEC != 0 || was_exec {
+        keep_pending(&PendingRange { start, len, new_len: len, was_exec: was_exec as u64 });
+    }
+    0
+}
+
+/// `sys_exit_mprotect(ret)`: the range's pieces as they are now.
+#[tracepoint]
+pub fn on_exit_mprotect(ctx: TracePointContext) -> u32 {
+    // A failed mprotect may still have changed part of the range: look either way.
+    let Some((p, _)) = take_pending(&ctx) else { return 0 };
+    send_range(p.start, p.start + p.len, p.was_exec);
+    0
+}
+
+/// `sys_enter_mremap(addr, old_len, new_len, flags, new_addr)`: kept when the range holds
+/// code.
+#[tracepoint]
+pub fn on_enter_mremap(ctx: TracePointContext) -> u32 {
+    let arg = |i: usize| unsafe { ctx.read_at::<u64>(TP_ENTER_ARG0 + i * 8) }.unwrap_or(0);
+    let (start, old_len, new_len, flags) = (arg(0), arg(1), arg(2), arg(3));
+    let cfg = config();
+    if current_selected(&cfg).is_none() {
+        return 0;
+    }
+    let old_len = (old_len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    // old_len 0 duplicates a shared mapping, MREMAP_DONTUNMAP leaves the old range mapped
+    // (as empty anonymous memory): the old range is then not removed.
+    let keep_old = old_len == 0 || flags & MREMAP_DONTUNMAP != 0;
+    if range_has_code(start, start + if old_len == 0 { PAGE_SIZE } else { old_len }) {
+        let len = if keep_old { 0 } else { old_len };
+        keep_pending(&PendingRange { start, len, new_len, was_exec: 1 });
+    }
+    0
+}
+
+/// `sys_exit_mremap(ret)`: the new address, or `-errno` (then nothing moved).
+#[tracepoint]
+pub fn on_exit_mremap(ctx: TracePointContext) -> u32 {
+    let Some((p, ret)) = take_pending(&ctx) else { return 0 };
+    if ret < 0 {
+        return 0;
+    }
+    if p.len != 0 {
+        send_unmap(p.start, p.len);
+    }
+    let new_len = (p.new_len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    send_range(ret as u64, ret as u64 + new_len, 0);
     0
 }
 

@@ -286,3 +286,83 @@ fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
         stacks.len()
     );
 }
+
+/// Builds `codemap_hot.c.in` as a shared object in `dir`; returns it with `codemap_hot`'s
+/// link-time address and size (from `nm`).
+fn codemap_lib(dir: &std::path::Path) -> (std::path::PathBuf, u64, u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let lib = dir.join("libcodemap.so");
+    let st = Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-shared", "-fPIC", "-x", "c", "-o"])
+        .arg(&lib)
+        .arg(fixtures::source_dir().join("codemap_hot.c.in"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "building {}", lib.display());
+    let nm = run(Command::new("nm").args(["-S", "--defined-only"]).arg(&lib));
+    let line = nm.lines().find(|l| l.ends_with(" codemap_hot")).expect("codemap_hot in nm");
+    let f: Vec<u64> =
+        line.split_whitespace().take(2).map(|x| u64::from_str_radix(x, 16).unwrap()).collect();
+    (lib, f[0], f[1])
+}
+
+/// Code made executable by mprotect (a file mapped PROT_READ, anonymous memory written then
+/// made RX as a JIT does) and moved by mremap is named from what is there now; the range a
+/// mapping moved away from no longer names its file.
+#[test]
+fn maptrack_mprotect_and_mremap_of_code_are_followed() {
+    let (lib, vaddr, size) = codemap_lib(&output_path("codemap", "d"));
+    let exe = fixtures::build("codemap").unwrap();
+    let mut pid = 0;
+    let (profile, out, stderr) = record_all("codemap", || {
+        let child = Command::new(&exe)
+            .arg(&lib)
+            .args([format!("{vaddr:#x}"), size.to_string(), "400".into()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        pid = u64::from(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "codemap failed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    assert!(!stderr.contains("mprotect/mremap of code is not tracked"), "{stderr}");
+    let addr = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)).unwrap().to_owned();
+    assert_ne!(addr("old "), addr("new "), "mremap did not move the mapping");
+    let t = threads(&profile).into_iter().find(|t| t.pid == pid).expect("codemap thread");
+    let stacks = sample_stacks(t.thread);
+    // Stacks are root first; the leaf is the innermost user frame.
+    let leaf = |st: &Vec<String>| {
+        st.iter().rev().find(|f| module_name(f) != Some("[kernel.kallsyms]")).cloned()
+    };
+    let phase = |name: &str| -> Vec<&Vec<String>> {
+        stacks.iter().filter(|st| st.iter().any(|f| f.starts_with(name))).collect()
+    };
+    let hot_in_lib =
+        |f: &String| f.starts_with("codemap_hot") && module_name(f) == Some("libcodemap.so");
+    let report = |name: &str, ok: usize, all: &[&Vec<String>]| {
+        eprintln!("{name}: {ok} of {} samples as expected, e.g. {:?}", all.len(), all.first());
+    };
+    for name in ["phase_mprotect", "phase_moved"] {
+        let all = phase(name);
+        let named = all.iter().filter(|st| leaf(st).is_some_and(|f| hot_in_lib(&f))).count();
+        report(name, named, &all);
+        // ~400 samples at the default rate, nearly all in codemap_hot (the rest in the clock
+        // read between calls).
+        assert!(all.len() >= 100, "{name}: {} samples", all.len());
+        assert!(named as f64 >= 0.9 * all.len() as f64, "{name}: {named} of {}", all.len());
+    }
+    let jit = phase("phase_jit");
+    let anon =
+        jit.iter().filter(|st| leaf(st).is_some_and(|f| module_name(&f) == Some("[anon]"))).count();
+    report("phase_jit", anon, &jit);
+    assert!(jit.len() >= 100, "phase_jit: {} samples", jit.len());
+    assert!(anon as f64 >= 0.9 * jit.len() as f64, "phase_jit: {anon} of {} in [anon]", jit.len());
+    // The copy at the old address is where libcodemap.so's codemap_hot was, byte for byte: a
+    // stale mapping would name it so.
+    let stale = phase("phase_stale");
+    let wrong = stale.iter().filter(|st| st.iter().any(hot_in_lib)).count();
+    report("phase_stale (named from the old mapping)", wrong, &stale);
+    assert!(stale.len() >= 100, "phase_stale: {} samples", stale.len());
+    assert_eq!(wrong, 0, "frames at the range mremap moved away from named from the old file");
+}

@@ -380,3 +380,86 @@ fn sigterm_during_startup_leaves_an_openable_profile_or_nothing() {
         }
     }
 }
+
+/// The libraries a process's frames name are its `libs`, each with the identifiers symbol
+/// servers use: `codeId` the file's GNU build-id as `readelf -n` prints it, `breakpadId` the
+/// Breakpad form of it (first 16 bytes as a little-endian GUID, then age 0). The profile still
+/// imports with the Firefox Profiler's own importer.
+#[test]
+fn gecko_libs_carry_build_ids() {
+    // Our own libc, which dd (from the same system) maps too.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let libc_path = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc.so.6"))
+        .expect("libc.so.6 in our own maps")
+        .to_owned();
+    let notes = Command::new("readelf").args(["-n", &libc_path]).output().expect("readelf");
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let build_id =
+        notes.lines().find_map(|l| l.trim().strip_prefix("Build ID: ")).expect("libc build-id");
+    // Breakpad's GUID form, spelled out here from the build-id bytes.
+    let b: Vec<&str> = (0..16).map(|i| &build_id[2 * i..2 * i + 2]).collect();
+    let swapped = [b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6]];
+    let want_breakpad = format!("{}{}0", swapped.concat(), b[8..].concat()).to_uppercase();
+
+    let out = output_path("gecko_libs", "json");
+    // Syscall wrappers in libc are the innermost user frame of nearly every dd sample.
+    let args = ["if=/dev/zero", "of=/dev/null", "bs=4k", "count=400000"];
+    let done = run(&[&["-o", out.to_str().unwrap(), "--", "dd"][..], &args[..]].concat()).unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    let profile = tests::gecko_schema::load(&out).expect("the Firefox Profiler imports it");
+    valid(&profile);
+    let procs = profile["processes"].as_array().unwrap();
+    let libs: Vec<&Value> = procs.iter().flat_map(|p| p["libs"].as_array().unwrap()).collect();
+    let libc: Vec<&&Value> = libs.iter().filter(|l| l["name"] == "libc.so.6").collect();
+    assert!(!libc.is_empty(), "no libc.so.6 in any process's libs: {libs:#?}");
+    for l in libc {
+        assert_eq!(l["codeId"], build_id, "{l}");
+        assert_eq!(l["breakpadId"], want_breakpad.as_str(), "{l}");
+        assert_eq!(l["debugName"], "libc.so.6");
+    }
+    // Files only: the kernel's frames are no library.
+    assert!(!libs.iter().any(|l| l["name"] == "[kernel.kallsyms]"), "{libs:#?}");
+}
+
+/// A process that starts and ends thousands of threads over a long recording does not grow
+/// the thread table without bound: exited threads nothing stored refers to are forgotten a
+/// second after their exit (the summary says how many, and the most held at once), while the
+/// threads that were sampled are in the profile with their names.
+#[test]
+fn exited_threads_of_a_live_process_are_forgotten() {
+    let exe = fixtures::build("threadchurn").unwrap();
+    let out = output_path("threadchurn", "json");
+    let n = 5000u64;
+    let done =
+        run(&["-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), &n.to_string(), "5", "2"])
+            .unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(done.stdout.contains(&format!("short {n}")), "{}", done.stdout);
+    let number_before = |s: &str, key: &str| -> u64 {
+        let head = s.split(key).next().unwrap();
+        head.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    let line = done
+        .stderr
+        .lines()
+        .find(|l| l.contains("tables kept bounded"))
+        .unwrap_or_else(|| panic!("no tables line in the summary:\n{}", done.stderr));
+    let forgotten = number_before(line, " exited threads forgotten");
+    let peak = number_before(line, " threads held at once");
+    eprintln!("{line}");
+    // A thousand threads a second, each kept a second after its exit (plus the few sampled,
+    // whose samples are stored): well under half of them at once.
+    assert!(forgotten >= n * 3 / 4, "{forgotten} of {n} short threads forgotten");
+    assert!(peak < n / 2, "{peak} threads held at once for {n} started");
+    let profile = tests::gecko_schema::load(&out).expect("profile");
+    valid(&profile);
+    let ts = threads(&profile);
+    for name in ["busy-0", "busy-1"] {
+        let t = ts.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no thread {name}"));
+        let n = count_samples_with_path(t.thread, &["busy_loop"]);
+        assert!(n >= 200, "{name}: {n} samples in busy_loop");
+    }
+}

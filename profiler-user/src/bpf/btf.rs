@@ -56,6 +56,12 @@ fn fill_maptrack_offsets(btf: &Btf, c: &mut Config) -> Result<()> {
     c.files_fdt = offset_of(btf, "files_struct", &["fdt"])?;
     c.fdtable_fd = offset_of(btf, "fdtable", &["fd"])?;
     c.fdtable_max_fds = offset_of(btf, "fdtable", &["max_fds"])?;
+    c.vma_start = offset_of(btf, "vm_area_struct", &["vm_start"])?;
+    c.vma_end = offset_of(btf, "vm_area_struct", &["vm_end"])?;
+    c.vma_pgoff = offset_of(btf, "vm_area_struct", &["vm_pgoff"])?;
+    c.vma_file = offset_of(btf, "vm_area_struct", &["vm_file"])?;
+    // A union of `vm_flags` and `__vm_flags` since 6.3; the plain field before.
+    c.vma_flags = offset_of(btf, "vm_area_struct", &["vm_flags"])?;
     Ok(())
 }
 
@@ -126,6 +132,7 @@ mod tests {
         assert!(c.task_pid > 0 && c.task_tgid == c.task_pid + 4, "pid and tgid are adjacent");
         assert!(c.mm_arg_end == c.mm_arg_start + 8);
         assert!(c.mm_end_code == c.mm_start_code + 8 && c.file_inode > 0 && c.mount_parent > 0);
+        assert!(c.vma_end == c.vma_start + 8 && c.vma_file > c.vma_pgoff && c.vma_flags > 0);
     }
 
     #[test]

@@ -193,6 +193,11 @@ pub const COUNTERS: &[CounterDef] = &[
         "stack_copy_over_budget",
         "Walks stopped for want of a table not copied: the CPU's copy budget was used up",
     ),
+    def(
+        counter::MAP_VMA_UNREAD,
+        "map_vma_unread",
+        "mprotect/mremap of code whose mappings the kernel could not look up",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

@@ -36,6 +36,9 @@ pub struct BpfObject {
     perf_links: Vec<PerfEventLinkId>,
     tp_links: Vec<(&'static str, RawTracePointLinkId)>,
     map_links: Vec<(&'static str, TracePointLinkId)>,
+    /// Why mprotect(2)/mremap(2) of code is not tracked (their programs need `bpf_find_vma`,
+    /// Linux 5.17+), if it is not: code made executable that way shows as unmapped.
+    pub code_changes_untracked: Option<String>,
 }
 
 impl BpfObject {
@@ -59,7 +62,14 @@ impl BpfObject {
             .map_max_entries("UNWIND_ROWS", unwind_rows.max(1))
             .load(BPF_OBJECT)
             .context("load BPF programs")?;
-        Ok(Self { ebpf, cpus, perf_links: Vec::new(), tp_links: Vec::new(), map_links: Vec::new() })
+        Ok(Self {
+            ebpf,
+            cpus,
+            perf_links: Vec::new(),
+            tp_links: Vec::new(),
+            map_links: Vec::new(),
+            code_changes_untracked: None,
+        })
     }
 
     /// Selects processes for the `-p` / `-- CMD` filter; call before `attach`.
@@ -130,6 +140,35 @@ impl BpfObject {
                 p.attach("syscalls", tp).with_context(|| format!("attach {prog} to {tp}"))?;
             self.map_links.push((prog, link));
         }
+        let mut code_changes = Vec::new();
+        for (prog, tp) in [
+            ("on_enter_mprotect", "sys_enter_mprotect"),
+            ("on_exit_mprotect", "sys_exit_mprotect"),
+            ("on_enter_mremap", "sys_enter_mremap"),
+            ("on_exit_mremap", "sys_exit_mremap"),
+        ] {
+            let attached = (|| -> Result<TracePointLinkId> {
+                let p: &mut TracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
+                p.load().with_context(|| format!("load {prog}"))?;
+                p.attach("syscalls", tp).with_context(|| format!("attach {prog} to {tp}"))
+            })();
+            match attached {
+                Ok(link) => code_changes.push((prog, link)),
+                Err(e) => {
+                    // Without the exit half, an entry would only fill RANGE_PENDING.
+                    for (prog, link) in code_changes.drain(..) {
+                        if let Some(Ok(p)) =
+                            self.ebpf.program_mut(prog).map(<&mut TracePoint>::try_from)
+                        {
+                            let _ = p.detach(link);
+                        }
+                    }
+                    self.code_changes_untracked = Some(format!("{e:#}"));
+                    break;
+                }
+            }
+        }
+        self.map_links.extend(code_changes);
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use crate::{
     },
     model::{
         address::FrameAddr,
-        ids::{CgroupId, LabelId, Pid, ThreadKey},
+        ids::{CgroupId, LabelId, Pid, ThreadKey, Tid},
         time::MonoNs,
     },
     store::{SampleSink, codec::StoredSample},
@@ -58,6 +58,11 @@ pub struct CollectorStats {
     pub forgotten_processes: u64,
     /// Modules released: no known process maps them and no stored stack names them.
     pub released_modules: u64,
+    /// Exited threads of live processes dropped from the thread table the same way.
+    pub forgotten_threads: u64,
+    /// Most threads the process table held at once (counted every
+    /// `THREAD_CENSUS_INTERVAL_NS`, and at the end).
+    pub peak_threads: u64,
 }
 
 pub struct Collector<S> {
@@ -74,11 +79,15 @@ pub struct Collector<S> {
     /// Processes forgotten since the module table was last swept, and when that was.
     forgotten_since_sweep: u64,
     last_sweep: MonoNs,
+    /// When `stats.peak_threads` was last updated.
+    last_thread_census: MonoNs,
 }
 
 /// How long an exited process without stored events is kept: samples taken on other CPUs
 /// before its exit may still be in the ring buffer behind the exit record.
 pub const EXIT_GRACE_NS: u64 = 1_000_000_000;
+/// How often the threads held are counted for `CollectorStats::peak_threads`.
+pub const THREAD_CENSUS_INTERVAL_NS: u64 = 100_000_000;
 /// Sweeps of the module table (a pass over the stored stacks) are at least this far apart.
 pub const MODULE_SWEEP_INTERVAL_NS: u64 = 10_000_000_000;
 
@@ -95,7 +104,15 @@ impl<S: SampleSink> Collector<S> {
             frames: Vec::with_capacity(256),
             forgotten_since_sweep: 0,
             last_sweep: MonoNs(0),
+            last_thread_census: MonoNs(0),
         }
+    }
+
+    /// The stats, with `peak_threads` covering the threads held now.
+    pub fn stats_now(&self) -> CollectorStats {
+        let mut s = self.stats;
+        s.peak_threads = s.peak_threads.max(self.processes.thread_count() as u64);
+        s
     }
 
     /// Handles one raw ring-buffer record; a record that does not decode is counted.
@@ -230,6 +247,10 @@ impl<S: SampleSink> Collector<S> {
         if !released.is_empty() {
             self.forget(&released);
         }
+        let released = self.store.take_released_threads();
+        if !released.is_empty() {
+            self.forget_threads(released);
+        }
         self.prune(s.time);
     }
 
@@ -237,6 +258,13 @@ impl<S: SampleSink> Collector<S> {
         let n = self.processes.forget_exited(pids) as u64;
         self.stats.forgotten_processes += n;
         self.forgotten_since_sweep += n;
+    }
+
+    fn forget_threads(&mut self, threads: impl IntoIterator<Item = (Pid, Tid)>) {
+        for (pid, tid) in threads {
+            self.stats.forgotten_threads +=
+                u64::from(self.processes.forget_exited_thread(pid, tid));
+        }
     }
 
     /// Keeps the process and module tables bounded on a host where processes come and go:
@@ -251,6 +279,25 @@ impl<S: SampleSink> Collector<S> {
             if !self.store.holds_pid(pid) {
                 self.forget(&[pid]);
             }
+        }
+        // A pass over the processes: a few times a second, not per event.
+        if now.0 >= self.last_thread_census.0.saturating_add(THREAD_CENSUS_INTERVAL_NS) {
+            let held = self.processes.thread_count() as u64;
+            self.stats.peak_threads = self.stats.peak_threads.max(held);
+            self.last_thread_census = now;
+        }
+        let mut gone = Vec::new();
+        while let Some(&(exit, pid, tid)) = self.processes.pending_thread_exits.front() {
+            if now.0 < exit.0.saturating_add(EXIT_GRACE_NS) {
+                break;
+            }
+            self.processes.pending_thread_exits.pop_front();
+            if !self.store.holds_thread(pid, tid) {
+                gone.push((pid, tid));
+            }
+        }
+        if !gone.is_empty() {
+            self.forget_threads(gone);
         }
         if self.forgotten_since_sweep > 0
             && now.0 >= self.last_sweep.0.saturating_add(MODULE_SWEEP_INTERVAL_NS)
@@ -374,6 +421,9 @@ impl<S: SampleSink> Collector<S> {
                 p.meta.threads.entry(t.tid).or_default().end = Some(t.time);
                 p.thread_exited(t.tid);
                 self.outbox.thread_exited(t.tid);
+                if t.pid.0 != t.tid.0 {
+                    self.processes.pending_thread_exits.push_back((t.time, t.pid, t.tid));
+                }
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
                     p.meta.end = Some(t.time);
@@ -538,5 +588,62 @@ mod tests {
         // The last processes (within the grace period) are still known, with their argv.
         let last = c.processes.get(Pid(PID_BASE + n - 1)).expect("last process kept");
         assert_eq!(last.meta.argv, ["short"]);
+    }
+
+    /// One process starts and ends 5,000 threads over 5 s, every 50th sampled: threads
+    /// nothing stored refers to are forgotten a second after their exit, the sampled ones
+    /// stay while their samples do, and the main thread stays.
+    #[test]
+    fn exited_threads_of_a_live_process_are_forgotten() {
+        let store = ChunkedStore::new(8 << 20);
+        let mut c = Collector::new(store);
+        c.initial_scan_done();
+        let pid = PID_BASE;
+        let exec = TaskKind::Exec { argv: vec!["churn".into()], truncated: false, mm: 1, vdso: 0 };
+        c.handle(task(MonoNs(1_000_000_000), pid, exec));
+        let n = 5000u32;
+        let mut peak = 0;
+        for i in 1..=n {
+            let time = MonoNs(1_000_000_000 + u64::from(i) * 1_000_000);
+            let tid = Tid(pid + i);
+            let ev = |kind| {
+                KernelEvent::Task(TaskEvent { time, pid: Pid(pid), tid, comm: "t".into(), kind })
+            };
+            let fork = TaskKind::Fork { parent_pid: Pid(pid), parent_tid: Tid(pid), mm: 1 };
+            c.handle(ev(fork));
+            if i % 50 == 0 {
+                c.handle(KernelEvent::Sample(Sample {
+                    time,
+                    cpu: 0,
+                    pid: Pid(pid),
+                    tid,
+                    cgroup_id: 0,
+                    cpu_time_ns: 1000,
+                    comm: "sampled".into(),
+                    flags: 0,
+                    kernel_stack: vec![0xffff_ffff_8100_0000],
+                    user_stack: Vec::new(),
+                    labels: Vec::new(),
+                    off_cpu: None,
+                }));
+            }
+            c.handle(ev(TaskKind::Exit));
+            peak = peak.max(c.processes.thread_count());
+        }
+        let threads = &c.processes.get(Pid(pid)).unwrap().meta.threads;
+        let sampled = threads.values().filter(|t| t.name == "sampled").count();
+        eprintln!(
+            "{n} threads: peak {peak} held, {} forgotten, {} held at the end ({sampled} sampled)",
+            c.stats.forgotten_threads,
+            threads.len()
+        );
+        // A thousand a second, kept a second each, plus the 100 sampled.
+        assert!(peak < 1200, "peak {peak} threads");
+        // Counted ten times a second: at most the peak seen here, and near it.
+        let counted = c.stats_now().peak_threads;
+        assert!(counted <= peak as u64 && counted * 10 >= peak as u64 * 9, "{counted} of {peak}");
+        assert!(c.stats.forgotten_threads >= u64::from(n) * 3 / 4);
+        assert_eq!(sampled, (n / 50) as usize, "sampled threads are kept with their names");
+        assert!(threads.contains_key(&Tid(pid)), "the main thread stays");
     }
 }

@@ -86,6 +86,8 @@ pub struct ProcessTable {
     /// Processes that exited, by exit time: forgotten a grace period later unless stored
     /// events refer to them (those are forgotten when the last such event is recycled).
     pub pending_exits: VecDeque<(MonoNs, Pid)>,
+    /// Threads (not main threads) that exited, by exit time: forgotten like processes.
+    pub pending_thread_exits: VecDeque<(MonoNs, Pid, Tid)>,
 }
 
 impl ProcessTable {
@@ -142,6 +144,26 @@ impl ProcessTable {
             out.extend(p.space.modules());
             out.extend(p.exe_module);
         }
+    }
+
+    /// Threads known, over all processes (a pass over the processes).
+    pub fn thread_count(&self) -> usize {
+        self.processes.values().map(|p| p.meta.threads.len()).sum()
+    }
+
+    /// Forgets thread `tid` of `pid` if it has exited (no stored event refers to it any
+    /// more). A main thread goes with its process.
+    pub fn forget_exited_thread(&mut self, pid: Pid, tid: Tid) -> bool {
+        if pid.0 == tid.0 {
+            return false;
+        }
+        let Some(p) = self.processes.get_mut(&pid) else { return false };
+        // Not a reused tid that runs again (its entry has no end then).
+        if p.meta.threads.get(&tid).is_some_and(|t| t.end.is_some()) {
+            p.meta.threads.remove(&tid);
+            return true;
+        }
+        false
     }
 
     /// Forgets processes that have exited, among `pids` (whose stored events are all gone).

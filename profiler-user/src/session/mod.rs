@@ -206,6 +206,12 @@ impl<'p> Recorder<'p> {
         let ring = bpf.take_ring()?;
         let (start, start_wall_ms) = clock_pair();
         bpf.attach(plan.frequency)?;
+        if let Some(why) = &bpf.code_changes_untracked {
+            msgs.warn(format_args!(
+                "mprotect/mremap of code is not tracked ({why}): code made executable that way \
+                 shows as unmapped addresses"
+            ));
+        }
         // With --all, every process that exists now has its /proc/PID/maps read once, here;
         // processes started from now on are known from the kernel's records (attached above).
         if plan.target == Target::All {
@@ -508,7 +514,7 @@ impl<'p> Recorder<'p> {
     }
 
     pub fn collector_stats(&self) -> crate::collect::collector::CollectorStats {
-        self.collector.stats
+        self.collector.stats_now()
     }
 
     /// Stops sampling and drains what is left (an agent's end; its last window follows).
@@ -558,7 +564,7 @@ impl<'p> Recorder<'p> {
         let marker_schemas = usdt::markers::schemas(&usdt_report.registry);
         let store_stats = self.collector.store.stats;
         let buffer_bytes = self.collector.store.buffer().limit_bytes();
-        let collector_stats = self.collector.stats;
+        let collector_stats = self.collector.stats_now();
         let copies_summary = self.collector.copies.render(&counters);
         let duration_s = end.secs_since(info.start);
         let empty_note = format!(
@@ -610,6 +616,7 @@ impl<'p> Recorder<'p> {
             ("on_enter_mmap", "mmap entry hook"),
             ("on_exit_mmap", "mmap exit hook"),
             ("on_enter_munmap", "munmap hook"),
+            ("on_exit_mprotect", "mprotect exit hook"),
         ] {
             if let Some((runs, time)) = self.bpf.run_stats(prog) {
                 let verified = self.bpf.verified_insns(prog).unwrap_or(0);

@@ -21,7 +21,7 @@ pub mod snapshot;
 use crate::{
     model::{
         address::FrameAddr,
-        ids::{ModuleId, Pid, StackId, StringId, ThreadKey},
+        ids::{ModuleId, Pid, StackId, StringId, ThreadKey, Tid},
     },
     store::{
         chunks::{ChunkedBuffer, PushError, RecycledChunk},
@@ -65,6 +65,10 @@ pub trait SampleSink {
     fn take_released_pids(&mut self) -> Vec<Pid>;
     /// Whether a stored event refers to `pid`.
     fn holds_pid(&self, pid: Pid) -> bool;
+    /// Threads no stored event refers to any more (their last events were recycled).
+    fn take_released_threads(&mut self) -> Vec<(Pid, Tid)>;
+    /// Whether a stored event refers to thread `tid` of `pid`.
+    fn holds_thread(&self, pid: Pid, tid: Tid) -> bool;
     /// Adds the modules stored stacks refer to.
     fn referenced_modules(&self, out: &mut HashSet<ModuleId>);
 }
@@ -94,6 +98,9 @@ pub struct ChunkedStore {
     /// Last chunk holding an event of each process.
     pid_last_chunk: HashMap<Pid, u64>,
     released: Vec<Pid>,
+    /// The same for each thread (a long-lived process starts and ends many).
+    thread_last_chunk: HashMap<(Pid, Tid), u64>,
+    released_threads: Vec<(Pid, Tid)>,
     table_budget: usize,
     scratch: Vec<u8>,
     /// How long chunks an agent's windows have read are kept (its flight recorder); None:
@@ -124,6 +131,8 @@ impl ChunkedStore {
             strings: PrunableInterner::default(),
             pid_last_chunk: HashMap::new(),
             released: Vec::new(),
+            thread_last_chunk: HashMap::new(),
+            released_threads: Vec::new(),
             table_budget,
             scratch: Vec::with_capacity(256),
             retain_ns: None,
@@ -243,8 +252,10 @@ impl ChunkedStore {
                 return;
             }
         }
-        if let Some(pid) = ev.thread().pid() {
-            self.pid_last_chunk.insert(pid, self.generation());
+        if let ThreadKey::Task { pid, tid } = ev.thread() {
+            let g = self.generation();
+            self.pid_last_chunk.insert(pid, g);
+            self.thread_last_chunk.insert((pid, tid), g);
         }
         while self.table_bytes() > self.table_budget {
             match self.buffer.recycle_oldest() {
@@ -303,6 +314,13 @@ impl ChunkedStore {
             }
             live
         });
+        self.thread_last_chunk.retain(|key, last| {
+            let live = *last > r.seq;
+            if !live {
+                self.released_threads.push(*key);
+            }
+            live
+        });
     }
 }
 
@@ -356,6 +374,14 @@ impl SampleSink for ChunkedStore {
 
     fn holds_pid(&self, pid: Pid) -> bool {
         self.pid_last_chunk.contains_key(&pid)
+    }
+
+    fn take_released_threads(&mut self) -> Vec<(Pid, Tid)> {
+        std::mem::take(&mut self.released_threads)
+    }
+
+    fn holds_thread(&self, pid: Pid, tid: Tid) -> bool {
+        self.thread_last_chunk.contains_key(&(pid, tid))
     }
 
     fn referenced_modules(&self, out: &mut HashSet<ModuleId>) {

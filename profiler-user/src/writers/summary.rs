@@ -174,12 +174,19 @@ pub fn render(i: &SummaryInput) -> String {
         i.stats.maps_reads,
         i.stats.maps_reads_late
     );
-    if i.stats.forgotten_processes > 0 || i.stats.released_modules > 0 {
+    if i.stats.forgotten_processes > 0
+        || i.stats.released_modules > 0
+        || i.stats.forgotten_threads > 0
+    {
         let _ = writeln!(
             s,
-            "  tables kept bounded: {} exited processes forgotten (nothing stored referred to \
-             them any more), {} files no longer mapped or referred to released",
-            i.stats.forgotten_processes, i.stats.released_modules
+            "  tables kept bounded: {} exited processes and {} exited threads forgotten (nothing \
+             stored referred to them any more; at most {} threads held at once), {} files no \
+             longer mapped or referred to released",
+            i.stats.forgotten_processes,
+            i.stats.forgotten_threads,
+            i.stats.peak_threads,
+            i.stats.released_modules
         );
     }
     let walked: u64 =

@@ -440,7 +440,9 @@ fn write_process<W: Write>(
     });
     w.write_all(b"{\"meta\":")?;
     serde_json::to_writer(&mut *w, &sub_meta)?;
-    w.write_all(b",\"libs\":[],\"threads\":[")?;
+    w.write_all(b",\"libs\":")?;
+    serde_json::to_writer(&mut *w, &process_libs(tree, &p))?;
+    w.write_all(b",\"threads\":[")?;
     p.threads.sort_by_key(|t| (!t.is_main, t.tid));
     for (i, t) in p.threads.into_iter().enumerate() {
         if i > 0 {
@@ -451,6 +453,27 @@ fn write_process<W: Write>(
     w.write_all(b"],\"processes\":[],\"pages\":[],\"pausedRanges\":[],\"sources\":")?;
     serde_json::to_writer(&mut *w, &sources())?;
     w.write_all(b"}")
+}
+
+/// The files `p`'s native user frames are in, by name, with their build-ids where known
+/// (pseudo-modules such as `[unknown]` and `[anon]` only with one, i.e. the vDSO).
+fn process_libs(tree: &SymbolizedStacks, p: &GeckoProcess) -> Vec<Value> {
+    let mut names = std::collections::BTreeSet::new();
+    for t in &p.threads {
+        for &(_, fi, _) in &t.tables.frames {
+            let f = &tree.frames[fi.0 as usize];
+            if f.kind == FrameKind::User {
+                names.insert(f.module.as_str());
+            }
+        }
+    }
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let id = tree.module_build_ids.get(name).map(String::as_str);
+            (id.is_some() || !name.starts_with('[')).then(|| super::libs::lib_entry(name, id))
+        })
+        .collect()
 }
 
 fn schema_json(cols: &[&str]) -> Value {
