@@ -341,7 +341,7 @@ fn send_range(start: u64, end: u64, drop_other: u64) {
                     (*rec).start = addr;
                     (*rec).len = piece_end - addr;
                     (*rec).flags = flags;
-                    send(rec, MAP_RECORD_FIXED as u64);
+                    send(rec, MAP_RECORD_FIXED as u64, false);
                 }
             }
         }
@@ -372,7 +372,7 @@ fn send_unmap(start: u64, len: u64) {
         let Some(rec) = start_record(EVENT_MUNMAP, tgid, tid, mm) else { return };
         (*rec).start = start;
         (*rec).len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
-        send(rec, MAP_RECORD_FIXED as u64);
+        send(rec, MAP_RECORD_FIXED as u64, false);
     }
 }
 

@@ -154,6 +154,9 @@ fn main() {
                     "[off-CPU: stack not captured]".to_owned(),
                     "rsprof-bpf".to_owned(),
                 ),
+                FrameAddr::Truncated { end, .. } => {
+                    (FrameKind::User, format!("[truncated: {end:?}]"), "rsprof-bpf".to_owned())
+                }
             };
             (
                 a,
@@ -197,7 +200,7 @@ fn main() {
         Format::Gecko,
         &snap,
         &procs,
-        &symbols,
+        (&symbols, &Default::default()),
         &info,
         &[],
         &[],

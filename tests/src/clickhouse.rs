@@ -147,10 +147,10 @@ impl Server {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok((200, body)) = self.http("GET", "/ping", "") {
-                if body.starts_with("Ok.") {
-                    return Ok(());
-                }
+            if let Ok((200, body)) = self.http("GET", "/ping", "")
+                && body.starts_with("Ok.")
+            {
+                return Ok(());
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 bail!("clickhouse-server exited ({status}) at start:\n{}", self.log());

@@ -176,7 +176,7 @@ mod tests {
         // a shared database in two.
         assert_eq!(stack_hash(&stack), 0xd258_75d1_119f_8e6c);
         assert_ne!(stack_hash(&stack), stack_hash(&[main.clone(), hot.clone(), inl.clone()]));
-        assert_ne!(stack_hash(&[main.clone()]), stack_hash(&[inl.clone()]));
+        assert_ne!(stack_hash(std::slice::from_ref(&main)), stack_hash(std::slice::from_ref(&inl)));
         let n = nodes(&stack);
         assert_eq!(n.len(), 2);
         assert_eq!(n[0].len(), 2);

@@ -17,7 +17,7 @@ use aya::{
     util::online_cpus,
 };
 use profiler_common::{
-    CgroupFilter, Config, TIMING_BUCKETS, TIMING_ENTRIES, UnwindProcess, UnwindRow, UsdtSpec,
+    CgroupFilter, Config, TIMING_BUCKETS, TIMING_ENTRIES, UnwindProcess, UsdtSpec,
     timing_bucket_low,
 };
 

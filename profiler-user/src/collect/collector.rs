@@ -625,6 +625,7 @@ mod tests {
                     user_stack: Vec::new(),
                     labels: Vec::new(),
                     off_cpu: None,
+                    stack_copy: None,
                 }));
             }
             c.handle(ev(TaskKind::Exit));

@@ -24,8 +24,8 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    Load, Reaper, SinkKind, TICK, bpf_programs, clickhouse_bytes, cpu_seconds,
-    delivery_stats, mib, rss_kib, start_agent, stop_agent, tempfile_dir,
+    Load, Reaper, SinkKind, TICK, bpf_programs, clickhouse_bytes, cpu_seconds, delivery_stats, mib,
+    rss_kib, start_agent, stop_agent, tempfile_dir,
 };
 use crate::{bench::online_cpus, display};
 

@@ -13,7 +13,7 @@ pub fn elf_ids(hex: &str) -> Option<(String, String)> {
     let bytes: Vec<u8> = (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
         .collect::<Option<_>>()?;
-    if bytes.is_empty() || hex.len() % 2 != 0 {
+    if bytes.is_empty() || !hex.len().is_multiple_of(2) {
         return None;
     }
     let mut guid = [0u8; 16];
