@@ -231,8 +231,8 @@ pub struct OffCpuRecord {
 /// `off_cpu_min_ns` (it carries the sum: one stack per `off_cpu_min_ns` off-CPU, as CPU
 /// sampling takes one per interval). So the walk is taken when the thread is new, its last
 /// block was long (long blocks come in runs), the last block at this blocking site (the user
-/// address the syscall returns to) was long, or the sum is within the recent short
-/// blocks' length of the threshold. A long block that was not walked is sent with no stack
+/// address the syscall returns to) was long, the thread has not blocked at this site
+/// recently, or the sum is within the recent short blocks' length of the threshold. A long block that was not walked is sent with no stack
 /// and `OFF_CPU_STACK_NOT_CAPTURED` (never another block's stack), and its site is remembered.
 /// A sum that reached the threshold in a block that was not walked stays pending: the next
 /// block is walked and carries it.
@@ -248,9 +248,16 @@ pub struct OffCpuTrack {
     pub next_long_site: u32,
     /// `TRACK_*`.
     pub flags: u32,
+    /// Sites the thread blocked at recently (0: free), replaced round-robin: a block at a site
+    /// not among them is walked, so a thread's first long block somewhere new (a reader's
+    /// first `read` after a short lock wait) is not sent without its stack.
+    pub seen_sites: [u64; OFF_CPU_SEEN_SITES],
+    pub next_seen_site: u32,
+    pub _pad: u32,
 }
 
 pub const OFF_CPU_LONG_SITES: usize = 4;
+pub const OFF_CPU_SEEN_SITES: usize = 8;
 /// [`OffCpuTrack::flags`]: the current block's stacks were walked.
 pub const TRACK_WALKED: u32 = 1 << 0;
 /// The thread's last ended block was long.

@@ -30,8 +30,9 @@ use aya_ebpf::{
 };
 use profiler_common::{
     Config, EVENT_OFF_CPU, MAX_STACK_DEPTH, OFF_CPU_LONG_SITES, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
-    OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR,
-    SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK, TRACK_WALKED, counter,
+    OFF_CPU_SEEN_SITES, OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuRecord,
+    SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK,
+    TRACK_WALKED, counter,
 };
 
 use crate::{CONFIG, cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
@@ -162,7 +163,15 @@ unsafe fn switch_out(
         r.off_cpu = 1;
         let site = user_site(cfg);
         t.site = site;
+        // Only blocking sites: a preempted thread's "site" is wherever it was running.
+        let new_site = blocking && site != 0 && !t.seen_sites.contains(&site);
+        if new_site {
+            let i = t.next_seen_site as usize % OFF_CPU_SEEN_SITES;
+            t.seen_sites[i] = site;
+            t.next_seen_site = (i as u32 + 1) % OFF_CPU_SEEN_SITES as u32;
+        }
         let walk = fresh
+            || new_site
             || t.flags & TRACK_PREV_LONG != 0
             || r.pending_ns.saturating_add(t.short_max_ns) >= cfg.off_cpu_min_ns
             || (site != 0 && t.long_sites.contains(&site));

@@ -549,6 +549,9 @@ mod tests {
                 site: 0,
                 long_sites: [0; profiler_common::OFF_CPU_LONG_SITES],
                 next_long_site: 0,
+                seen_sites: [0; profiler_common::OFF_CPU_SEEN_SITES],
+                next_seen_site: 0,
+                _pad: 0,
                 flags: 0,
             },
         };
