@@ -52,8 +52,8 @@ pub mod walk;
 
 use std::fmt;
 
-use profiler_common::UNWIND_CFA_NONE;
 pub use profiler_common::UnwindRow;
+use profiler_common::{UNWIND_CFA_END, UNWIND_CFA_NONE};
 
 /// Why a file could not be compiled.
 #[derive(Debug)]
@@ -181,7 +181,46 @@ impl UnwindTable {
     /// Compiles the CFI of an x86-64 ELF file (its complete bytes).
     pub fn from_elf(data: &[u8]) -> Result<UnwindTable, Error> {
         let sections = elf::cfi_sections(data)?;
-        UnwindTable::from_sections(&sections)
+        let mut table = UnwindTable::from_sections(&sections)?;
+        // e_entry of an ELF64 header.
+        if let Some(entry) = data.get(24..32).and_then(|b| b.try_into().ok()) {
+            table.mark_entry(u64::from_le_bytes(entry));
+        }
+        Ok(table)
+    }
+
+    /// Control enters a program at its ELF entry point with no caller, so code there without
+    /// CFI is the outermost frame: ld.so's `_start` and the `_dl_start_user` after it (hand-
+    /// written, no CFI) are where every dynamically linked process's first samples are, and
+    /// their stacks end there complete. The CFI gap from the entry point on becomes an
+    /// end-of-stack row; an entry point that CFI covers (crt1's `_start` marks its return
+    /// address undefined) is left as it is.
+    fn mark_entry(&mut self, entry: u64) {
+        let Ok(entry) = u32::try_from(entry) else { return };
+        if entry == 0 {
+            return;
+        }
+        let after = self.rows.partition_point(|row| row.pc <= entry);
+        let end = UnwindRow::new(entry, UNWIND_CFA_END, 0, 0, 0);
+        match after.checked_sub(1).map(|i| (i, self.rows[i])) {
+            Some((_, row)) if row.cfa_kind() != UNWIND_CFA_NONE => return,
+            Some((i, row)) if row.pc == entry => self.rows[i] = end,
+            _ => {
+                self.rows.insert(after, end);
+                if after + 1 == self.rows.len() {
+                    // Nothing after it: the gap is bounded by a guess at the entry code's size.
+                    self.rows.push(UnwindRow::new(
+                        entry.saturating_add(256),
+                        UNWIND_CFA_NONE,
+                        0,
+                        0,
+                        0,
+                    ));
+                }
+            }
+        }
+        self.stats.rows = self.rows.len();
+        self.stats.bytes = std::mem::size_of_val(self.rows.as_slice());
     }
 
     /// Compiles already located CFI sections (x86-64, little-endian).

@@ -112,10 +112,12 @@ fn step(
 ) -> Result<(), Stop> {
     let addr = if st.pc_is_return { st.pc.wrapping_sub(1) } else { st.pc };
     let row = match lookup(addr) {
-        Rule::NoMapping => return Err(Stop::End(UNWIND_END_NO_MAPPING)),
-        Rule::NoTable | Rule::NoCfi if fp_fallback => {
+        // Userspace knows every mapping the kernel reported by now: code in none of them
+        // (shared memory attached with SHM_EXEC) has no CFI either.
+        Rule::NoMapping | Rule::NoTable | Rule::NoCfi if fp_fallback => {
             return frame_pointer_step(st, stack, used_fp);
         }
+        Rule::NoMapping => return Err(Stop::End(UNWIND_END_NO_MAPPING)),
         Rule::NoTable => return Err(Stop::End(UNWIND_END_NO_TABLE)),
         Rule::NoCfi => return Err(Stop::End(UNWIND_END_NO_CFI)),
         Rule::Row(row) => row,
@@ -300,6 +302,12 @@ mod tests {
         // An rbp below rsp is no frame pointer.
         let w = walk(regs(0x4000, BASE + 8, BASE), copy, 127, true, lookup);
         assert_eq!(w.end, UNWIND_END_FRAME_POINTER);
+        // Code in no known mapping too.
+        let w = walk(regs(0x9000, BASE, BASE + 32), copy, 127, true, lookup);
+        assert_eq!(
+            (w.frames.clone(), w.end, w.used_fp),
+            (vec![0x9000, 0x3001], UNWIND_END_COMPLETE, true)
+        );
     }
 
     #[test]

@@ -6,11 +6,12 @@ use profiler_unwind::{CfiSections, Error, UnwindTable};
 
 const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
 const PYTHON: &str = "/usr/bin/python3.11";
+const LD_SO: &str = "/lib64/ld-linux-x86-64.so.2";
 
 /// The file's bytes, or a failure naming the Debian package that provides it.
 fn read(path: &str) -> Vec<u8> {
     let package = match path {
-        LIBC => "libc6",
+        LIBC | LD_SO => "libc6",
         PYTHON => "python3.11-minimal",
         _ => "?",
     };
@@ -172,6 +173,25 @@ fn python_start_ends_the_stack() {
     // The rule after `xor %ebp,%ebp` (or endbr64 first), anywhere in _start's body.
     let r = row(&table, start.address + 4);
     assert_eq!(r.cfa_kind(), UNWIND_CFA_END, "_start: {r:?}");
+}
+
+#[test]
+fn ld_so_entry_code_without_cfi_ends_the_stack() {
+    // ld.so's `_start` and `_dl_start_user` (hand-written, no FDE) are where every dynamically
+    // linked process starts; a walk reaching them has reached the outermost frame.
+    let data = read(LD_SO);
+    let entry = u64::from_le_bytes(data[24..32].try_into().unwrap());
+    let file = object::File::parse(&*data).unwrap();
+    assert_eq!(file.entry(), entry);
+    let table = UnwindTable::from_elf(&data).unwrap();
+    for addr in [entry, entry + 1, entry + 8] {
+        assert_eq!(row(&table, addr).cfa_kind(), UNWIND_CFA_END, "at {addr:#x}");
+    }
+    // Only the gap from the entry point on: the rows stay sorted, and the next function
+    // (the first row after the entry point) keeps its own rule.
+    assert!(table.rows().windows(2).all(|w| w[0].pc < w[1].pc));
+    let next = table.rows().iter().find(|r| u64::from(r.pc) > entry).expect("a row after");
+    assert_ne!(next.cfa_kind(), UNWIND_CFA_END, "{next:?}");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! processes.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     process::{Command, Stdio},
     thread,
     time::Duration,
@@ -93,8 +93,23 @@ fn maptrack_exec_storm_processes_have_named_stacks() {
     );
     assert!(burners >= 100 && pids.len() as f64 >= 0.5 * burners as f64, "{burners} burners");
     // 10 ms of CPU each: most of their samples are in storm_hot, and all of those are named.
-    assert!(own.len() as f64 >= 0.9 * stacks.len() as f64, "{} of {}", own.len(), stacks.len());
-    assert!(named as f64 >= 0.99 * own.len() as f64, "{named} of {} named", own.len());
+    // The rest is exec, ld.so and exit, which took up to 11% of the samples on a loaded
+    // 2-CPU machine.
+    let walks: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("user stacks:") || l.contains("stack copies:"))
+        .collect();
+    assert!(own.len() as f64 >= 0.85 * stacks.len() as f64, "{} of {}", own.len(), stacks.len());
+    if (named as f64) < 0.99 * own.len() as f64 {
+        let mut unnamed: HashMap<&[String], usize> = HashMap::new();
+        for st in own.iter().filter(|st| !contains_path(st, &["main", "storm_hot"])) {
+            *unnamed.entry(&st[..st.len().min(4)]).or_default() += 1;
+        }
+        let mut unnamed: Vec<_> = unnamed.into_iter().collect();
+        unnamed.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        unnamed.truncate(5);
+        panic!("{named} of {} named; most common others {unnamed:?}\n{walks:?}", own.len());
+    }
     // A sample taken during exec after the new image's entry was set but before the exec
     // record is the one way to miss: rare.
     assert!(

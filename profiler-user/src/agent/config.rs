@@ -162,7 +162,7 @@ impl AgentPlan {
             mode: Mode::Cpu,
             off_cpu: args.off_cpu || file.off_cpu.unwrap_or(false),
             off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
-            unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::Dwarf),
+            unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::DwarfFp),
             unwind_table_mb: args.unwind_table_mb.or(file.unwind_table_mb).unwrap_or(64),
             bpf_timing: false,
         };

@@ -229,12 +229,12 @@ pub struct RecordArgs {
     #[arg(long)]
     pub off_cpu: bool,
 
-    /// How user stacks are walked: `dwarf` with the unwind tables (`.eh_frame`,
-    /// `.debug_frame`) of the mapped files, in the kernel; `dwarf-fp` the same, following frame
-    /// pointers through code without tables (JIT code; such stacks are flagged); `fp` frame
-    /// pointers only (what most distribution binaries lack). Off-CPU stacks are walked by
-    /// frame pointers in every mode.
-    #[arg(long, value_enum, default_value_t = Unwind::Dwarf)]
+    /// How user stacks are walked: `dwarf-fp` (the default) with the unwind tables
+    /// (`.eh_frame`, `.debug_frame`) of the mapped files, in the kernel, following frame
+    /// pointers through code without tables (JIT code, hand-written assembly; such stacks are
+    /// flagged); `dwarf` the same without that fallback (such code ends the walk, flagged);
+    /// `fp` frame pointers only (what most distribution binaries lack).
+    #[arg(long, value_enum, default_value_t = Unwind::DwarfFp)]
     pub unwind: Unwind,
 
     /// Kernel memory for unwind tables (MiB; 8 bytes a row). Files that do not fit are
@@ -360,7 +360,7 @@ mod tests {
         let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--off-cpu", "--off-cpu-min", "5"]);
         let c = c.unwrap();
         assert!(c.record.mode == Mode::Cpu && c.record.off_cpu && c.record.off_cpu_min == 5.0);
-        assert_eq!(c.record.unwind, Unwind::Dwarf, "tables by default");
+        assert_eq!(c.record.unwind, Unwind::DwarfFp, "tables by default");
         let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--unwind", "fp"]).unwrap();
         assert_eq!(c.record.unwind, Unwind::Fp);
     }
