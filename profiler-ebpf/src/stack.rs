@@ -350,7 +350,15 @@ unsafe fn unwind_one(st: &mut WalkState) -> Result<(), u32> {
     };
     if m.count == 0 {
         let unloaded = m.flags & UNWIND_MAPPING_NOT_LOADED != 0;
-        if config().unwind_mode == UNWIND_MODE_DWARF_FP || (unloaded && st.fp_unloaded != 0) {
+        // A table not loaded yet ends the walk even with the frame-pointer fallback: the
+        // sample then carries a stack copy that userspace walks with the table (off-CPU
+        // stacks, which carry none, go on by frame pointers).
+        let fp = if unloaded {
+            st.fp_unloaded != 0
+        } else {
+            config().unwind_mode == UNWIND_MODE_DWARF_FP
+        };
+        if fp {
             return unsafe { frame_pointer_step(st) };
         }
         return Err(if m.flags & UNWIND_MAPPING_NOT_LOADED != 0 {

@@ -485,7 +485,10 @@ fn open_module(pid: Pid, m: &MapsLine) -> Module {
 fn open_map_file(pid: Pid, m: &MapsLine) -> Module {
     let (path, name) = (m.path.clone(), file_name(&m.path));
     let map_file = format!("/proc/{}/map_files/{:x}-{:x}", pid.0, m.start, m.end);
-    match File::open(&map_file) {
+    // map_files names whole VMAs; an exec record's range is the image's code (start_code to
+    // end_code), which need not be one, so look for the VMA holding its start.
+    let opened = File::open(&map_file).or_else(|e| map_file_holding(pid, m.start).ok_or(e));
+    match opened {
         Ok(f)
             if f.metadata()
                 .is_ok_and(|meta| meta.ino() == m.inode && dev_matches(meta.dev(), m.dev)) =>
@@ -502,6 +505,23 @@ fn open_map_file(pid: Pid, m: &MapsLine) -> Module {
         }
         _ => Module { path, name, open_path: None, _file: None, build_id: None },
     }
+}
+
+/// The process's own handle on the file mapped at `addr` (/proc/PID/map_files/START-END).
+fn map_file_holding(pid: Pid, addr: u64) -> Option<File> {
+    let dir = std::fs::read_dir(format!("/proc/{}/map_files", pid.0)).ok()?;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some((start, end)) = name.to_str().and_then(|n| n.split_once('-')) else { continue };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+        else {
+            continue;
+        };
+        if start <= addr && addr < end {
+            return File::open(entry.path()).ok();
+        }
+    }
+    None
 }
 
 /// /proc/PID/maps prints the device as major:minor from the kernel's dev_t.
