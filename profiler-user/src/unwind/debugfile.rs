@@ -193,3 +193,53 @@ fn read_debug_frame(path: &Path, build_id: Option<&[u8]>) -> Result<Option<Vec<u
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+
+    fn tool(cmd: &mut Command) {
+        let st = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e} (`cargo xtask setup`)"));
+        assert!(st.success(), "{cmd:?}");
+    }
+
+    /// A zlib-compressed `.debug_frame` (what `dh_strip` ships) reads as the plain one; the
+    /// build-id must match; the file is found under `<root>/.build-id/`.
+    #[test]
+    fn compressed_debug_frame_and_build_id_lookup() {
+        let dir = std::env::temp_dir().join(format!("rsprof-debugfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("f.c");
+        std::fs::write(&src, "int f(int x) { return x * 3; }\nint main(void) { return f(2); }\n")
+            .unwrap();
+        let exe = dir.join("f");
+        tool(
+            Command::new("gcc")
+                .args(["-O2", "-g", "-fno-asynchronous-unwind-tables", "-o"])
+                .arg(&exe)
+                .arg(&src),
+        );
+        let plain = dir.join("plain.debug");
+        let zlib = dir.join("zlib.debug");
+        tool(Command::new("objcopy").arg("--only-keep-debug").arg(&exe).arg(&plain));
+        tool(Command::new("objcopy").arg("--compress-debug-sections=zlib").arg(&plain).arg(&zlib));
+        let frame = read_debug_frame(&plain, None).unwrap().expect(".debug_frame");
+        assert!(!frame.is_empty());
+        assert_eq!(read_debug_frame(&zlib, None).unwrap().as_deref(), Some(&frame[..]));
+
+        let links = profiler_unwind::debug_links(&std::fs::read(&exe).unwrap()).unwrap();
+        let id = links.build_id.clone().expect("gcc links with --build-id");
+        assert!(read_debug_frame(&plain, Some(b"other")).is_err(), "build-id not checked");
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let root = dir.join("root");
+        let at = root.join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..]));
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::copy(&zlib, &at).unwrap();
+        let found = find(&root, exe.to_str().unwrap(), &links).found.expect("found by build-id");
+        assert_eq!((found.how, found.path), (How::BuildId, at));
+        assert_eq!(found.debug_frame.as_deref(), Some(&frame[..]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
