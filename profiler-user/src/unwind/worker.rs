@@ -268,7 +268,7 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
 
 /// Compiles a file's own CFI and, when that leaves some of its code undescribed, adds the
 /// `.debug_frame` of its separate debug file if one is installed.
-fn with_debug_file(
+pub(super) fn with_debug_file(
     data: &[u8],
     mapped_path: &str,
     root: &std::path::Path,
