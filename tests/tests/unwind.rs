@@ -696,15 +696,13 @@ fn debug_files_summary(stderr: &str) -> &str {
 
 /// With the debug file, the fixture's samples in c_hot are complete `main → a_top → b_mid →
 /// c_hot` (≥ 95%); without it, each is flagged `[truncated: no CFI in …]`, none complete.
-/// `used_as`: how the summary counts the debug file when present; `rejected`: what it says when
-/// the file is there but does not match.
+/// `used_as`: how the summary counts the debug file when present.
 fn check_split(
     test: &str,
     fixture: &SplitFixture,
     root: &std::path::Path,
     remove: &dyn Fn(),
     used_as: &str,
-    rejected: Option<&str>,
 ) {
     let chain = ["main", "a_top", "b_mid", "c_hot"];
     let hot = |s: &&Vec<String>| functions(s).last() == Some(&"c_hot");
@@ -737,11 +735,6 @@ fn check_split(
     assert!(share(no_cfi, n.len()) >= 0.95, "{no_cfi} of {} flagged 'no CFI'", n.len());
     let summary = debug_files_summary(&stderr_without);
     assert!(summary.starts_with("separate debug files: 0 used"), "{summary}");
-    if let Some(why) = rejected {
-        assert!(summary.ends_with(" 1 rejected"), "{summary}");
-        let line = format!("debug file rejected: {}: {why}", fixture.debug.display());
-        assert!(stderr_without.contains(&line), "no '{line}' in\n{stderr_without}");
-    }
     let _ = std::fs::remove_dir_all(&fixture.dir);
 }
 
@@ -755,11 +748,11 @@ fn unwind_debug_frame_from_a_debug_file_found_by_build_id() {
     std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
     std::fs::rename(&f.debug, &installed).unwrap();
     let remove = || std::fs::remove_file(&installed).unwrap();
-    check_split("debug_buildid", &f, &root, &remove, "1 used (1 by build-id, 0 by", None);
+    check_split("debug_buildid", &f, &root, &remove, "1 used (1 by build-id, 0 by");
 }
 
 #[test]
-fn unwind_debug_frame_from_a_gnu_debuglink_next_to_the_binary_crc_checked() {
+fn unwind_debug_frame_from_a_gnu_debuglink_next_to_the_binary() {
     let f = build_split("debuglink");
     // `objcopy --add-gnu-debuglink` records the name and the CRC-32 of chain.debug.
     tool(
@@ -771,12 +764,9 @@ fn unwind_debug_frame_from_a_gnu_debuglink_next_to_the_binary_crc_checked() {
     // An empty debug root: the build-id lookup finds nothing, the link must.
     let root = f.dir.join("empty-debug-root");
     std::fs::create_dir_all(&root).unwrap();
-    // "Removed" by a changed byte: the CRC no longer matches, so the file is rejected.
-    let corrupt = || {
-        let mut bytes = std::fs::read(&f.debug).unwrap();
-        *bytes.last_mut().unwrap() ^= 0xff;
-        std::fs::write(&f.debug, bytes).unwrap();
-    };
+    // (A debug file whose CRC does not match is rejected: unit test in unwind/debugfile.rs.
+    // Here the symbolizer would not name c_hot either: it follows the link too.)
+    let remove = || std::fs::remove_file(&f.debug).unwrap();
     let used = "1 used (0 by build-id, 1 by .gnu_debuglink";
-    check_split("debug_link", &f, &root, &corrupt, used, Some("CRC-32"));
+    check_split("debug_link", &f, &root, &remove, used);
 }

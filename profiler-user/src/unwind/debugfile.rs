@@ -240,6 +240,27 @@ mod tests {
         let found = find(&root, exe.to_str().unwrap(), &links).found.expect("found by build-id");
         assert_eq!((found.how, found.path), (How::BuildId, at));
         assert_eq!(found.debug_frame.as_deref(), Some(&frame[..]));
+
+        // .gnu_debuglink in the binary's directory, accepted while its CRC-32 matches.
+        let linked = dir.join("linked");
+        tool(
+            Command::new("objcopy")
+                .arg("--add-gnu-debuglink=plain.debug")
+                .arg(&exe)
+                .arg(&linked)
+                .current_dir(&dir),
+        );
+        let links = profiler_unwind::debug_links(&std::fs::read(&linked).unwrap()).unwrap();
+        let empty = dir.join("empty-root");
+        let found = find(&empty, linked.to_str().unwrap(), &links).found.expect("found by link");
+        assert_eq!((found.how, found.path), (How::DebugLink, plain.clone()));
+        assert_eq!(found.debug_frame.as_deref(), Some(&frame[..]));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&plain).unwrap();
+        std::io::Write::write_all(&mut f, b"\0").unwrap();
+        let lookup = find(&empty, linked.to_str().unwrap(), &links);
+        assert!(lookup.found.is_none(), "a debug file with another CRC-32 was taken");
+        assert_eq!(lookup.rejected.len(), 1);
+        assert!(lookup.rejected[0].contains("CRC-32"), "{:?}", lookup.rejected);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
