@@ -28,7 +28,7 @@ use object::{
 use profiler_unwind::DebugLinks;
 
 /// Overrides the debug root (tests).
-pub const DEBUG_ROOT_ENV: &str = "RSPROF_DEBUG_ROOT";
+const DEBUG_ROOT_ENV: &str = "RSPROF_DEBUG_ROOT";
 const DEFAULT_DEBUG_ROOT: &str = "/usr/lib/debug";
 /// A `.debug_frame` larger than this (uncompressed) is not read: libc's is under 1 MiB.
 const MAX_DEBUG_FRAME_BYTES: u64 = 64 << 20;

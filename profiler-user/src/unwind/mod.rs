@@ -12,8 +12,6 @@ mod debugfile;
 mod rows;
 mod worker;
 
-pub use debugfile::DEBUG_ROOT_ENV;
-
 pub mod copied;
 
 use std::{
@@ -437,8 +435,8 @@ impl UnwindLoader {
              --unwind-table-mb); {} files without CFI, {} not loaded (table full: {:.1} MiB \
              more needed), {} unreadable, {} still queued at the end; compiled in {:.0} ms, \
              copied in {:.0} ms (off the event loop); separate debug files: {} used ({} by \
-             build-id, {} by .gnu_debuglink; {} functions) of {} looked for (files with code lacking CFI), \
-             {} found with no new CFI, {} rejected",
+             build-id, {} by .gnu_debuglink; {} functions) of {} looked for (files with code \
+             lacking CFI), {} found with no new CFI, {} rejected",
             s.tables_loaded,
             s.rows_loaded,
             mib(s.rows_loaded),
