@@ -34,7 +34,10 @@ pub(crate) fn compile(sections: &CfiSections<'_>) -> Result<(Vec<UnwindRow>, Sta
     let mut spans = Vec::new();
     let mut ctx = Box::new(UnwindContext::new());
 
-    let mut covered = Vec::new();
+    // Address ranges already described, sorted and coalesced: `.eh_frame` first (what the
+    // loader and debuggers trust), then the file's own `.debug_frame`, then a separate debug
+    // file's. Each later section only fills what the earlier ones leave uncovered.
+    let mut covered: Vec<(u64, u64)> = Vec::new();
     if let Some((eh_addr, eh_bytes)) = sections.eh_frame {
         let mut eh = EhFrame::new(eh_bytes, LittleEndian);
         eh.set_address_size(8);
@@ -55,34 +58,71 @@ pub(crate) fn compile(sections: &CfiSections<'_>) -> Result<(Vec<UnwindRow>, Sta
             fde_spans(&eh, &bases, &mut ctx, fde, &mut stats, &mut spans);
         }
     }
-    covered.sort_unstable();
-    // Largest end among the FDEs starting at or before each one: overlap test in O(log n).
-    let max_end: Vec<u64> = covered
-        .iter()
-        .scan(0, |max, &(_, end)| {
-            *max = end.max(*max);
-            Some(*max)
-        })
-        .collect();
+    coalesce(&mut covered);
 
-    if let Some(bytes) = sections.debug_frame {
+    for (bytes, separate) in [(sections.debug_frame, false), (sections.separate_debug_frame, true)]
+    {
+        let Some(bytes) = bytes else { continue };
+        let section = if separate { "separate .debug_frame" } else { ".debug_frame" };
         let mut debug = DebugFrame::new(bytes, LittleEndian);
         debug.set_address_size(8);
         let bases = BaseAddresses::default();
-        let fdes = all_fdes(&debug, &bases)
-            .map_err(|error| Error::Cfi { section: ".debug_frame", error })?;
+        let fdes = all_fdes(&debug, &bases).map_err(|error| Error::Cfi { section, error })?;
+        let mut added = Vec::new();
         for fde in &fdes {
-            // .eh_frame is what the loader and debuggers trust: .debug_frame only fills gaps.
-            let (start, end) = (fde.initial_address(), fde.end_address());
-            let next = covered.partition_point(|&(s, _)| s < end);
-            if next > 0 && max_end[next - 1] > start {
-                continue;
+            let mut fde_rows = Vec::new();
+            fde_spans(&debug, &bases, &mut ctx, fde, &mut stats, &mut fde_rows);
+            let before = spans.len();
+            for span in fde_rows {
+                clip(&covered, span, &mut spans);
             }
-            stats.debug_frame_fdes += 1;
-            fde_spans(&debug, &bases, &mut ctx, fde, &mut stats, &mut spans);
+            if spans.len() > before {
+                added.push((fde.initial_address(), fde.end_address()));
+                if separate {
+                    stats.separate_debug_frame_fdes += 1;
+                } else {
+                    stats.debug_frame_fdes += 1;
+                }
+            }
         }
+        covered.extend(added);
+        coalesce(&mut covered);
     }
     Ok((merge(spans)?, stats))
+}
+
+/// Sorts address ranges and merges those that overlap or touch.
+fn coalesce(ranges: &mut Vec<(u64, u64)>) {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(start, end) in ranges.iter() {
+        match out.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    *ranges = out;
+}
+
+/// Appends the parts of `span` that no range of `covered` (sorted, coalesced) holds.
+fn clip(covered: &[(u64, u64)], span: Span, out: &mut Vec<Span>) {
+    let mut start = span.start;
+    let first = covered.partition_point(|&(_, end)| end <= start);
+    for &(c_start, c_end) in &covered[first..] {
+        if c_start >= span.end {
+            break;
+        }
+        if c_start > start {
+            out.push(Span { start, end: c_start, rule: span.rule });
+        }
+        start = start.max(c_end);
+        if start >= span.end {
+            return;
+        }
+    }
+    if start < span.end {
+        out.push(Span { start, end: span.end, rule: span.rule });
+    }
 }
 
 /// `.eh_frame` FDEs, through the `.eh_frame_hdr` table when there is one (it lists every

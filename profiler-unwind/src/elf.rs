@@ -1,11 +1,66 @@
 //! Locating the CFI sections of an x86-64 ELF file.
 
 use gimli::{BaseAddresses, EhFrameHdr, LittleEndian};
-use object::elf::{EM_X86_64, PT_GNU_EH_FRAME, PT_LOAD};
+use object::elf::{
+    EM_X86_64, PF_X, PT_GNU_EH_FRAME, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR, SHT_NOBITS,
+};
+use object::read::elf::SectionHeader;
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::{Endianness, FileKind, Object, ObjectSection};
 
 use crate::{CfiSections, Error};
+
+/// Where a separate debug file for an ELF file may be found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DebugLinks {
+    /// The `NT_GNU_BUILD_ID` note: `<debug root>/.build-id/xx/rest.debug`.
+    pub build_id: Option<Vec<u8>>,
+    /// `.gnu_debuglink`: the debug file's name and the CRC-32 of its contents.
+    pub gnu_debuglink: Option<(Vec<u8>, u32)>,
+}
+
+/// The build-id and `.gnu_debuglink` of a 64-bit ELF file (either may be missing).
+pub fn debug_links(data: &[u8]) -> Result<DebugLinks, Error> {
+    let elf = ElfFile64::<Endianness>::parse(data)?;
+    Ok(DebugLinks {
+        build_id: elf.build_id()?.map(<[u8]>::to_vec),
+        gnu_debuglink: elf.gnu_debuglink()?.map(|(name, crc)| (name.to_vec(), crc)),
+    })
+}
+
+/// The file's code: allocated executable sections with contents, or executable `PT_LOAD`
+/// segments when there are no section headers. Sorted, disjoint.
+pub(crate) fn code_ranges(data: &[u8]) -> Result<Vec<(u64, u64)>, Error> {
+    let elf = ElfFile64::<Endianness>::parse(data)?;
+    let endian = elf.endian();
+    let mut ranges: Vec<(u64, u64)> = elf
+        .elf_section_table()
+        .iter()
+        .filter(|sh| {
+            let flags = sh.sh_flags(endian);
+            flags & u64::from(SHF_ALLOC | SHF_EXECINSTR) == u64::from(SHF_ALLOC | SHF_EXECINSTR)
+                && sh.sh_type(endian) != SHT_NOBITS
+        })
+        .map(|sh| (sh.sh_addr(endian), sh.sh_addr(endian) + sh.sh_size(endian)))
+        .collect();
+    if ranges.is_empty() {
+        ranges = elf
+            .elf_program_headers()
+            .iter()
+            .filter(|ph| ph.p_type(endian) == PT_LOAD && ph.p_flags(endian) & PF_X != 0)
+            .map(|ph| (ph.p_vaddr(endian), ph.p_vaddr(endian) + ph.p_memsz(endian)))
+            .collect();
+    }
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        match out.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    Ok(out)
+}
 
 pub(crate) fn cfi_sections(data: &[u8]) -> Result<CfiSections<'_>, Error> {
     match FileKind::parse(data)? {
@@ -34,6 +89,7 @@ pub(crate) fn cfi_sections(data: &[u8]) -> Result<CfiSections<'_>, Error> {
         eh_frame: section(".eh_frame")?,
         eh_frame_hdr: section(".eh_frame_hdr")?,
         debug_frame: section(".debug_frame")?.map(|(_, bytes)| bytes),
+        separate_debug_frame: None,
         text_address: elf.section_by_name(".text").map(|s| s.address()),
         got_address: elf.section_by_name(".got").map(|s| s.address()),
     };

@@ -50,6 +50,8 @@ mod compile;
 mod elf;
 pub mod walk;
 
+pub use elf::{DebugLinks, debug_links};
+
 use std::fmt;
 
 pub use profiler_common::UnwindRow;
@@ -137,9 +139,12 @@ pub struct Stats {
     /// Rows in the table (after merging) and their size in bytes.
     pub rows: usize,
     pub bytes: usize,
-    /// FDEs compiled, by section (`.debug_frame` FDEs that overlap `.eh_frame` are skipped).
+    /// FDEs compiled, by section. A `.debug_frame` FDE only fills the addresses `.eh_frame`
+    /// does not cover (and a separate debug file's those the file's own CFI does not): those
+    /// that add nothing are not counted.
     pub eh_frame_fdes: usize,
     pub debug_frame_fdes: usize,
+    pub separate_debug_frame_fdes: usize,
     /// Rows of the CFI (one per address range with its own rule), before merging.
     pub cfi_rows: usize,
     /// Signal-trampoline FDEs.
@@ -149,11 +154,16 @@ pub struct Stats {
     /// CFI rows whose return address is undefined (end of stack).
     pub end_rows: usize,
     pub unsupported: Unsupported,
+    /// Bytes of executable sections (executable `PT_LOAD` segments in files without section
+    /// headers), and how many of them no row covers: code a separate debug file may describe.
+    /// Only set by [`UnwindTable::from_elf`] and [`UnwindTable::from_elf_with_debug_frame`].
+    pub code_bytes: u64,
+    pub code_bytes_without_cfi: u64,
 }
 
 impl Stats {
     pub fn fdes(&self) -> usize {
-        self.eh_frame_fdes + self.debug_frame_fdes
+        self.eh_frame_fdes + self.debug_frame_fdes + self.separate_debug_frame_fdes
     }
 }
 
@@ -165,6 +175,9 @@ pub struct CfiSections<'a> {
     pub eh_frame: Option<(u64, &'a [u8])>,
     pub eh_frame_hdr: Option<(u64, &'a [u8])>,
     pub debug_frame: Option<&'a [u8]>,
+    /// `.debug_frame` of the file's separate debug file (found by build-id or
+    /// `.gnu_debuglink`): same link-time addresses; fills what the file's own CFI leaves.
+    pub separate_debug_frame: Option<&'a [u8]>,
     /// Bases for `DW_EH_PE_textrel` / `DW_EH_PE_datarel` pointers, when known.
     pub text_address: Option<u64>,
     pub got_address: Option<u64>,
@@ -180,8 +193,22 @@ pub struct UnwindTable {
 impl UnwindTable {
     /// Compiles the CFI of an x86-64 ELF file (its complete bytes).
     pub fn from_elf(data: &[u8]) -> Result<UnwindTable, Error> {
+        UnwindTable::from_elf_with_debug_frame(data, None)
+    }
+
+    /// Compiles the CFI of an x86-64 ELF file plus the `.debug_frame` of its separate debug
+    /// file (read by the caller, which knows where debug files are installed), which only fills the addresses the file's own CFI does
+    /// not cover.
+    pub fn from_elf_with_debug_frame(
+        data: &[u8],
+        separate_debug_frame: Option<&[u8]>,
+    ) -> Result<UnwindTable, Error> {
         let sections = elf::cfi_sections(data)?;
-        let mut table = UnwindTable::from_sections(&sections)?;
+        let mut table =
+            UnwindTable::from_sections(&CfiSections { separate_debug_frame, ..sections })?;
+        let code = elf::code_ranges(data)?;
+        table.stats.code_bytes = code.iter().map(|(s, e)| e - s).sum();
+        table.stats.code_bytes_without_cfi = table.uncovered(&code);
         // e_entry of an ELF64 header.
         if let Some(entry) = data.get(24..32).and_then(|b| b.try_into().ok()) {
             table.mark_entry(u64::from_le_bytes(entry));
@@ -225,7 +252,10 @@ impl UnwindTable {
 
     /// Compiles already located CFI sections (x86-64, little-endian).
     pub fn from_sections(sections: &CfiSections<'_>) -> Result<UnwindTable, Error> {
-        if sections.eh_frame.is_none() && sections.debug_frame.is_none() {
+        if sections.eh_frame.is_none()
+            && sections.debug_frame.is_none()
+            && sections.separate_debug_frame.is_none()
+        {
             return Err(Error::NoCfi);
         }
         let (rows, mut stats) = compile::compile(sections)?;
@@ -241,6 +271,25 @@ impl UnwindTable {
 
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Bytes of `ranges` (sorted, disjoint) that no row with a rule covers.
+    fn uncovered(&self, ranges: &[(u64, u64)]) -> u64 {
+        let mut total = 0;
+        for &(start, end) in ranges {
+            let mut at = start;
+            while at < end {
+                // The row in force at `at`, and where the next one starts.
+                let next = self.rows.partition_point(|row| u64::from(row.pc) <= at);
+                let until = self.rows.get(next).map_or(end, |row| u64::from(row.pc).min(end));
+                let covered = next > 0 && self.rows[next - 1].cfa_kind() != UNWIND_CFA_NONE;
+                if !covered {
+                    total += until - at;
+                }
+                at = until;
+            }
+        }
+        total
     }
 
     /// The row whose rule applies at the file-relative virtual address `addr`, or `None`

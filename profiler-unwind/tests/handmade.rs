@@ -445,3 +445,44 @@ fn plt_offsets_thresholds_and_rbp() {
     assert_eq!(kind(&table, 0xe020).unwrap().0, UNWIND_CFA_UNSUPPORTED);
     assert_eq!((table.stats().plt_rows, table.stats().unsupported.rbp), (1, 1));
 }
+
+/// A separate debug file's `.debug_frame` fills only what the file's own CFI leaves: an FDE
+/// that half overlaps `.eh_frame` keeps its other half, and the file's own `.debug_frame`
+/// wins over the separate one.
+#[test]
+fn separate_debug_frame_fills_the_rest_of_partly_covered_ranges() {
+    let mut eh_table = FrameTable::default();
+    let c = eh_table.add_cie(cie(1));
+    eh_table.add_fde(c, FrameDescriptionEntry::new(Address::Constant(0x1000), 0x10));
+    let eh = eh_frame_bytes(&eh_table);
+
+    let debug_bytes = |fdes: &[(u64, u32, i32)]| {
+        let mut t = FrameTable::default();
+        let c = t.add_cie(cie(4));
+        for &(start, len, offset) in fdes {
+            let mut f = FrameDescriptionEntry::new(Address::Constant(start), len);
+            f.add_instruction(0, Cfi::CfaOffset(offset));
+            t.add_fde(c, f);
+        }
+        let mut out = DebugFrame(EndianVec::new(LittleEndian));
+        t.write_debug_frame(&mut out).unwrap();
+        out.0.into_vec()
+    };
+    let own = debug_bytes(&[(0x1020, 0x10, 48)]);
+    let separate = debug_bytes(&[(0x1008, 0x18, 32), (0x1020, 0x10, 64), (0x1040, 0x10, 16)]);
+    let table = UnwindTable::from_sections(&CfiSections {
+        eh_frame: Some((0x10_0000, &eh)),
+        debug_frame: Some(&own),
+        separate_debug_frame: Some(&separate),
+        ..Default::default()
+    })
+    .unwrap();
+    let rsp = |offset| Some((UNWIND_CFA_RSP, offset, UNWIND_RBP_UNCHANGED, 0));
+    assert_eq!(kind(&table, 0x1008), rsp(8), ".eh_frame wins where it covers");
+    assert_eq!(kind(&table, 0x1010), rsp(32), "the rest of the overlapping FDE");
+    assert_eq!(kind(&table, 0x1020), rsp(48), "the file's own .debug_frame wins");
+    assert_eq!(kind(&table, 0x1040), rsp(16));
+    assert_eq!(kind(&table, 0x1030), None);
+    let s = table.stats();
+    assert_eq!((s.eh_frame_fdes, s.debug_frame_fdes, s.separate_debug_frame_fdes), (1, 1, 2));
+}

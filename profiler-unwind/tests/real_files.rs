@@ -255,6 +255,7 @@ fn eh_frame_hdr_section_walk_and_no_section_headers_agree() {
         eh_frame: Some((eh.address(), eh.data().unwrap())),
         eh_frame_hdr: None,
         debug_frame: None,
+        separate_debug_frame: None,
         text_address: None,
         got_address: None,
     })

@@ -63,17 +63,21 @@ fn record(test: &str, pid: u32, mode: &str, secs: &str) -> (Vec<Vec<String>>, St
     let p = pid.to_string();
     let done = run(&["-p", &p, "-d", secs, "-F", "499", "--unwind", mode, "-o", o]).unwrap();
     assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    (profile_stacks(&out, pid), done.stderr)
+}
+
+/// The validated profile's stacks of `pid` (root first).
+fn profile_stacks(out: &std::path::Path, pid: u32) -> Vec<Vec<String>> {
     // Also imported by the Firefox Profiler's own code.
-    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    let profile: Value = tests::gecko_schema::load(out).expect("profile written");
     if let Err(problems) = validate(&profile) {
         panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
     }
-    let stacks = threads_of_pid(&profile, pid)
+    threads_of_pid(&profile, pid)
         .iter()
         .flat_map(|t| sample_stacks(t.thread))
         .filter(|s| !s.is_empty())
-        .collect();
-    (stacks, done.stderr)
+        .collect()
 }
 
 fn truncated(stack: &[String]) -> Option<&str> {
@@ -586,4 +590,183 @@ fn unwind_all_by_default_loads_a_running_process_tables_within_300ms() {
     );
     let bad: Vec<_> = stacks.iter().filter(|s| !has_path(s, &chain)).take(3).collect();
     assert!(rate >= 0.95, "{:.1}%; e.g. {bad:?}\n{}", rate * 100.0, done.stderr);
+}
+
+/// `tests/fixtures/unwind_chain.c` built as distributions build a package whose unwind tables
+/// live only in its debug info (`-g -fno-asynchronous-unwind-tables -fno-unwind-tables`: no
+/// `.eh_frame` for its own functions, only `.debug_frame`), then split the way packagers do:
+/// `objcopy --only-keep-debug` into `chain.debug`, `strip --strip-debug` on the binary. Built
+/// afresh in its own directory `split-TAG` of the fixture cache.
+struct SplitFixture {
+    dir: PathBuf,
+    exe: PathBuf,
+    debug: PathBuf,
+}
+
+fn tool(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e} (`cargo xtask setup`)"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `pc=start..end` of the FDEs `readelf --debug-dump=frames` lists under `section`.
+fn fde_ranges(exe: &std::path::Path, section: &str) -> Vec<(u64, u64)> {
+    let dump = tool(Command::new("readelf").arg("--debug-dump=frames").arg(exe));
+    let mut inside = false;
+    let mut ranges = Vec::new();
+    for line in dump.lines() {
+        if let Some(rest) = line.strip_prefix("Contents of the ") {
+            inside = rest.starts_with(&format!("{section} section"));
+        } else if inside && line.contains(" FDE ") {
+            let pc = line.split("pc=").nth(1).expect("FDE pc range");
+            let (a, b) = pc.split_once("..").unwrap();
+            let hex = |s: &str| u64::from_str_radix(s.trim(), 16).unwrap();
+            ranges.push((hex(a), hex(b)));
+        }
+    }
+    ranges
+}
+
+fn has_section(exe: &std::path::Path, name: &str) -> bool {
+    let headers = tool(Command::new("readelf").args(["-SW"]).arg(exe));
+    headers.lines().any(|l| l.split_whitespace().any(|w| w == name))
+}
+
+fn build_split(tag: &str) -> SplitFixture {
+    let dir = fixtures::cache_dir().join("unwind").join(format!("split-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("chain");
+    let debug = dir.join("chain.debug");
+    let src = fixtures::source_dir().join("unwind_chain.c");
+    tool(
+        Command::new("gcc")
+            .args(["-O2", "-g", "-fomit-frame-pointer"])
+            .args(["-fno-asynchronous-unwind-tables", "-fno-unwind-tables", "-o"])
+            .arg(&exe)
+            .arg(&src),
+    );
+    // c_hot must be described by .debug_frame only, or the test proves nothing.
+    let syms = tool(Command::new("nm").arg(&exe));
+    let c_hot = syms
+        .lines()
+        .find_map(|l| l.strip_suffix(" T c_hot").map(|a| u64::from_str_radix(a, 16).unwrap()))
+        .expect("c_hot in the fixture's symbols");
+    let covers = |ranges: &[(u64, u64)]| ranges.iter().any(|&(a, b)| a <= c_hot && c_hot < b);
+    assert!(!covers(&fde_ranges(&exe, ".eh_frame")), ".eh_frame describes c_hot");
+    assert!(covers(&fde_ranges(&exe, ".debug_frame")), ".debug_frame lacks c_hot");
+    tool(Command::new("objcopy").arg("--only-keep-debug").arg(&exe).arg(&debug));
+    tool(Command::new("strip").arg("--strip-debug").arg(&exe));
+    assert!(!has_section(&exe, ".debug_frame"), "strip left .debug_frame");
+    assert!(has_section(&debug, ".debug_frame"), "objcopy dropped .debug_frame");
+    SplitFixture { dir, exe, debug }
+}
+
+/// The GNU build-id (`readelf -n`), lowercase hex.
+fn build_id(exe: &std::path::Path) -> String {
+    let notes = tool(Command::new("readelf").arg("-n").arg(exe));
+    let id = notes.lines().find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_owned));
+    id.expect("the fixture has a build-id (gcc links with --build-id)")
+}
+
+/// Records `pid` (`--unwind dwarf`) with separate debug files looked for under `root`.
+fn record_debug_root(test: &str, pid: u32, root: &std::path::Path) -> (Vec<Vec<String>>, String) {
+    let out = output_path(test, "json");
+    let done = tests::harness::command()
+        .unwrap()
+        .env("RSPROF_DEBUG_ROOT", root)
+        .args(["-p", &pid.to_string(), "-d", "3", "-F", "499", "--unwind", "dwarf", "-o"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+    assert!(done.status.success(), "rsprof-bpf failed:\n{stderr}");
+    (profile_stacks(&out, pid), stderr)
+}
+
+/// The summary's "separate debug files: …" clause.
+fn debug_files_summary(stderr: &str) -> &str {
+    let at = stderr.find("separate debug files:").unwrap_or_else(|| {
+        panic!("no 'separate debug files:' in the summary:\n{stderr}");
+    });
+    let rest = &stderr[at..];
+    &rest[..rest.find('\n').unwrap_or(rest.len())]
+}
+
+/// With the debug file, the fixture's samples in c_hot are complete `main → a_top → b_mid →
+/// c_hot` (≥ 95%); without it, each is flagged `[truncated: no CFI in …]`, none complete.
+/// `used_as`: how the summary counts the debug file when present.
+fn check_split(
+    test: &str,
+    fixture: &SplitFixture,
+    root: &std::path::Path,
+    remove: &dyn Fn(),
+    used_as: &str,
+) {
+    let chain = ["main", "a_top", "b_mid", "c_hot"];
+    let hot = |s: &&Vec<String>| functions(s).last() == Some(&"c_hot");
+    let running = start_ready(Command::new(&fixture.exe).arg("120"));
+    let pid = running.0.id();
+    let (with, stderr) = record_debug_root(&format!("{test}_with"), pid, root);
+    remove();
+    let (without, stderr_without) = record_debug_root(&format!("{test}_without"), pid, root);
+    drop(running);
+
+    let d: Vec<&Vec<String>> = with.iter().filter(hot).collect();
+    assert!(d.len() > 200, "only {} samples in c_hot of {}\n{stderr}", d.len(), with.len());
+    let complete = d
+        .iter()
+        .filter(|s| truncated(s).is_none() && has_path(s, &chain) && functions(s)[0] != "c_hot")
+        .count();
+    let rate = share(complete, d.len());
+    eprintln!("{test}: with the debug file {complete}/{} = {:.1}% complete", d.len(), rate * 100.0);
+    let bad: Vec<_> = d.iter().filter(|s| !has_path(s, &chain)).take(3).collect();
+    assert!(rate >= 0.95, "{:.1}% complete; e.g. {bad:?}\n{stderr}", rate * 100.0);
+    let summary = debug_files_summary(&stderr);
+    assert!(summary.starts_with(&format!("separate debug files: {used_as}")), "{summary}");
+
+    let n: Vec<&Vec<String>> = without.iter().filter(hot).collect();
+    assert!(n.len() > 200, "only {} samples in c_hot without the debug file", n.len());
+    let shown_complete: Vec<_> = n.iter().filter(|s| truncated(s).is_none()).take(3).collect();
+    assert!(shown_complete.is_empty(), "shown as complete: {shown_complete:?}");
+    let no_cfi = n.iter().filter(|s| truncated(s).is_some_and(|t| t.contains("no CFI"))).count();
+    eprintln!("{test}: without it {no_cfi}/{} flagged no CFI", n.len());
+    assert!(share(no_cfi, n.len()) >= 0.95, "{no_cfi} of {} flagged 'no CFI'", n.len());
+    let summary = debug_files_summary(&stderr_without);
+    assert!(summary.starts_with("separate debug files: 0 used"), "{summary}");
+    let _ = std::fs::remove_dir_all(&fixture.dir);
+}
+
+#[test]
+fn unwind_debug_frame_from_a_debug_file_found_by_build_id() {
+    let f = build_split("buildid");
+    // A debug root of our own: the real /usr/lib/debug is not written to.
+    let root = f.dir.join("debug-root");
+    let id = build_id(&f.exe);
+    let installed = root.join(".build-id").join(&id[..2]).join(format!("{}.debug", &id[2..]));
+    std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
+    std::fs::rename(&f.debug, &installed).unwrap();
+    let remove = || std::fs::remove_file(&installed).unwrap();
+    check_split("debug_buildid", &f, &root, &remove, "1 used (1 by build-id, 0 by");
+}
+
+#[test]
+fn unwind_debug_frame_from_a_gnu_debuglink_next_to_the_binary() {
+    let f = build_split("debuglink");
+    // `objcopy --add-gnu-debuglink` records the name and the CRC-32 of chain.debug.
+    tool(
+        Command::new("objcopy")
+            .arg("--add-gnu-debuglink=chain.debug")
+            .arg("chain")
+            .current_dir(&f.dir),
+    );
+    // An empty debug root: the build-id lookup finds nothing, the link must.
+    let root = f.dir.join("empty-debug-root");
+    std::fs::create_dir_all(&root).unwrap();
+    // (A debug file whose CRC does not match is rejected: unit test in unwind/debugfile.rs.
+    // Here the symbolizer would not name c_hot either: it follows the link too.)
+    let remove = || std::fs::remove_file(&f.debug).unwrap();
+    let used = "1 used (0 by build-id, 1 by .gnu_debuglink";
+    check_split("debug_link", &f, &root, &remove, used);
 }

@@ -174,9 +174,11 @@ impl CopiedStacks {
             return FileRules::Table(t.clone(), layout);
         }
         let started = Instant::now();
+        // With the separate debug file's .debug_frame, as the kernel's tables (worker.rs).
+        let root = super::debugfile::debug_root();
         let table = std::fs::read(&path)
             .ok()
-            .and_then(|data| UnwindTable::from_elf(&data).ok())
+            .and_then(|data| super::worker::with_debug_file(&data, &m.path, &root).0.ok())
             .filter(|t| !t.rows().is_empty())
             .map(Arc::new);
         self.stats.compile_time += started.elapsed();

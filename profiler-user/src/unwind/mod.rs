@@ -8,6 +8,7 @@
 //! never freed during a recording: a file unmapped everywhere keeps its rows for when it comes
 //! back (a full array is counted).
 
+mod debugfile;
 mod rows;
 mod worker;
 
@@ -76,6 +77,18 @@ pub struct UnwindStats {
     pub rows_not_loaded_full: u64,
     /// Files that could not be read (their mappings have no table).
     pub files_unreadable: u64,
+    /// Files whose own CFI left some code undescribed, so their separate debug file was
+    /// looked for; those whose debug file's `.debug_frame` filled some of it (by how it was
+    /// found); found with nothing to add; found but rejected (build-id or CRC mismatch, too
+    /// large, not compiling), with the first few reasons.
+    pub debug_lookups: u64,
+    pub debug_used_build_id: u64,
+    pub debug_used_debuglink: u64,
+    pub debug_no_new_cfi: u64,
+    /// Functions (FDEs) the used debug files described.
+    pub debug_fdes: u64,
+    pub debug_rejected: u64,
+    pub debug_errors: Vec<String>,
     /// Worker time reading and compiling, and copying rows into the mapped array.
     pub compile_time: Duration,
     pub load_time: Duration,
@@ -209,6 +222,7 @@ impl UnwindLoader {
     fn landed(&mut self, d: worker::Done, republish: &mut HashSet<Pid>) {
         self.stats.compile_time += d.compile;
         self.stats.load_time += d.copy;
+        self.debug_used(d.debug);
         match d.table {
             FileTable::Loaded { .. } => {
                 self.stats.tables_loaded += 1;
@@ -238,6 +252,33 @@ impl UnwindLoader {
                 self.startup = None;
             }
         }
+    }
+
+    fn debug_used(&mut self, debug: worker::DebugUse) {
+        use worker::DebugUse;
+        let s = &mut self.stats;
+        let reject = |s: &mut UnwindStats, why: Vec<String>| {
+            s.debug_rejected += !why.is_empty() as u64;
+            for w in why {
+                if s.debug_errors.len() < 8 {
+                    s.debug_errors.push(w);
+                }
+            }
+        };
+        match debug {
+            DebugUse::NotNeeded => return,
+            DebugUse::NotFound { rejected } => reject(s, rejected),
+            DebugUse::NoNewCfi => s.debug_no_new_cfi += 1,
+            DebugUse::Used { how, fdes } => {
+                s.debug_fdes += fdes as u64;
+                match how {
+                    debugfile::How::BuildId => s.debug_used_build_id += 1,
+                    debugfile::How::DebugLink => s.debug_used_debuglink += 1,
+                }
+            }
+            DebugUse::Failed(why) => reject(s, vec![why]),
+        }
+        s.debug_lookups += 1;
     }
 
     /// Writes `pid`'s executable mappings to the kernel.
@@ -393,7 +434,9 @@ impl UnwindLoader {
             "unwind tables: {} files loaded, {} rows ({:.1} MiB of {:.1} MiB, \
              --unwind-table-mb); {} files without CFI, {} not loaded (table full: {:.1} MiB \
              more needed), {} unreadable, {} still queued at the end; compiled in {:.0} ms, \
-             copied in {:.0} ms (off the event loop)",
+             copied in {:.0} ms (off the event loop); separate debug files: {} used ({} by \
+             build-id, {} by .gnu_debuglink; {} functions) of {} looked for (files with code \
+             lacking CFI), {} found with no new CFI, {} rejected",
             s.tables_loaded,
             s.rows_loaded,
             mib(s.rows_loaded),
@@ -404,7 +447,14 @@ impl UnwindLoader {
             s.files_unreadable,
             self.pending(),
             s.compile_time.as_secs_f64() * 1e3,
-            s.load_time.as_secs_f64() * 1e3
+            s.load_time.as_secs_f64() * 1e3,
+            s.debug_used_build_id + s.debug_used_debuglink,
+            s.debug_used_build_id,
+            s.debug_used_debuglink,
+            s.debug_fdes,
+            s.debug_lookups,
+            s.debug_no_new_cfi,
+            s.debug_rejected
         );
         let startup = match s.startup_loaded_after {
             Some(d) => format!("all loaded {:.0} ms after sampling began", d.as_secs_f64() * 1e3),
@@ -431,6 +481,9 @@ impl UnwindLoader {
         );
         for (name, err) in &s.cfi_errors {
             let _ = writeln!(out, "  no CFI: {name}: {err}");
+        }
+        for err in &s.debug_errors {
+            let _ = writeln!(out, "  debug file rejected: {err}");
         }
         out
     }

@@ -17,7 +17,7 @@ use std::{
 
 use profiler_unwind::UnwindTable;
 
-use super::{FileIdentity, FileTable, rows::RowsMmap};
+use super::{FileIdentity, FileTable, debugfile, rows::RowsMmap};
 use crate::collect::modules::ElfLayout;
 
 /// The walker's binary search does at most 24 halvings.
@@ -78,6 +78,24 @@ pub struct Done {
     /// Why the file has no table (`FileTable::NoCfi`).
     pub error: Option<String>,
     pub name: String,
+    pub debug: DebugUse,
+}
+
+/// What a separate debug file did for a file.
+#[derive(Debug, Default)]
+pub enum DebugUse {
+    /// The file's own CFI covers all its code (or it is not a readable ELF file).
+    #[default]
+    NotNeeded,
+    /// Looked for, not found (with why candidates that exist were rejected).
+    NotFound { rejected: Vec<String> },
+    /// Found, but its `.debug_frame` is absent or adds nothing (e.g. libc's: its `.eh_frame`
+    /// covers what it can).
+    NoNewCfi,
+    /// Its `.debug_frame` filled `fdes` functions of the table.
+    Used { how: debugfile::How, fdes: usize },
+    /// Found, but its `.debug_frame` does not compile.
+    Failed(String),
 }
 
 #[derive(Default)]
@@ -89,6 +107,8 @@ struct Queue {
 }
 
 pub struct Shared {
+    /// Where separate debug files are installed (`/usr/lib/debug`).
+    debug_root: PathBuf,
     queue: Mutex<Queue>,
     ready: Condvar,
     rows: RowsMmap,
@@ -98,6 +118,7 @@ pub struct Shared {
 impl Shared {
     pub fn new(rows: RowsMmap) -> Arc<Self> {
         Arc::new(Self {
+            debug_root: debugfile::debug_root(),
             queue: Mutex::new(Queue { paused: true, ..Default::default() }),
             ready: Condvar::new(),
             rows,
@@ -202,7 +223,11 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
         // truncated meanwhile would fault (SIGBUS), as it would in the processes using it.
         .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
         .map_err(|e| e.to_string())
-        .and_then(|data| UnwindTable::from_elf(&data).map_err(|e| e.to_string()));
+        .map(|data| with_debug_file(&data, &job.name, &shared.debug_root));
+    let (compiled, debug) = match compiled {
+        Ok((table, debug)) => (table, debug),
+        Err(e) => (Err(e), DebugUse::NotNeeded),
+    };
     drop(job.hold);
     let compile = started.elapsed();
     let mut done = Done {
@@ -214,6 +239,7 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
         copy: Duration::ZERO,
         error: None,
         name: job.name,
+        debug,
     };
     let table = match compiled {
         Ok(t) if !t.rows().is_empty() && t.rows().len() < MAX_TABLE_ROWS => t,
@@ -238,4 +264,38 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     done.copy = started.elapsed();
     done.table = FileTable::Loaded { first, count };
     done
+}
+
+/// Compiles a file's own CFI and, when that leaves some of its code undescribed, adds the
+/// `.debug_frame` of its separate debug file if one is installed.
+pub(super) fn with_debug_file(
+    data: &[u8],
+    mapped_path: &str,
+    root: &std::path::Path,
+) -> (Result<UnwindTable, String>, DebugUse) {
+    let own = UnwindTable::from_elf(data);
+    let lacks_cfi = match &own {
+        Ok(t) => t.stats().code_bytes_without_cfi > 0,
+        Err(profiler_unwind::Error::NoCfi) => true,
+        Err(_) => false,
+    };
+    let own = own.map_err(|e| e.to_string());
+    let Some(links) = lacks_cfi.then(|| profiler_unwind::debug_links(data).ok()).flatten() else {
+        return (own, DebugUse::NotNeeded);
+    };
+    let lookup = debugfile::find(root, mapped_path, &links);
+    let Some(found) = lookup.found else {
+        return (own, DebugUse::NotFound { rejected: lookup.rejected });
+    };
+    let Some(frame) = found.debug_frame else {
+        return (own, DebugUse::NoNewCfi);
+    };
+    match UnwindTable::from_elf_with_debug_frame(data, Some(&frame)) {
+        Ok(t) if t.stats().separate_debug_frame_fdes > 0 => {
+            let fdes = t.stats().separate_debug_frame_fdes;
+            (Ok(t), DebugUse::Used { how: found.how, fdes })
+        }
+        Ok(_) => (own, DebugUse::NoNewCfi),
+        Err(e) => (own, DebugUse::Failed(format!("{}: {e}", found.path.display()))),
+    }
 }
