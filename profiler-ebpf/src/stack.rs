@@ -280,6 +280,34 @@ pub fn stopped_at(slot: u32) -> Option<StackCopyHeader> {
 #[inline(always)]
 pub unsafe fn copy_stack(dst: *mut u8, sp: u64) -> u32 {
     const MAX: u64 = STACK_COPY_MAX as u64;
+    // A main thread's stack ends at its argument strings (the frames are below them), so up to
+    // there is what a walk can need and all of it is mapped; a copy cut at a page boundary
+    // instead misses the callers of `main` in a process that just started.
+    let cfg = config();
+    // SAFETY: fault-checked kernel reads of the current task's mm.
+    let top = unsafe {
+        crate::read_kernel_u64(bpf_get_current_task() + cfg.task_mm as u64)
+            .and_then(|mm| crate::read_kernel_u64(mm + cfg.mm_arg_start as u64))
+    };
+    if let Some(top) = top
+        && top > sp
+    {
+        let len = top - sp;
+        if len <= MAX {
+            let len = len & (2 * MAX - 1);
+            // SAFETY: fault-checked read of `len <= STACK_COPY_MAX` bytes of user memory.
+            let ret = unsafe {
+                aya_ebpf::helpers::generated::bpf_probe_read_user(
+                    dst.cast(),
+                    len as u32,
+                    sp as *const core::ffi::c_void,
+                )
+            };
+            if ret == 0 && len > 0 {
+                return len as u32;
+            }
+        }
+    }
     for span in [MAX, MAX / 2, MAX / 4, 4096] {
         let mut len = (sp.wrapping_add(span) & !4095).wrapping_sub(sp);
         if span == 4096 {
