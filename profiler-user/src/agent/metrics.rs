@@ -77,11 +77,18 @@ pub struct WindowMetrics {
     pub events_lost: Counter,
     pub failed: Counter,
     pub write_seconds: Histogram,
-    /// The symbolizer service: addresses asked for, those it had named already, and how many
-    /// it holds.
+    /// The symbolizer service: addresses asked for, those it had named already, how many
+    /// it holds (and their estimated bytes) and evicted for its bound; the files blazesym
+    /// holds parsed, those evicted from it, its rebuilds; time naming each window's frames.
     pub symbol_lookups: Counter,
     pub symbol_cache_hits: Counter,
     pub symbol_cache_entries: Gauge,
+    pub symbol_cache_bytes: Gauge,
+    pub symbol_cache_evictions: Counter,
+    pub symbol_files: Gauge,
+    pub symbol_file_evictions: Counter,
+    pub symbolizer_rebuilds: Counter,
+    pub symbolize_seconds: Histogram,
     samples: Family<ServiceLabel, Counter>,
     services: Mutex<HashSet<String>>,
 }
@@ -202,6 +209,12 @@ impl AgentMetrics {
             symbol_lookups: Counter::default(),
             symbol_cache_hits: Counter::default(),
             symbol_cache_entries: Gauge::default(),
+            symbol_cache_bytes: Gauge::default(),
+            symbol_cache_evictions: Counter::default(),
+            symbol_files: Gauge::default(),
+            symbol_file_evictions: Counter::default(),
+            symbolizer_rebuilds: Counter::default(),
+            symbolize_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             samples: Family::default(),
             services: Mutex::new(HashSet::new()),
         });
@@ -250,6 +263,38 @@ impl AgentMetrics {
             "symbol_cache_entries",
             "Frame addresses the symbolizer holds named",
             w.symbol_cache_entries.clone(),
+        );
+        r.register_with_unit(
+            "symbol_cache",
+            "Estimated heap bytes of the names the symbolizer holds",
+            Unit::Bytes,
+            w.symbol_cache_bytes.clone(),
+        );
+        r.register(
+            "symbol_cache_evictions",
+            "Named frame addresses evicted (least recently used) to keep the cache bounded",
+            w.symbol_cache_evictions.clone(),
+        );
+        r.register(
+            "symbol_files",
+            "Files blazesym holds parsed for the symbolizer",
+            w.symbol_files.clone(),
+        );
+        r.register(
+            "symbol_file_evictions",
+            "Files evicted from blazesym: released, changed, or past its bound",
+            w.symbol_file_evictions.clone(),
+        );
+        r.register(
+            "symbolizer_rebuilds",
+            "Times blazesym's symbolizer was dropped and rebuilt empty",
+            w.symbolizer_rebuilds.clone(),
+        );
+        r.register_with_unit(
+            "window_symbolize",
+            "Time to name a window's frames",
+            Unit::Seconds,
+            w.symbolize_seconds.clone(),
         );
         let s = &spool;
         r.register_with_unit("spool", "Bytes held in the spool", Unit::Bytes, s.bytes.clone());

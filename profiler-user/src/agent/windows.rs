@@ -30,6 +30,8 @@ pub struct WindowReport {
     pub corrupt: Vec<String>,
     /// Modules that could not be symbolized, with why.
     pub symbolize_errors: Vec<(String, String)>,
+    /// Time spent naming the window's frames.
+    pub symbolize_time: std::time::Duration,
 }
 
 /// Routes each thread's events to the writer of its process.
@@ -60,7 +62,9 @@ pub fn profiles(
     host: &str,
     symbolizer: &Service,
 ) -> Result<(Vec<WindowProfile>, WindowReport)> {
+    let began = std::time::Instant::now();
     let sym = job.symbolize_used(Some(symbolizer))?;
+    let symbolize_time = began.elapsed();
     let stacks = sym.stacks();
     let info = &sym.info;
     let ctx = ProfileContext {
@@ -84,5 +88,5 @@ pub fn profiles(
         out.push(WindowProfile { labels, start_ms, end_ms, samples, pprof });
     }
     out.sort_by(|a, b| a.labels.cmp(&b.labels));
-    Ok((out, WindowReport { corrupt, symbolize_errors: sym.errors.modules }))
+    Ok((out, WindowReport { corrupt, symbolize_errors: sym.errors.modules, symbolize_time }))
 }

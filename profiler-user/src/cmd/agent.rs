@@ -95,6 +95,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let forwarders = Forwarders::start(&queue, sinks, msgs)?;
     let wq = queue.clone();
     let m = metrics.clone();
+    let symbolizer_stats = symbolizer.clone();
     let writer = std::thread::Builder::new().name("agent-writer".into()).spawn(move || {
         let queue = wq;
         let mut samples = 0u64;
@@ -126,9 +127,16 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     let deleted = after.deleted_for_size - before.deleted_for_size;
                     m.windows.produced.inc();
                     let st = symbolizer.stats();
-                    m.windows.symbol_lookups.inc_by(st.asked - seen.asked);
-                    m.windows.symbol_cache_hits.inc_by(st.cached - seen.cached);
-                    m.windows.symbol_cache_entries.set(st.entries as i64);
+                    let mw = &m.windows;
+                    mw.symbol_lookups.inc_by(st.asked - seen.asked);
+                    mw.symbol_cache_hits.inc_by(st.cached - seen.cached);
+                    mw.symbol_cache_entries.set(st.entries as i64);
+                    mw.symbol_cache_bytes.set(st.bytes as i64);
+                    mw.symbol_cache_evictions.inc_by(st.evicted - seen.evicted);
+                    mw.symbol_files.set(st.files as i64);
+                    mw.symbol_file_evictions.inc_by(st.files_evicted - seen.files_evicted);
+                    mw.symbolizer_rebuilds.inc_by(st.rebuilds - seen.rebuilds);
+                    mw.symbolize_seconds.observe(report.symbolize_time.as_secs_f64());
                     seen = st;
                     m.windows.profiles.inc_by(profiles.len() as u64);
                     m.spool.deleted.inc_by(deleted);
@@ -200,6 +208,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         stats.deleted_for_size,
         counters.lost_samples()
     ));
+    msgs.notice(format_args!("{}", symbolizer_summary(&symbolizer_stats.stats())));
     for s in queue.stats() {
         msgs.notice(format_args!("{}", sink_summary(&s)));
     }
@@ -216,6 +225,25 @@ fn remote_sinks(plan: &AgentPlan) -> Result<Vec<Box<dyn RemoteSink>>> {
         sinks.push(Box::new(PyroscopeSink::new(url, auth.clone())?));
     }
     Ok(sinks)
+}
+
+/// The symbolizer's line of the exit summary: how well its caches did and what they evicted.
+fn symbolizer_summary(s: &crate::symbolize::ServiceStats) -> String {
+    let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 * 100.0 / b as f64 };
+    format!(
+        "symbolizer: {} lookups, {:.1}% named from the cache, {} names held ({} KiB), {} \
+         evicted; {} files held parsed, {} evicted, {} rebuilds; {:.3} s over {} calls",
+        s.asked,
+        pct(s.cached, s.asked),
+        s.entries,
+        s.bytes / 1024,
+        s.evicted,
+        s.files,
+        s.files_evicted,
+        s.rebuilds,
+        s.seconds,
+        s.calls
+    )
 }
 
 /// One line of the exit summary per sink.

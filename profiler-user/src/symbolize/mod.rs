@@ -3,6 +3,8 @@
 //! address (inlined functions expand to several, outermost first). Each address is resolved
 //! once: results are cached by (module, offset) or kernel address.
 
+pub mod cache;
+
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -13,6 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
+    evict::{self, Evict},
     source::{Elf, Kernel, Source},
 };
 
@@ -140,13 +143,23 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
     }
 }
 
-/// Addresses a `Service` keeps named between calls; past this it starts over.
+/// Bounds of what a `Service` keeps between calls. Names: 256 Ki addresses or ~64 MiB, about
+/// a day of a busy host's distinct frames. Files blazesym holds parsed: 32 files or 512 MiB of
+/// them (their parsed symbol tables and DWARF grow with them: 56 files, a busy build host's
+/// rustc libraries among them, held 170 MiB more RSS than a symbolizer per window).
 const SERVICE_CACHE_ENTRIES: usize = 256 * 1024;
+const SERVICE_CACHE_BYTES: usize = 64 << 20;
+const SERVICE_HELD_FILES: usize = 32;
+const SERVICE_HELD_FILE_BYTES: u64 = 512 << 20;
+/// Files evicted from blazesym before its `Symbolizer` is rebuilt: evicting a file leaves what
+/// blazesym found through it (e.g. a `.gnu_debuglink` file), so start clean now and then.
+const REBUILD_AFTER_EVICTIONS: u64 = 256;
 
 /// A symbolizer that outlives one call. The agent symbolizes every window with it: each address
-/// is named once, instead of re-reading every library's symbols and DWARF every window (which
-/// was most of an agent's CPU time). A module id whose file changed (the module table reuses
-/// released ids) has its names dropped.
+/// is named once, and the files blazesym parsed (symbol tables, DWARF) stay parsed, instead of
+/// re-reading every library every window (which was most of an agent's CPU time). Both caches
+/// are bounded (least recently used go first) and keyed by the file's identity
+/// (`cache::FileId`), so a module whose file changed never gets another file's names.
 pub struct Service {
     tx: mpsc::Sender<Request>,
     stats: Arc<Mutex<ServiceStats>>,
@@ -164,76 +177,74 @@ pub struct ServiceStats {
     /// Addresses asked for, and how many of them were already named.
     pub asked: u64,
     pub cached: u64,
-    /// Times the cache was full and dropped.
-    pub resets: u64,
-    /// Addresses held now.
+    /// Names evicted to stay within the cache's bound.
+    pub evicted: u64,
+    /// Addresses held named now, and their estimated heap bytes.
     pub entries: u64,
+    pub bytes: u64,
+    /// Files blazesym holds parsed now; evicted from it (released, changed or least recently
+    /// used); times it was rebuilt from nothing.
+    pub files: u64,
+    pub files_evicted: u64,
+    pub rebuilds: u64,
+    /// Calls served, and the time they took (seconds).
+    pub calls: u64,
+    pub seconds: f64,
 }
 
 impl Service {
     pub fn start() -> Result<Self> {
+        Self::with_bounds(
+            cache::FrameCache::new(SERVICE_CACHE_ENTRIES, SERVICE_CACHE_BYTES),
+            cache::HeldFiles::new(SERVICE_HELD_FILES, SERVICE_HELD_FILE_BYTES),
+        )
+    }
+
+    fn with_bounds(mut names: cache::FrameCache, mut held: cache::HeldFiles) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let stats = Arc::new(Mutex::new(ServiceStats::default()));
         let shared = Arc::clone(&stats);
         thread::Builder::new()
             .name("symbolizer".into())
             .spawn(move || {
-                let mut cache: Symbols = HashMap::new();
-                // What each module id named when its addresses were cached: the module table
-                // reuses the id of a released module for a new file.
-                let mut named: Vec<u64> = Vec::new();
-                let mut ksym = Some(new_symbolizer());
+                let mut worker = SymbolizerThread::new();
+                let mut total = ServiceStats::default();
+                let mut evicted_since_rebuild = 0;
                 for req in rx {
-                    let mut st = ServiceStats::default();
-                    if cache.len() > SERVICE_CACHE_ENTRIES {
-                        cache.clear();
-                        st.resets = 1;
-                    }
-                    let mut changed = std::collections::HashSet::new();
-                    for (i, m) in req.modules.iter().enumerate() {
-                        let now = m.serial;
-                        match named.get_mut(i) {
-                            Some(was) if *was != now => {
-                                changed.insert(i as u32);
-                                *was = now;
-                            }
-                            Some(_) => {}
-                            None => named.push(now),
+                    let began = std::time::Instant::now();
+                    let window = names.next_window();
+                    let asked = req.addrs.len() as u64;
+                    let (out, errors) =
+                        serve(&mut worker, &mut names, &mut held, window, &req.addrs, &req.modules);
+                    // Files no module reads any more leave blazesym, as do the least recently
+                    // used past the bound.
+                    let live: std::collections::HashSet<&std::path::Path> =
+                        req.modules.iter().filter_map(|m| m.open_path.as_deref()).collect();
+                    let gone = held.to_evict(&live);
+                    evicted_since_rebuild += gone.len() as u64;
+                    if evicted_since_rebuild >= REBUILD_AFTER_EVICTIONS {
+                        worker.sym = new_symbolizer();
+                        held.clear();
+                        evicted_since_rebuild = 0;
+                        total.rebuilds += 1;
+                    } else {
+                        for p in gone {
+                            let _ = worker.sym.evict(&Evict::Elf(evict::Elf::new(p)));
                         }
                     }
-                    if !changed.is_empty() {
-                        cache.retain(|a, _| match a {
-                            FrameAddr::User { module, .. }
-                            | FrameAddr::Truncated { module: Some(module), .. } => {
-                                !changed.contains(&module.0)
-                            }
-                            _ => true,
-                        });
+                    names.trim();
+                    total.asked += asked;
+                    total.cached = names.stats.hits;
+                    total.evicted = names.stats.evicted;
+                    total.entries = names.len() as u64;
+                    total.bytes = names.bytes() as u64;
+                    total.files = held.len() as u64;
+                    total.files_evicted = held.evicted;
+                    total.calls += 1;
+                    total.seconds += began.elapsed().as_secs_f64();
+                    if let Ok(mut s) = shared.lock() {
+                        *s = total;
                     }
-                    // A new blazesym `Symbolizer` per call: it keeps every file it parsed
-                    // (whole DWARF sections of big libraries), which grew an agent to 190 MiB
-                    // on a busy build host; with names cached here, a steady window parses
-                    // only the few files that have new addresses. Kernel symbols are kept.
-                    let mut worker =
-                        SymbolizerThread::with_kernel(ksym.take().unwrap_or_else(new_symbolizer));
-                    let missing: Vec<FrameAddr> =
-                        req.addrs.iter().copied().filter(|a| !cache.contains_key(a)).collect();
-                    st.asked = req.addrs.len() as u64;
-                    st.cached = st.asked - missing.len() as u64;
-                    let errors = worker.run(&missing, &req.modules);
-                    cache.extend(worker.out.drain());
-                    ksym = Some(worker.ksym);
-                    if let Ok(mut total) = shared.lock() {
-                        total.asked += st.asked;
-                        total.cached += st.cached;
-                        total.resets += st.resets;
-                        total.entries = cache.len() as u64;
-                    }
-                    let out = req
-                        .addrs
-                        .iter()
-                        .filter_map(|a| Some((*a, cache.get(a)?.clone())))
-                        .collect();
                     let _ = req.reply.send((out, errors));
                 }
             })
@@ -258,6 +269,95 @@ impl Service {
     }
 }
 
+/// One call of a `Service`: names from `names` where it has them, the rest from `worker`
+/// (whose blazesym `Symbolizer` keeps its parsed files), then remembered.
+fn serve(
+    worker: &mut SymbolizerThread,
+    names: &mut cache::FrameCache,
+    held: &mut cache::HeldFiles,
+    window: u64,
+    addrs: &[FrameAddr],
+    modules: &[ModuleSource],
+) -> (Symbols, SymbolizeErrors) {
+    // Each used module's file as it is now: stat'ed every call, as a path may name another
+    // file by now.
+    let mut files: HashMap<ModuleId, Option<cache::FileId>> = HashMap::new();
+    let mut file_of = |module: ModuleId| {
+        *files.entry(module).or_insert_with(|| {
+            let m = &modules[module.0 as usize];
+            cache::FileId::of(m.open_path.as_deref()?, m.build_id.as_deref())
+        })
+    };
+    let key = |a: FrameAddr, file_of: &mut dyn FnMut(ModuleId) -> Option<cache::FileId>| match a {
+        FrameAddr::Kernel(addr) => Some(cache::Key::Kernel(addr)),
+        FrameAddr::User { module, offset } => Some(cache::Key::File(file_of(module)?, offset)),
+        // The others are named without reading anything.
+        _ => None,
+    };
+    let mut out = Symbols::with_capacity(addrs.len());
+    let mut missing = Vec::new();
+    for &a in addrs {
+        let Some(k) = key(a, &mut file_of) else {
+            missing.push(a);
+            continue;
+        };
+        match names.get(&k) {
+            Some(frames) => {
+                let mut frames = frames.to_vec();
+                // One file may be mapped under several names (links, other mount namespaces).
+                if let FrameAddr::User { module, .. } = a {
+                    let name = &modules[module.0 as usize].name;
+                    for f in frames.iter_mut().filter(|f| f.module != *name) {
+                        f.module.clone_from(name);
+                    }
+                }
+                out.insert(a, frames);
+            }
+            None => missing.push(a),
+        }
+    }
+    // The files about to be read: one that changed at its path leaves blazesym first.
+    let mut reading: Vec<ModuleId> = missing
+        .iter()
+        .filter_map(|a| match a {
+            FrameAddr::User { module, .. } => Some(*module),
+            _ => None,
+        })
+        .collect();
+    reading.sort_unstable();
+    reading.dedup();
+    for &module in &reading {
+        let m = &modules[module.0 as usize];
+        if let (Some(p), Some(id)) = (&m.open_path, file_of(module))
+            && held.use_file(p, id, window)
+        {
+            let _ = worker.sym.evict(&Evict::Elf(evict::Elf::new(p.clone())));
+        }
+    }
+    let errors = worker.run(&missing, modules);
+    // Names of a file that changed while it was read may be either file's: used, not kept.
+    let unchanged: std::collections::HashSet<ModuleId> = reading
+        .into_iter()
+        .filter(|&module| {
+            let m = &modules[module.0 as usize];
+            let now =
+                m.open_path.as_deref().and_then(|p| cache::FileId::of(p, m.build_id.as_deref()));
+            now.is_some() && now == file_of(module)
+        })
+        .collect();
+    for (a, frames) in worker.out.drain() {
+        let keep = match a {
+            FrameAddr::User { module, .. } => unchanged.contains(&module),
+            _ => true,
+        };
+        if keep && let Some(k) = key(a, &mut file_of) {
+            names.insert(k, frames.clone());
+        }
+        out.insert(a, frames);
+    }
+    (out, errors)
+}
+
 struct SymbolizerThread {
     /// For files.
     sym: Symbolizer,
@@ -278,11 +378,12 @@ fn new_symbolizer() -> Symbolizer {
 
 impl SymbolizerThread {
     fn new() -> Self {
-        Self::with_kernel(new_symbolizer())
-    }
-
-    fn with_kernel(ksym: Symbolizer) -> Self {
-        Self { sym: new_symbolizer(), ksym, out: HashMap::new(), errors: Default::default() }
+        Self {
+            sym: new_symbolizer(),
+            ksym: new_symbolizer(),
+            out: HashMap::new(),
+            errors: Default::default(),
+        }
     }
 
     /// Names `addrs` into `self.out`; returns what failed on the way.
@@ -487,6 +588,95 @@ mod tests {
         let f = &out[&fa][0];
         assert!(f.function.contains("clock_gettime"), "{f:?}");
         assert_eq!(f.module, "[vdso]");
+    }
+
+    /// A copy of a library of this process at a path of the test's own, and the file offset
+    /// of `getpid` in it.
+    fn libc_and_getpid() -> (PathBuf, u64) {
+        let mut mods = modules::ModuleTable::default();
+        let space = modules::read_address_space(Pid(std::process::id()), &mut mods).unwrap();
+        // SAFETY: dlsym on the default namespace for a libc function.
+        let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"getpid".as_ptr()) } as u64;
+        let (module, offset) = space.lookup(addr).expect("getpid mapped");
+        (mods.get(module).readable_path().expect("libc readable"), offset)
+    }
+
+    fn source(path: &std::path::Path) -> ModuleSource {
+        let name = "lib.so".to_owned();
+        ModuleSource {
+            name,
+            serial: 0,
+            open_path: Some(path.to_owned()),
+            build_id: None,
+            hold: None,
+        }
+    }
+
+    fn replace_with(src: &std::path::Path, dst: &std::path::Path) {
+        let tmp = dst.with_extension("new");
+        std::fs::copy(src, &tmp).unwrap();
+        std::fs::rename(&tmp, dst).unwrap();
+    }
+
+    fn function(out: &Symbols, a: FrameAddr) -> String {
+        out[&a].iter().map(|f| f.function.as_str()).collect::<Vec<_>>().join(";")
+    }
+
+    #[test]
+    fn service_never_names_a_replaced_file_from_the_old_one() {
+        let (libc_path, offset) = libc_and_getpid();
+        let other = ["/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6"]
+            .into_iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.is_file())
+            .expect("no libm.so.6 to stand for another library");
+        let dir = cache::tests::TempDir::new("symservice-replaced");
+        let lib = dir.path().join("lib.so");
+        replace_with(&libc_path, &lib);
+        let service = Service::start().unwrap();
+        let a = FrameAddr::User { module: ModuleId(0), offset };
+        let first = service.symbolize(vec![a], vec![source(&lib)]).unwrap().0;
+        assert!(function(&first, a).contains("getpid"), "{first:?}");
+        // The same module id and serial now reads another file at the same path.
+        replace_with(&other, &lib);
+        let second = service.symbolize(vec![a], vec![source(&lib)]).unwrap().0;
+        let fresh = symbolize(vec![a], vec![source(&other)]).unwrap().0;
+        assert_eq!(function(&second, a), function(&fresh, a));
+        assert!(!function(&second, a).contains("getpid"), "{second:?}");
+        let st = service.stats();
+        assert_eq!((st.asked, st.cached, st.entries), (2, 0, 2), "{st:?}");
+        // Unchanged, it is named from the cache.
+        let third = service.symbolize(vec![a], vec![source(&lib)]).unwrap().0;
+        assert_eq!(third, second);
+        assert_eq!(service.stats().cached, 1);
+    }
+
+    #[test]
+    fn service_keeps_blazesym_within_its_file_bound() {
+        let (libc_path, offset) = libc_and_getpid();
+        let dir = cache::tests::TempDir::new("symservice-files");
+        let paths: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("lib{i}.so"))).collect();
+        for p in &paths {
+            replace_with(&libc_path, p);
+        }
+        let service = Service::with_bounds(
+            cache::FrameCache::new(2, usize::MAX),
+            cache::HeldFiles::new(1, u64::MAX),
+        )
+        .unwrap();
+        let modules: Vec<ModuleSource> = paths.iter().map(|p| source(p)).collect();
+        for round in 0..3u64 {
+            for i in 0..3u32 {
+                let a = FrameAddr::User { module: ModuleId(i), offset: offset + round };
+                let out = service.symbolize(vec![a], modules.clone()).unwrap().0;
+                assert!(function(&out, a).contains("getpid"), "{out:?}");
+                let st = service.stats();
+                assert!(st.files <= 1 && st.entries <= 2, "{st:?}");
+            }
+        }
+        let st = service.stats();
+        assert_eq!(st.files_evicted, 8, "{st:?}");
+        assert_eq!(st.evicted + st.entries, 9, "{st:?}");
     }
 
     #[test]

@@ -1,0 +1,399 @@
+//! What a long-lived symbolizer keeps between calls, bounded so an agent's memory stays flat:
+//! the frames of each address it named, by (file identity, offset), and the files blazesym
+//! holds parsed. Both are keyed by what the file is (device, inode, size, mtime, build-id),
+//! never by its path or module id alone: a library replaced on disk, or a module id reused
+//! for another file, must not get the old file's names.
+
+use std::{
+    collections::{HashMap, HashSet},
+    hash::{Hash, Hasher as _},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use crate::model::stacks::Frame;
+
+/// A file's identity: changes when the file at a path is replaced or rewritten.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_s: i64,
+    mtime_ns: i64,
+    /// Hash of the GNU build-id (0: none).
+    build_id: u64,
+}
+
+impl FileId {
+    /// The identity of the file `path` names now (as blazesym will open it); `None` when it
+    /// cannot be stat'ed.
+    pub fn of(path: &Path, build_id: Option<&str>) -> Option<Self> {
+        let m = std::fs::metadata(path).ok()?;
+        let build_id = build_id.map_or(0, |b| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            b.hash(&mut h);
+            h.finish() | 1
+        });
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_s: m.mtime(),
+            mtime_ns: m.mtime_nsec(),
+            build_id,
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// What a cached name is for.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Key {
+    /// A file offset in a file.
+    File(FileId, u64),
+    /// A kernel address (kallsyms).
+    Kernel(u64),
+}
+
+struct Entry {
+    frames: Vec<Frame>,
+    /// Window (call) that last used it.
+    used: u64,
+    /// Estimated heap bytes, counted against the bound.
+    bytes: usize,
+}
+
+/// What a [`FrameCache`] did over its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    /// Entries evicted to stay within the bound.
+    pub evicted: u64,
+}
+
+/// Frames by [`Key`], least recently used evicted first once past `max_entries` or
+/// `max_bytes` (then down to 7/8 of them, so eviction is not paid every call).
+pub struct FrameCache {
+    map: HashMap<Key, Entry>,
+    bytes: usize,
+    max_entries: usize,
+    max_bytes: usize,
+    window: u64,
+    pub stats: CacheStats,
+}
+
+impl FrameCache {
+    pub fn new(max_entries: usize, max_bytes: usize) -> Self {
+        Self {
+            map: HashMap::new(),
+            bytes: 0,
+            max_entries,
+            max_bytes,
+            window: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// Starts a new call: what it uses counts as more recent than anything before.
+    pub fn next_window(&mut self) -> u64 {
+        self.window += 1;
+        self.window
+    }
+
+    pub fn get(&mut self, key: &Key) -> Option<&[Frame]> {
+        match self.map.get_mut(key) {
+            Some(e) => {
+                e.used = self.window;
+                self.stats.hits += 1;
+                Some(&e.frames)
+            }
+            None => {
+                self.stats.misses += 1;
+                None
+            }
+        }
+    }
+
+    pub fn insert(&mut self, key: Key, frames: Vec<Frame>) {
+        let bytes = entry_bytes(&frames);
+        self.bytes += bytes;
+        if let Some(old) = self.map.insert(key, Entry { frames, used: self.window, bytes }) {
+            self.bytes -= old.bytes;
+        }
+    }
+
+    /// Evicts the least recently used entries if past the bound; returns how many.
+    pub fn trim(&mut self) -> usize {
+        if self.map.len() <= self.max_entries && self.bytes <= self.max_bytes {
+            return 0;
+        }
+        let (entries, bytes) =
+            (self.max_entries - self.max_entries / 8, self.max_bytes - self.max_bytes / 8);
+        let mut by_age: Vec<(u64, Key)> = self.map.iter().map(|(k, e)| (e.used, *k)).collect();
+        by_age.sort_unstable_by_key(|(used, _)| *used);
+        let mut n = 0;
+        for (_, k) in by_age {
+            if self.map.len() <= entries && self.bytes <= bytes {
+                break;
+            }
+            if let Some(e) = self.map.remove(&k) {
+                self.bytes -= e.bytes;
+                n += 1;
+            }
+        }
+        self.stats.evicted += n as u64;
+        n
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Estimated heap bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Heap bytes of one entry: its frames and strings, and the map's slot.
+fn entry_bytes(frames: &[Frame]) -> usize {
+    let slot = size_of::<Key>() + size_of::<Entry>() + 8;
+    slot + frames
+        .iter()
+        .map(|f| {
+            size_of::<Frame>()
+                + f.function.capacity()
+                + f.module.capacity()
+                + f.file.as_ref().map_or(0, String::capacity)
+        })
+        .sum::<usize>()
+}
+
+/// The files a blazesym `Symbolizer` holds parsed (by the path it was given), so they can be
+/// evicted from it: when their module was released, when the file at the path changed, and
+/// least recently used beyond `max_files` files or `max_bytes` of file size.
+pub struct HeldFiles {
+    files: HashMap<PathBuf, Held>,
+    max_files: usize,
+    max_bytes: u64,
+    bytes: u64,
+    /// Files evicted so far.
+    pub evicted: u64,
+}
+
+struct Held {
+    id: FileId,
+    used: u64,
+}
+
+impl HeldFiles {
+    pub fn new(max_files: usize, max_bytes: u64) -> Self {
+        Self { files: HashMap::new(), max_files, max_bytes, bytes: 0, evicted: 0 }
+    }
+
+    /// Notes that the symbolizer is about to read `path` as file `id` in `window`. True when
+    /// it holds another file at that path, which must be evicted first (blazesym would keep
+    /// both).
+    pub fn use_file(&mut self, path: &Path, id: FileId, window: u64) -> bool {
+        match self.files.get_mut(path) {
+            Some(h) if h.id == id => {
+                h.used = window;
+                false
+            }
+            Some(h) => {
+                self.bytes = self.bytes - h.id.size() + id.size();
+                *h = Held { id, used: window };
+                self.evicted += 1;
+                true
+            }
+            None => {
+                self.bytes += id.size();
+                self.files.insert(path.to_owned(), Held { id, used: window });
+                false
+            }
+        }
+    }
+
+    /// Removes and returns the paths to evict from the symbolizer: those no module in `live`
+    /// reads any more, then the least recently used beyond the bound.
+    pub fn to_evict(&mut self, live: &HashSet<&Path>) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> =
+            self.files.keys().filter(|p| !live.contains(p.as_path())).cloned().collect();
+        for p in &out {
+            self.remove(p);
+        }
+        if self.files.len() > self.max_files || self.bytes > self.max_bytes {
+            let mut by_age: Vec<(u64, PathBuf)> =
+                self.files.iter().map(|(p, h)| (h.used, p.clone())).collect();
+            by_age.sort_unstable_by_key(|(used, _)| *used);
+            for (_, p) in by_age {
+                if self.files.len() <= self.max_files && self.bytes <= self.max_bytes {
+                    break;
+                }
+                self.remove(&p);
+                out.push(p);
+            }
+        }
+        self.evicted += out.len() as u64;
+        out
+    }
+
+    fn remove(&mut self, path: &Path) {
+        if let Some(h) = self.files.remove(path) {
+            self.bytes -= h.id.size();
+        }
+    }
+
+    /// After the symbolizer was rebuilt: it holds nothing.
+    pub fn clear(&mut self) {
+        self.files.clear();
+        self.bytes = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::stacks::FrameKind;
+
+    fn frame(name: &str) -> Vec<Frame> {
+        vec![Frame {
+            kind: FrameKind::User,
+            function: name.into(),
+            module: "lib.so".into(),
+            file: None,
+            line: None,
+            column: None,
+            inlined: false,
+        }]
+    }
+
+    /// A directory of this test's own, removed at the end.
+    pub(crate) struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub(crate) fn new(test: &str) -> Self {
+            let p = std::env::temp_dir().join(format!("rsprof-{test}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+
+        pub(crate) fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn temp_file(dir: &Path, name: &str, body: &[u8]) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    #[test]
+    fn frame_cache_stays_within_its_entry_bound_evicting_least_recently_used() {
+        let dir = TempDir::new("symcache-entries");
+        let id = FileId::of(&temp_file(dir.path(), "a", b"x"), None).unwrap();
+        let mut c = FrameCache::new(100, usize::MAX);
+        for w in 0..50u64 {
+            c.next_window();
+            // Offset 0 is used every window: it must never be the one evicted.
+            if c.get(&Key::File(id, 0)).is_none() {
+                assert_eq!(w, 0, "the hot entry was evicted in window {w}");
+                c.insert(Key::File(id, 0), frame("hot"));
+            }
+            for i in 0..20 {
+                let k = Key::File(id, 1 + w * 20 + i);
+                assert!(c.get(&k).is_none());
+                c.insert(k, frame("cold"));
+            }
+            c.trim();
+            assert!(c.len() <= 100, "{} entries after window {w}", c.len());
+        }
+        assert_eq!(c.get(&Key::File(id, 0)).unwrap()[0].function, "hot");
+        // Every entry made is held or was counted evicted.
+        assert_eq!(c.stats.evicted + c.len() as u64, 1 + 50 * 20);
+        assert_eq!(c.stats.hits, 49 + 1);
+        assert!(c.stats.evicted > 0);
+    }
+
+    #[test]
+    fn frame_cache_stays_within_its_byte_bound() {
+        let dir = TempDir::new("symcache-bytes");
+        let id = FileId::of(&temp_file(dir.path(), "a", b"x"), None).unwrap();
+        let long = "f".repeat(1000);
+        let mut c = FrameCache::new(usize::MAX, 64 * 1024);
+        for i in 0..1000 {
+            c.next_window();
+            c.insert(Key::File(id, i), frame(&long));
+            c.trim();
+            assert!(c.bytes() <= 64 * 1024, "{} bytes", c.bytes());
+        }
+        assert!(c.len() >= 40, "only {} entries of ~1 KiB held in 64 KiB", c.len());
+        assert_eq!(c.stats.evicted + c.len() as u64, 1000);
+    }
+
+    #[test]
+    fn a_file_replaced_at_the_same_path_is_another_file() {
+        let dir = TempDir::new("symcache-replaced");
+        let p = temp_file(dir.path(), "lib.so", b"first");
+        let first = FileId::of(&p, None).unwrap();
+        // Same size, written in place: the mtime (and, if the clock is coarse, the build-id)
+        // must tell them apart; replaced by rename: the inode does.
+        let tmp = temp_file(dir.path(), "new", b"other");
+        std::fs::rename(&tmp, &p).unwrap();
+        let second = FileId::of(&p, None).unwrap();
+        assert_ne!(first, second);
+        assert_ne!(FileId::of(&p, Some("aa")), FileId::of(&p, Some("bb")));
+        let mut c = FrameCache::new(10, usize::MAX);
+        c.next_window();
+        c.insert(Key::File(first, 0x10), frame("old"));
+        assert!(c.get(&Key::File(second, 0x10)).is_none());
+    }
+
+    #[test]
+    fn held_files_evicts_released_replaced_and_least_recently_used() {
+        let dir = TempDir::new("symcache-held");
+        let paths: Vec<PathBuf> =
+            (0..5).map(|i| temp_file(dir.path(), &format!("f{i}"), b"12345678")).collect();
+        let ids: Vec<FileId> = paths.iter().map(|p| FileId::of(p, None).unwrap()).collect();
+        let mut h = HeldFiles::new(3, u64::MAX);
+        let all: HashSet<&Path> = paths.iter().map(PathBuf::as_path).collect();
+        for (w, (p, id)) in paths.iter().zip(&ids).enumerate() {
+            assert!(!h.use_file(p, *id, w as u64));
+        }
+        // Five held, three allowed: the two used first go.
+        let gone = h.to_evict(&all);
+        assert_eq!(gone, vec![paths[0].clone(), paths[1].clone()]);
+        assert_eq!(h.len(), 3);
+        // A module released: its file goes though within the bound.
+        let live: HashSet<&Path> = paths[3..].iter().map(PathBuf::as_path).collect();
+        assert_eq!(h.to_evict(&live), vec![paths[2].clone()]);
+        // Another file at a held path must be evicted before use.
+        assert!(h.use_file(&paths[3], ids[0], 10));
+        assert_eq!(h.evicted, 4);
+    }
+}
