@@ -171,9 +171,9 @@ pub fn bench_unwind(args: BenchUnwindArgs) -> anyhow::Result<()> {
             args: vec![script.into()],
         },
     ];
-    // samply: installed by `cargo xtask setup` (a build of several minutes, not started from a
-    // benchmark); missing, its rows say so.
-    let samply = crate::setup::samply_installed().map_err(|e| format!("{e:#}"));
+    // samply: installed here when missing (`cargo install`, pinned; before anything is timed);
+    // if that fails, its rows say why.
+    let samply = crate::setup::samply().map_err(|e| format!("{e:#}"));
     let _stats = StatsGuard::enable()?;
 
     let mut results = Vec::new();

@@ -40,7 +40,6 @@ pub fn setup() -> anyhow::Result<()> {
     }
     profiler_cli()?;
     go_pprof()?;
-    samply()?;
     environment_checks();
     println!("setup: done");
     Ok(())
@@ -166,7 +165,8 @@ fn bpf_linker(present: &mut Vec<String>) -> anyhow::Result<()> {
     }
 }
 
-/// samply version `cargo xtask bench-unwind` compares with (installed by `setup`).
+/// samply version `cargo xtask bench-unwind` compares with (installed by it when missing: a
+/// build of tens of minutes, which `setup`, run by every `cargo xtask test`, must not pay).
 pub const SAMPLY_VERSION: &str = "0.13.1";
 
 /// Where `cargo install` puts samply: `$CARGO_HOME/bin` or `~/.cargo/bin`.
