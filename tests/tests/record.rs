@@ -109,10 +109,15 @@ fn syscall_heavy_fixture_has_kernel_frames_under_user_frames() {
 
 #[test]
 fn short_lived_process_is_present_with_named_frames() {
-    let (profile, pid, _) = record_all("shortlived", || {
+    let (profile, pid, stderr) = record_all("shortlived", || {
         thread::sleep(Duration::from_millis(200));
         run_fixture("shortlived", &["300"]).expect("run fixture")
     });
+    let walks: Vec<&str> = (stderr.lines())
+        .filter(|l| {
+            ["user stacks:", "stack copies:", "start-up tables:"].iter().any(|k| l.contains(k))
+        })
+        .collect();
     let t = single_thread(&profile, pid);
     assert_eq!(t.process_name, "shortlived");
     let named = count_samples_with_path(t.thread, &["main", "short_hot"]);
@@ -120,7 +125,7 @@ fn short_lived_process_is_present_with_named_frames() {
     assert!(total >= 100, "300 ms at 999 Hz: got {total} samples");
     assert!(
         named as f64 >= 0.9 * total as f64,
-        "{named} of {total} samples named main → short_hot"
+        "{named} of {total} samples named main → short_hot; {walks:#?}"
     );
     assert!(t.thread["unregisterTime"].is_number(), "exit time recorded");
     // Its process has a command line from the exec tracepoint, even though it is gone now.

@@ -46,6 +46,9 @@ const MIN_DRAIN_GAP: Duration = Duration::from_millis(10);
 /// `MAX_DRAIN_INTERVAL`. Anything beyond the sampler's rate (USDT hits, off-CPU records, task
 /// events) wakes the loop from BPF once a quarter of the ring is pending (`output` in
 /// profiler-ebpf).
+/// How often the loop drains while processes wait for a table being compiled.
+const TABLE_LANDING_POLL: Duration = Duration::from_millis(10);
+
 pub fn drain_interval(ring_bytes: u32, cpus: usize, frequency: u64) -> Duration {
     // Each record has an 8-byte ring header.
     let record = (std::mem::size_of::<profiler_common::SampleRecord>() + 8) as f64;
@@ -349,6 +352,11 @@ impl<'p> Recorder<'p> {
         let every = self.drain_every;
         let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // While processes wait for a table being compiled, its landing is published on this
+        // shorter period rather than at the next drain: the timer's period (250 ms) is the
+        // whole life of many processes, which would go without their tables.
+        let mut landing = tokio::time::interval(TABLE_LANDING_POLL);
+        landing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_drain = Instant::now();
         // Off while a BPF wakeup waits out MIN_DRAIN_GAP (the timer then drains).
         let mut ring_armed = true;
@@ -406,6 +414,10 @@ impl<'p> Recorder<'p> {
                     self.drain();
                     last_drain = Instant::now();
                     ring_armed = true;
+                }
+                _ = landing.tick(), if self.unwind.as_ref().is_some_and(|u| u.has_waiting()) => {
+                    self.drain();
+                    last_drain = Instant::now();
                 }
                 Some(req) = next_request(&mut requests) => self.answer(req),
                 _ = signals.int.recv() => break Ok(Some("Ctrl-C".to_owned())),

@@ -219,6 +219,11 @@ impl UnwindLoader {
         }
     }
 
+    /// Whether some process was published with a file whose table is still being compiled.
+    pub fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     fn landed(&mut self, d: worker::Done, republish: &mut HashSet<Pid>) {
         self.stats.compile_time += d.compile;
         self.stats.load_time += d.copy;

@@ -128,7 +128,10 @@ impl Shared {
 
     pub fn push(&self, identity: FileIdentity, job: Job) {
         self.queue.lock().unwrap().jobs.insert(identity, job);
-        self.ready.notify_one();
+        // Both workers: with notify_one the urgent one could take the wakeup, find the job
+        // not wanted and sleep again, leaving it queued (a program exec'd under `--all` went
+        // its whole life without its table; stack copies hid it).
+        self.ready.notify_all();
     }
 
     /// One more process maps a queued file.
