@@ -438,9 +438,19 @@ fn exited_threads_of_a_live_process_are_forgotten() {
     let exe = fixtures::build("threadchurn").unwrap();
     let out = output_path("threadchurn", "json");
     let n = 5000u64;
-    let done =
-        run(&["-o", out.to_str().unwrap(), "--", exe.to_str().unwrap(), &n.to_string(), "5", "2"])
-            .unwrap();
+    // The busy threads go on 1.5 s after the last short thread: every short thread then
+    // exited more than the 1 s grace before the end, however the churn was paced.
+    let done = run(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        exe.to_str().unwrap(),
+        &n.to_string(),
+        "5",
+        "2",
+        "1.5",
+    ])
+    .unwrap();
     assert!(done.status.success(), "{}", done.stderr);
     assert!(done.stdout.contains(&format!("short {n}")), "{}", done.stdout);
     let number_before = |s: &str, key: &str| -> u64 {
@@ -455,12 +465,28 @@ fn exited_threads_of_a_live_process_are_forgotten() {
     let forgotten = number_before(line, " exited threads forgotten");
     let peak = number_before(line, " threads held at once");
     eprintln!("{line}");
-    // A thousand threads a second, each kept a second after its exit (plus the few sampled,
-    // whose samples are stored): well under half of them at once.
-    assert!(forgotten >= n * 3 / 4, "{forgotten} of {n} short threads forgotten");
-    assert!(peak < n / 2, "{peak} threads held at once for {n} started");
     let profile = tests::gecko_schema::load(&out).expect("profile");
     valid(&profile);
+    // Short threads that were sampled are kept with their samples; every other one exited
+    // more than a second before the end and is forgotten.
+    let sampled_short = profile["threads"]
+        .as_array()
+        .into_iter()
+        .chain(
+            profile["processes"]
+                .as_array()
+                .into_iter()
+                .flat_map(|ps| ps.iter().filter_map(|p| p["threads"].as_array())),
+        )
+        .flatten()
+        .filter(|t| !t["name"].as_str().unwrap_or("").starts_with("busy-") && t["tid"] != t["pid"])
+        .count() as u64;
+    eprintln!("{sampled_short} short threads sampled");
+    assert!(
+        forgotten + sampled_short >= n * 98 / 100,
+        "{forgotten} of {n} short threads forgotten, {sampled_short} sampled"
+    );
+    assert!(peak < n / 2, "{peak} threads held at once for {n} started");
     let ts = threads(&profile);
     for name in ["busy-0", "busy-1"] {
         let t = ts.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no thread {name}"));
