@@ -31,7 +31,7 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
             bpf_find_vma, bpf_get_current_task, bpf_get_current_task_btf, bpf_get_smp_processor_id,
-            bpf_probe_read_kernel_str,
+            bpf_loop, bpf_probe_read_kernel_str,
         },
     },
     macros::{map, tracepoint},
@@ -126,7 +126,7 @@ unsafe fn send_file(cfg: &Config, rec: *mut MapRecord, file: u64) {
                 (*rec).dev = read_kernel_u32(sb + cfg.sb_dev as u64).unwrap_or(0);
             }
         }
-        let (len, complete) = walk_path(cfg, file, rec);
+        let (len, complete) = walk_path(cfg, file);
         (*rec).path_len = len as u32;
         if complete {
             (*rec).flags |= MAP_PATH_COMPLETE;
@@ -506,53 +506,105 @@ pub(crate) unsafe fn send_exec_mappings(cfg: &Config, tgid: u32, tid: u32, mm: u
 /// until the root of the mount tree. Returns the bytes written and whether the root was
 /// reached (not when a name or the whole path was too long, or the file's mount was detached,
 /// e.g. lazily unmounted). Userspace checks the result against (dev, inode) before use.
+/// The record is this CPU's `MAP_SCRATCH`, which every caller fills.
+///
+/// The components are walked in a `bpf_loop` callback: as a bounded loop the verifier went
+/// through all MAP_PATH_DEPTH iterations in each of the four programs that name files (260 k
+/// instructions each, about 2 s of start-up CPU); the callback is verified once.
 #[inline(always)]
-unsafe fn walk_path(cfg: &Config, file: u64, rec: *mut MapRecord) -> (u64, bool) {
+unsafe fn walk_path(cfg: &Config, file: u64) -> (u64, bool) {
     unsafe {
-        let (Some(mut dentry), Some(mut vfsmnt)) = (
+        let (Some(dentry), Some(vfsmnt)) = (
             read_kernel_u64(file + cfg.file_path_dentry as u64),
             read_kernel_u64(file + cfg.file_path_mnt as u64),
         ) else {
             return (0, false);
         };
-        let buf = (*rec).path.as_mut_ptr();
-        let mut off: u64 = 0;
-        for _ in 0..MAP_PATH_DEPTH {
-            let mnt = vfsmnt - cfg.mount_mnt as u64;
-            let (Some(root), Some(parent)) = (
-                read_kernel_u64(vfsmnt + cfg.vfsmount_root as u64),
-                read_kernel_u64(dentry + cfg.dentry_parent as u64),
-            ) else {
-                break;
+        let Some(w) = PATH_WALK.get_ptr_mut(0) else { return (0, false) };
+        *w = PathWalk { dentry, vfsmnt, off: 0, state: PATH_WALKING };
+        let mut unused: u32 = 0;
+        bpf_loop(
+            MAP_PATH_DEPTH,
+            path_step as *mut core::ffi::c_void,
+            core::ptr::addr_of_mut!(unused).cast(),
+            0,
+        );
+        let off = (*w).off;
+        (off, (*w).state == PATH_REACHED_ROOT)
+    }
+}
+
+/// Where a path walk is between `bpf_loop` steps.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PathWalk {
+    dentry: u64,
+    vfsmnt: u64,
+    off: u64,
+    state: u64,
+}
+
+const PATH_WALKING: u64 = 0;
+const PATH_REACHED_ROOT: u64 = 1;
+const PATH_STOPPED: u64 = 2;
+
+#[map]
+static PATH_WALK: PerCpuArray<PathWalk> = PerCpuArray::with_max_entries(1, 0);
+
+/// `bpf_loop` callback: one step up the path (a name, or a hop to the parent mount). 0
+/// continues, 1 stops.
+#[inline(never)]
+extern "C" fn path_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+    let (Some(w), Some(rec)) = (PATH_WALK.get_ptr_mut(0), MAP_SCRATCH.get_ptr_mut(0)) else {
+        return 1;
+    };
+    let cfg = config();
+    // SAFETY: per-CPU map values; kernel reads are fault-checked.
+    unsafe {
+        let w = &mut *w;
+        let stop = |w: &mut PathWalk, state: u64| {
+            w.state = state;
+            1
+        };
+        let dentry = w.dentry;
+        let vfsmnt = w.vfsmnt;
+        let mnt = vfsmnt - cfg.mount_mnt as u64;
+        let (Some(root), Some(parent)) = (
+            read_kernel_u64(vfsmnt + cfg.vfsmount_root as u64),
+            read_kernel_u64(dentry + cfg.dentry_parent as u64),
+        ) else {
+            return stop(w, PATH_STOPPED);
+        };
+        if dentry == root {
+            let Some(mnt_parent) = read_kernel_u64(mnt + cfg.mount_parent as u64) else {
+                return stop(w, PATH_STOPPED);
             };
-            if dentry == root {
-                let Some(mnt_parent) = read_kernel_u64(mnt + cfg.mount_parent as u64) else {
-                    break;
-                };
-                if mnt_parent == mnt {
-                    return (off, true);
-                }
-                let Some(mountpoint) = read_kernel_u64(mnt + cfg.mount_mountpoint as u64) else {
-                    break;
-                };
-                dentry = mountpoint;
-                vfsmnt = mnt_parent + cfg.mount_mnt as u64;
-                continue;
+            if mnt_parent == mnt {
+                return stop(w, PATH_REACHED_ROOT);
             }
-            if dentry == parent || off >= MAP_PATH_MAX as u64 {
-                break;
-            }
-            let Some(name) = read_kernel_u64(dentry + cfg.dentry_name as u64) else { break };
-            // The mask keeps the write inside `path` for the verifier: off < MAP_PATH_MAX here
-            // and `path` has MAP_NAME_MAX bytes to spare.
-            let dst = buf.add((off & (MAP_PATH_MAX as u64 - 1)) as usize);
-            let n = bpf_probe_read_kernel_str(dst.cast(), MAP_NAME_MAX as u32, name as *const _);
-            if n <= 0 || n >= MAP_NAME_MAX as i64 {
-                break;
-            }
-            off += n as u64;
-            dentry = parent;
+            let Some(mountpoint) = read_kernel_u64(mnt + cfg.mount_mountpoint as u64) else {
+                return stop(w, PATH_STOPPED);
+            };
+            w.dentry = mountpoint;
+            w.vfsmnt = mnt_parent + cfg.mount_mnt as u64;
+            return 0;
         }
-        (off, false)
+        let off = w.off;
+        if dentry == parent || off >= MAP_PATH_MAX as u64 {
+            return stop(w, PATH_STOPPED);
+        }
+        let Some(name) = read_kernel_u64(dentry + cfg.dentry_name as u64) else {
+            return stop(w, PATH_STOPPED);
+        };
+        // The mask keeps the write inside `path` for the verifier: off < MAP_PATH_MAX here
+        // and `path` has MAP_NAME_MAX bytes to spare.
+        let dst = (*rec).path.as_mut_ptr().add((off & (MAP_PATH_MAX as u64 - 1)) as usize);
+        let n = bpf_probe_read_kernel_str(dst.cast(), MAP_NAME_MAX as u32, name as *const _);
+        if n <= 0 || n >= MAP_NAME_MAX as i64 {
+            return stop(w, PATH_STOPPED);
+        }
+        w.off = off + n as u64;
+        w.dentry = parent;
+        0
     }
 }
