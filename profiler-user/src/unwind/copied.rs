@@ -29,8 +29,16 @@ use crate::{
     model::ids::ModuleId,
 };
 
-/// Rows kept compiled for this (8 bytes each: 64 MiB); past it the cache starts afresh.
-const MAX_CACHED_ROWS: usize = 8 << 20;
+/// Rows kept compiled for this (8 bytes each: 16 MiB); past it the cache starts afresh. Only
+/// files up to `COMPILE_WHILE_DRAINING_MAX_BYTES` are compiled here, so this holds many.
+const MAX_CACHED_ROWS: usize = 2 << 20;
+
+/// Files larger than this are not compiled here: compiling runs on the event loop, and a
+/// 100 MB compiler library takes seconds (more on a busy machine), during which the ring
+/// buffer fills and samples are lost. Their frames end the walk as "no table" (counted); the
+/// kernel's table for them lands from the worker threads. The same bound as the workers'
+/// urgent lane: what is small enough to compile while samples wait.
+const COMPILE_WHILE_DRAINING_MAX_BYTES: u64 = super::worker::URGENT_MAX_BYTES;
 
 /// `UNWIND_END_*` as the summary names them.
 const END_NAMES: [&str; UNWIND_END_COUNT as usize] = [
@@ -57,6 +65,8 @@ enum FileRules {
     Table(Option<Arc<UnwindTable>>, ElfLayout),
     /// The file cannot be read now: its frames end the walk as "no table".
     Unreadable,
+    /// Too large to compile while draining: its frames end the walk as "no table".
+    TooLarge,
 }
 
 /// What continuing walks over stack copies did, for the summary.
@@ -77,6 +87,10 @@ pub struct CopyStats {
     pub compile_time: Duration,
     /// Times the compiled-table cache was emptied for being over its size.
     pub cache_resets: u64,
+    /// Frame lookups in files too large to compile while draining (left to the kernel's
+    /// tables), and how many such files.
+    pub left_to_kernel: u64,
+    pub large_files: u64,
 }
 
 #[derive(Default)]
@@ -138,6 +152,10 @@ impl CopiedStacks {
         }
         match &self.by_module[&key] {
             FileRules::Unreadable => Rule::NoTable,
+            FileRules::TooLarge => {
+                self.stats.left_to_kernel += 1;
+                Rule::NotBuilt
+            }
             FileRules::Table(None, _) => Rule::NoCfi,
             FileRules::Table(Some(table), layout) => {
                 // The executable segment holding the offset maps it to the table's addresses.
@@ -172,6 +190,10 @@ impl CopiedStacks {
             (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len());
         if let Some(t) = self.tables.get(&identity) {
             return FileRules::Table(t.clone(), layout);
+        }
+        if meta.len() > COMPILE_WHILE_DRAINING_MAX_BYTES {
+            self.stats.large_files += 1;
+            return FileRules::TooLarge;
         }
         let started = Instant::now();
         // With the separate debug file's .debug_frame, as the kernel's tables (worker.rs).
@@ -227,7 +249,7 @@ impl CopiedStacks {
         if !reasons.is_empty() {
             let _ = write!(out, " ({})", reasons.join(", "));
         }
-        let _ = writeln!(
+        let _ = write!(
             out,
             "; {} needed more stack than copied, {} not continued; {} files compiled in {:.0} ms",
             s.beyond_copy,
@@ -235,6 +257,17 @@ impl CopiedStacks {
             s.files_compiled,
             s.compile_time.as_secs_f64() * 1e3
         );
+        if s.large_files > 0 {
+            let _ = write!(
+                out,
+                "; {} frames in {} files over {} MiB left to the kernel's tables (not compiled \
+                 while draining)",
+                s.left_to_kernel,
+                s.large_files,
+                COMPILE_WHILE_DRAINING_MAX_BYTES >> 20
+            );
+        }
+        out.push('\n');
         out
     }
 }

@@ -55,7 +55,7 @@ impl Job {
 
 /// The urgent lane leaves larger files (150 MB compiler libraries: seconds to compile) to the
 /// general one, so it is never stuck on one while a small program's samples wait.
-const URGENT_MAX_BYTES: u64 = 16 << 20;
+pub(super) const URGENT_MAX_BYTES: u64 = 16 << 20;
 
 /// Which jobs a worker takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
