@@ -10,7 +10,7 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
             bpf_get_attach_cookie, bpf_get_current_task, bpf_get_smp_processor_id, bpf_get_stack,
-            bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str,
+            bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str,
         },
     },
     macros::{map, uprobe},
@@ -58,11 +58,73 @@ static PUSH_STACK: PerCpuArray<[u64; MAX_STACK_DEPTH]> = PerCpuArray::with_max_e
 #[map]
 static LABEL_SEEN: LruHashMap<LabelSeenKey, u8> = LruHashMap::with_max_entries(65536, 0);
 
+/// What the `bpf_loop` callbacks over a hit's arguments share with `record_hit` (on its stack).
+#[repr(C)]
+struct ArgWalk {
+    /// Address of the probe's `pt_regs`.
+    regs: u64,
+    spec_id: u32,
+    nargs: u32,
+    /// Highest string slot filled.
+    nstr: u32,
+}
+
+/// `bpf_loop` callback: evaluates argument `i` into this CPU's scratch record.
+#[inline(never)]
+extern "C" fn arg_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is record_hit's `ArgWalk`.
+    let w = unsafe { &*(ctx as *const ArgWalk) };
+    let i = i as usize;
+    let (Some(spec), Some(rec)) = (USDT_SPECS.get(w.spec_id), USDT_SCRATCH.get_ptr_mut(0)) else {
+        return 1;
+    };
+    let Some(a) = spec.args.get(i) else { return 1 };
+    // SAFETY: this CPU's scratch record; get_mut keeps the index in bounds.
+    unsafe {
+        let Some(v) = (*rec).args.get_mut(i) else { return 1 };
+        match eval_arg(w.regs, a) {
+            Ok(x) => *v = x,
+            Err(()) => {
+                (*rec).arg_errors |= 1 << i;
+                count(counter::USDT_ARG_ERRORS);
+            }
+        }
+    }
+    0
+}
+
+/// `bpf_loop` callback: copies the string argument `i` points to, if it is one.
+#[inline(never)]
+extern "C" fn str_step(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is record_hit's `ArgWalk`.
+    let w = unsafe { &mut *(ctx as *mut ArgWalk) };
+    let i = i as usize;
+    let (Some(spec), Some(rec)) = (USDT_SPECS.get(w.spec_id), USDT_SCRATCH.get_ptr_mut(0)) else {
+        return 1;
+    };
+    let Some(a) = spec.args.get(i) else { return 1 };
+    let slot = a.str_slot as u32;
+    if slot == 0 || slot > USDT_MAX_STRS as u32 {
+        return 0;
+    }
+    // SAFETY: this CPU's scratch record; get/get_mut keep both indexes in bounds.
+    unsafe {
+        let Some(&ptr) = (*rec).args.get(i) else { return 1 };
+        if let Some(s) = (*rec).strs.get_mut((slot - 1) as usize) {
+            read_str(s, ptr);
+        }
+    }
+    if slot > w.nstr {
+        w.nstr = slot;
+    }
+    0
+}
+
 /// Highest `pt_regs` offset a spec may name (`ss`).
 const PT_REGS_LAST: u64 = 160;
 
 #[inline(always)]
-unsafe fn reg(ctx: &ProbeContext, off: u8) -> Result<u64, ()> {
+unsafe fn reg(regs: u64, off: u8) -> Result<u64, ()> {
     let off = off as u64;
     if off > PT_REGS_LAST || !off.is_multiple_of(8) {
         return Err(());
@@ -72,7 +134,7 @@ unsafe fn reg(ctx: &ProbeContext, off: u8) -> Result<u64, ()> {
         bpf_probe_read_kernel(
             (&mut v as *mut u64).cast(),
             8,
-            (ctx.as_ptr() as *const u8).add(off as usize).cast(),
+            (regs + off) as *const core::ffi::c_void,
         )
     };
     if ret < 0 { Err(()) } else { Ok(v) }
@@ -92,17 +154,17 @@ unsafe fn read_user_sized(addr: u64, bitshift: u8) -> Result<u64, ()> {
 }
 
 #[inline(always)]
-unsafe fn eval_arg(ctx: &ProbeContext, a: &UsdtArgSpec) -> Result<u64, ()> {
+unsafe fn eval_arg(regs: u64, a: &UsdtArgSpec) -> Result<u64, ()> {
     let v = match a.kind {
         USDT_ARG_CONST => a.val_off as u64,
-        USDT_ARG_REG => unsafe { reg(ctx, a.reg_off)? }.wrapping_add(a.val_off as u64),
+        USDT_ARG_REG => unsafe { reg(regs, a.reg_off)? }.wrapping_add(a.val_off as u64),
         USDT_ARG_DEREF => {
-            let base = unsafe { reg(ctx, a.reg_off)? };
+            let base = unsafe { reg(regs, a.reg_off)? };
             unsafe { read_user_sized(base.wrapping_add(a.val_off as u64), a.bitshift)? }
         }
         USDT_ARG_SIB => {
-            let base = unsafe { reg(ctx, a.reg_off)? };
-            let idx = unsafe { reg(ctx, a.idx_reg_off)? };
+            let base = unsafe { reg(regs, a.reg_off)? };
+            let idx = unsafe { reg(regs, a.idx_reg_off)? };
             let addr = base.wrapping_add(idx << (a.scale_shift & 3)).wrapping_add(a.val_off as u64);
             unsafe { read_user_sized(addr, a.bitshift)? }
         }
@@ -320,19 +382,16 @@ fn record_hit(
         (*rec).arg_count = nargs as u16;
         (*rec).str_count = 0;
         (*rec).arg_errors = 0;
-        for i in 0..USDT_MAX_ARGS {
-            let mut v = 0;
-            if i < nargs {
-                match eval_arg(ctx, &spec.args[i]) {
-                    Ok(x) => v = x,
-                    Err(()) => {
-                        (*rec).arg_errors |= 1 << i;
-                        count(counter::USDT_ARG_ERRORS);
-                    }
-                }
-            }
-            (*rec).args[i] = v;
-        }
+        (*rec).args = [0; USDT_MAX_ARGS];
+        // One callback per argument: as a loop, the verifier went through every argument with
+        // every kind of location (140 k instructions at each start-up).
+        let mut walk = ArgWalk { regs: ctx.as_ptr() as u64, spec_id, nargs: nargs as u32, nstr: 0 };
+        bpf_loop(
+            nargs as u32,
+            arg_step as *mut core::ffi::c_void,
+            core::ptr::addr_of_mut!(walk).cast(),
+            0,
+        );
     }
     let mut seen_key = None;
     if spec.role == USDT_ROLE_LABEL_PUSH {
@@ -348,23 +407,17 @@ fn record_hit(
         }
         seen_key = Some(key);
     }
-    let mut nstr: u64 = 0;
-    for i in 0..USDT_MAX_ARGS {
-        let slot = spec.args[i].str_slot as u64;
-        if i >= nargs || slot == 0 || slot > USDT_MAX_STRS as u64 {
-            continue;
-        }
-        // SAFETY: `rec` is valid; get_mut keeps the slot in bounds without a panic path.
-        unsafe {
-            let ptr = (*rec).args[i];
-            if let Some(s) = (*rec).strs.get_mut((slot - 1) as usize) {
-                read_str(s, ptr);
-            }
-        }
-        if slot > nstr {
-            nstr = slot;
-        }
+    let mut walk = ArgWalk { regs: 0, spec_id, nargs: nargs as u32, nstr: 0 };
+    // SAFETY: plain helper call; the callback only touches this CPU's scratch record.
+    unsafe {
+        bpf_loop(
+            nargs as u32,
+            str_step as *mut core::ffi::c_void,
+            core::ptr::addr_of_mut!(walk).cast(),
+            0,
+        );
     }
+    let nstr = walk.nstr as u64;
     let len = USDT_RECORD_FIXED as u64 + nstr * core::mem::size_of::<UsdtString>() as u64;
     // SAFETY: `rec` is this CPU's scratch record.
     // SAFETY: this CPU's map value.
