@@ -576,7 +576,10 @@ pub mod counter {
     /// failed, e.g. the address space's lock was busy) or sent (more than one file's code, or
     /// more than 8 mappings, in one range): frames there may show as unmapped.
     pub const MAP_VMA_UNREAD: u32 = 49;
-    pub const COUNT: u32 = 50;
+    /// Walks stopped for want of a table that userspace does not build while draining (a
+    /// file over 16 MiB whose table the workers are still compiling): no stack copy sent.
+    pub const STACK_COPY_NOT_USEFUL: u32 = 50;
+    pub const COUNT: u32 = 51;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

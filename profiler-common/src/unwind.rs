@@ -85,6 +85,9 @@ pub const UNWIND_MAPPING_NO_CFI: u32 = 1 << 0;
 pub const UNWIND_MAPPING_NOT_LOADED: u32 = 1 << 1;
 /// Anonymous executable memory (JIT code): no file, no CFI.
 pub const UNWIND_MAPPING_ANON: u32 = 1 << 2;
+/// With `NOT_LOADED`: a stack copy would not help, userspace does not build this file's table
+/// while draining (too large), so a walk stopping here sends none and spends no copy budget.
+pub const UNWIND_MAPPING_NO_COPY: u32 = 1 << 3;
 
 /// One executable mapping of a process as the walker sees it: `start..end` at runtime, the
 /// load bias to subtract from a PC to get the file-relative address the rows use, and the

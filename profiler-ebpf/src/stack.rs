@@ -31,9 +31,9 @@ use profiler_common::{
     UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
     UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
     UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
-    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP,
-    UNWIND_MODE_FP, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindMapping, UnwindProcess,
-    UnwindRow, counter,
+    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS,
+    UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED,
+    UnwindMapping, UnwindProcess, UnwindRow, counter,
 };
 
 use crate::{config, count};
@@ -73,6 +73,8 @@ pub struct WalkState {
     /// so a thread that blocks early (and stays blocked) would otherwise keep a stack cut at
     /// its first libc frame: the mapping info lags the process's first milliseconds.
     fp_unloaded: u32,
+    /// The walk stopped at a table not loaded whose mapping says a copy would not help.
+    no_copy: u32,
     frames: [u64; MAX_STACK_DEPTH],
 }
 
@@ -216,6 +218,7 @@ unsafe fn walk_tables_uncounted(
     st.bp_known = 1;
     st.pc_is_return = 0;
     st.fp_unloaded = (slot == SLOT_OFF_CPU) as u32;
+    st.no_copy = 0;
     if unsafe { UNWIND_PROCS.get(&st.tgid) }.is_none() {
         // The leaf alone still says where the sample was (and is where a stack copy
         // resumes the walk).
@@ -251,6 +254,14 @@ unsafe fn walk_tables_uncounted(
 #[inline(always)]
 pub fn wants_copy(end: u32) -> bool {
     end == UNWIND_END_NO_PROCESS || end == UNWIND_END_NO_MAPPING || end == UNWIND_END_NO_TABLE
+}
+
+/// Whether the last table walk of `slot` stopped at a file whose mapping says a stack copy
+/// would not help (see `UNWIND_MAPPING_NO_COPY`).
+#[inline(always)]
+pub fn copy_useless(slot: u32) -> bool {
+    // SAFETY: this CPU's slot, written by the walk that just ran on this CPU.
+    UNWIND_STATE.get_ptr(slot).is_some_and(|st| unsafe { (*st).no_copy } != 0)
 }
 
 /// Where the last table walk of `slot` stopped: the registers of its last frame. Only
@@ -388,6 +399,9 @@ unsafe fn unwind_one(st: &mut WalkState) -> Result<(), u32> {
         };
         if fp {
             return unsafe { frame_pointer_step(st) };
+        }
+        if unloaded && m.flags & UNWIND_MAPPING_NO_COPY != 0 {
+            st.no_copy = 1;
         }
         return Err(if m.flags & UNWIND_MAPPING_NOT_LOADED != 0 {
             UNWIND_END_NO_TABLE

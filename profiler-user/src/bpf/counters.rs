@@ -198,6 +198,11 @@ pub const COUNTERS: &[CounterDef] = &[
         "map_vma_unread",
         "mprotect/mremap of code whose mappings the kernel could not look up",
     ),
+    def(
+        counter::STACK_COPY_NOT_USEFUL,
+        "stack_copy_not_useful",
+        "Walks stopped at a large file whose table is still being compiled: no copy sent",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

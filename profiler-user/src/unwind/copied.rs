@@ -38,7 +38,7 @@ const MAX_CACHED_ROWS: usize = 2 << 20;
 /// buffer fills and samples are lost. Their frames end the walk as "no table" (counted); the
 /// kernel's table for them lands from the worker threads. The same bound as the workers'
 /// urgent lane: what is small enough to compile while samples wait.
-const COMPILE_WHILE_DRAINING_MAX_BYTES: u64 = super::worker::URGENT_MAX_BYTES;
+pub(super) const COMPILE_WHILE_DRAINING_MAX_BYTES: u64 = super::worker::URGENT_MAX_BYTES;
 
 /// `UNWIND_END_*` as the summary names them.
 const END_NAMES: [&str; UNWIND_END_COUNT as usize] = [
@@ -223,7 +223,8 @@ impl CopiedStacks {
         let s = &self.stats;
         let sent = counters.get(counter::STACK_COPIES);
         let not_sent = counters.get(counter::STACK_COPY_FAILED)
-            + counters.get(counter::STACK_COPY_OVER_BUDGET);
+            + counters.get(counter::STACK_COPY_OVER_BUDGET)
+            + counters.get(counter::STACK_COPY_NOT_USEFUL);
         if sent == 0 && s.copies == 0 && not_sent == 0 {
             return String::new();
         }
@@ -232,10 +233,13 @@ impl CopiedStacks {
             out,
             "stack copies: {sent} samples sent with a copy of their user stack ({:.1} KiB on \
              average; {} walks stopped for want of a table had no readable stack, {} were over \
-             the CPU's copy budget); {} arrived: completed in userspace {}, still truncated {}",
+             the CPU's copy budget, {} stopped at a file over {} MiB still being compiled, which \
+             no copy would help); {} arrived: completed in userspace {}, still truncated {}",
             counters.get(counter::STACK_COPY_BYTES) as f64 / sent.max(1) as f64 / 1024.0,
             counters.get(counter::STACK_COPY_FAILED),
             counters.get(counter::STACK_COPY_OVER_BUDGET),
+            counters.get(counter::STACK_COPY_NOT_USEFUL),
+            COMPILE_WHILE_DRAINING_MAX_BYTES >> 20,
             s.copies,
             s.completed,
             s.truncated.iter().sum::<u64>(),

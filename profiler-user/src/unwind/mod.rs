@@ -25,8 +25,8 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
-    UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS,
-    UnwindMapping, UnwindProcess, UnwindRow,
+    UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
+    UNWIND_MAX_MAPPINGS, UnwindMapping, UnwindProcess, UnwindRow,
 };
 
 use crate::{
@@ -360,6 +360,10 @@ impl UnwindLoader {
                     self.shared.shared_by_one_more(&identity);
                 }
                 e.flags = UNWIND_MAPPING_NOT_LOADED;
+                // Userspace would not finish a copy's walk through this file either.
+                if identity.3 > copied::COMPILE_WHILE_DRAINING_MAX_BYTES {
+                    e.flags |= UNWIND_MAPPING_NO_COPY;
+                }
                 return e;
             }
             FileState::Done(t, l) => (t, l),
