@@ -87,6 +87,8 @@ pub struct UnwindStats {
     /// process names, and their rows.
     pub tables_not_loaded_full: u64,
     pub rows_not_loaded_full: u64,
+    /// The first few of them, with their rows.
+    pub full_files: Vec<(String, u32)>,
     /// Files that could not be read (their mappings have no table).
     pub files_unreadable: u64,
     /// Files whose own CFI left some code undescribed, so their separate debug file was
@@ -287,6 +289,9 @@ impl UnwindLoader {
             FileTable::Full => {
                 self.stats.tables_not_loaded_full += 1;
                 self.stats.rows_not_loaded_full += u64::from(d.rows);
+                if self.stats.full_files.len() < 8 {
+                    self.stats.full_files.push((d.name.clone(), d.rows));
+                }
             }
         }
         self.by_identity.insert(d.identity, FileState::Done(d.table, d.layout));
@@ -595,6 +600,9 @@ impl UnwindLoader {
             s.mappings_over_limit,
             UNWIND_MAX_MAPPINGS
         );
+        for (name, rows) in &s.full_files {
+            let _ = writeln!(out, "  table full: {name}: {rows} rows");
+        }
         for (name, err) in &s.cfi_errors {
             let _ = writeln!(out, "  no CFI: {name}: {err}");
         }
