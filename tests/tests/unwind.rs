@@ -813,10 +813,12 @@ fn record_small_table(test: &str, script: &str) -> (Vec<(String, Vec<String>)>, 
     (samples, done.stderr)
 }
 
-/// Complete: no `[truncated: …]` root, and the walk reached libc's start of `main`.
+/// Complete: no `[truncated: …]` root, and the walk reached an outermost frame: libc's start
+/// of `main`, or ld.so's entry code (the process's first moments, running the libraries'
+/// initializers).
 fn reaches_start(stack: &[String]) -> bool {
-    truncated(stack).is_none()
-        && functions(stack).iter().any(|f| *f == "__libc_start_call_main" || *f == "_start")
+    let outermost = ["__libc_start_call_main", "_start", "_dl_start_user", "_dl_start"];
+    truncated(stack).is_none() && functions(stack).iter().any(|f| outermost.contains(f))
 }
 
 /// (complete, total) of the samples of processes named `name`; prints a few incomplete ones.
