@@ -149,6 +149,10 @@ pub struct UnwindLoader {
     names: HashMap<Pid, Vec<FileIdentity>>,
     /// Tables that may have lost their last process this pass (released at its end).
     unreferenced: HashSet<FileIdentity>,
+    /// Files queued this pass, handed to the workers at its end, after its releases: the
+    /// files of a program that replaced one that exited find that one's tables evictable,
+    /// even when this loop is descheduled mid-pass while a worker compiles.
+    to_push: HashMap<FileIdentity, worker::Job>,
     /// When sampling began, and the start-up files not landed yet.
     startup: Option<(Instant, HashSet<FileIdentity>)>,
     scratch: Box<UnwindProcess>,
@@ -177,6 +181,7 @@ impl UnwindLoader {
             refs: HashMap::new(),
             names: HashMap::new(),
             unreferenced: HashSet::new(),
+            to_push: HashMap::new(),
             startup: None,
             scratch: Box::new(UnwindProcess {
                 count: 0,
@@ -225,6 +230,9 @@ impl UnwindLoader {
             self.remove(pid);
         }
         self.release_unreferenced();
+        if !self.to_push.is_empty() {
+            self.shared.push(self.to_push.drain());
+        }
         self.prioritize(collector);
         let took = started.elapsed();
         self.stats.loop_time += took;
@@ -466,7 +474,10 @@ impl UnwindLoader {
         let (table, layout) = match state {
             FileState::Pending => {
                 if self.waiting.entry(identity).or_default().insert(pid) {
-                    self.shared.shared_by_one_more(&identity);
+                    match self.to_push.get_mut(&identity) {
+                        Some(job) => job.weight += 1,
+                        None => self.shared.shared_by_one_more(&identity),
+                    }
                 }
                 e.flags = UNWIND_MAPPING_NOT_LOADED;
                 return (e, None);
@@ -535,7 +546,7 @@ impl UnwindLoader {
             wanted: 0,
             size: identity.3,
         };
-        self.shared.push(identity, job);
+        self.to_push.insert(identity, job);
     }
 
     /// The summary block.

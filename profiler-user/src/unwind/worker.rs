@@ -228,8 +228,8 @@ impl Shared {
         })
     }
 
-    pub fn push(&self, identity: FileIdentity, job: Job) {
-        self.queue.lock().unwrap().jobs.insert(identity, job);
+    pub fn push(&self, jobs: impl IntoIterator<Item = (FileIdentity, Job)>) {
+        self.queue.lock().unwrap().jobs.extend(jobs);
         // Both workers: with notify_one the urgent one could take the wakeup, find the job
         // not wanted and sleep again, leaving it queued (a program exec'd under `--all` went
         // its whole life without its table; stack copies hid it).
