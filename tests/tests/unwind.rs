@@ -770,3 +770,130 @@ fn unwind_debug_frame_from_a_gnu_debuglink_next_to_the_binary() {
     let used = "1 used (0 by build-id, 1 by .gnu_debuglink";
     check_split("debug_link", &f, &root, &remove, used);
 }
+
+/// The `unwind tables:` summary's count before `what` ("3 evicted when full").
+fn tables_count(stderr: &str, what: &str) -> u64 {
+    let line = stderr.lines().find(|l| l.starts_with("unwind tables:")).unwrap_or_else(|| {
+        panic!("no 'unwind tables:' line in the summary:\n{stderr}");
+    });
+    let head = line.split(what).next().filter(|h| h.len() < line.len()).expect("field in line");
+    head.trim_end().rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// The files named by the summary's `table full:` lines.
+fn full_files(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("table full: "))
+        .filter_map(|l| l.rsplit_once(": ").map(|(name, _)| name))
+        .collect()
+}
+
+/// Records `sh -c SCRIPT` with a 1 MiB rows array; returns (process name, stack) of every
+/// sample with a user frame, and rsprof's stderr.
+fn record_small_table(test: &str, script: &str) -> (Vec<(String, Vec<String>)>, String) {
+    for exe in ["/usr/bin/python3.11", "/usr/bin/perl"] {
+        assert!(std::path::Path::new(exe).exists(), "{exe} is needed (Debian python3.11, perl)");
+    }
+    let out = output_path(test, "json");
+    let o = out.to_str().unwrap();
+    let args = ["-F", "499", "--unwind-table-mb", "1", "-o", o, "--", "sh", "-c", script];
+    let done = run(&args).unwrap();
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let user = |s: &Vec<String>| s.iter().any(|f| module_name(f) != Some("[kernel.kallsyms]"));
+    let samples = tests::profile_query::threads(&profile)
+        .iter()
+        .flat_map(|t| sample_stacks(t.thread).into_iter().map(|s| (t.process_name.to_owned(), s)))
+        .filter(|(_, s)| user(s))
+        .collect();
+    (samples, done.stderr)
+}
+
+/// Complete: no `[truncated: …]` root, and the walk reached an outermost frame: libc's start
+/// of `main`, or ld.so's entry code (the process's first moments, running the libraries'
+/// initializers).
+fn reaches_start(stack: &[String]) -> bool {
+    let outermost = ["__libc_start_call_main", "_start", "_dl_start_user", "_dl_start"];
+    truncated(stack).is_none() && functions(stack).iter().any(|f| outermost.contains(f))
+}
+
+/// (complete, total) of the samples of processes named `name`; prints a few incomplete ones.
+fn completeness(samples: &[(String, Vec<String>)], name: &str) -> (usize, usize) {
+    let of: Vec<&Vec<String>> = samples.iter().filter(|(p, _)| p == name).map(|(_, s)| s).collect();
+    let complete = of.iter().filter(|s| reaches_start(s)).count();
+    let bad: Vec<_> = of.iter().filter(|s| !reaches_start(s)).take(3).collect();
+    if !bad.is_empty() {
+        eprintln!("{name}: incomplete, e.g. {bad:?}");
+    }
+    (complete, of.len())
+}
+
+const PYTHON_LOOP: &str = "/usr/bin/python3.11 -c 'import time\nend = time.time() + 2\n\
+                           while time.time() < end: sum(i * i for i in range(1000))'";
+const PERL_LOOP: &str = "/usr/bin/perl -e 'my $e = time + 2; my $s = 0; while (time < $e) { $s += $_ * $_ for 1..1000 }'";
+
+#[test]
+fn unwind_full_table_evicts_the_tables_of_a_program_that_exited() {
+    // With 1 MiB (131,072 rows): python3.11 and what it maps take 106,303 rows (python3.11
+    // 64,575, libz and libexpat 2,549, shared with perl: libc, libm, ld.so 39,179); perl then
+    // needs 32,250 rows of its own (the perl binary, libcrypt), so it fits only if python's
+    // three files are evicted (sh and libc stay: sh is still running). (The rsprof-bpf child
+    // before its exec needs 140,580 rows: never fits, counted as table full.)
+    let script = format!("{PYTHON_LOOP}; {PERL_LOOP}");
+    let (samples, stderr) = record_small_table("unwind_evict", &script);
+    let evicted = tables_count(&stderr, "evicted when full");
+    let (py, py_n) = completeness(&samples, "python3.11");
+    let (perl, perl_n) = completeness(&samples, "perl");
+    eprintln!(
+        "evict: {evicted} tables evicted; python3.11 {py}/{py_n} complete, perl {perl}/{perl_n}; \
+         table full: {:?}",
+        full_files(&stderr)
+    );
+    assert!(evicted >= 1, "nothing evicted\n{stderr}");
+    assert!(!full_files(&stderr).contains(&"/usr/bin/perl"), "perl did not fit\n{stderr}");
+    assert!(py_n > 200 && perl_n > 200, "too few samples: {py_n} python, {perl_n} perl");
+    assert!(share(py, py_n) >= 0.95, "python {py}/{py_n} complete\n{stderr}");
+    assert!(share(perl, perl_n) >= 0.95, "perl {perl}/{perl_n} complete\n{stderr}");
+    // Complete in the kernel, not through stack copies: few walks lacked a table (the first
+    // moments of each program, before its tables landed).
+    let no_table = summary_count(&stderr, "no table");
+    assert!(no_table as usize <= (py_n + perl_n) / 10, "kernel 'no table' {no_table}\n{stderr}");
+}
+
+#[test]
+fn unwind_full_table_with_nothing_evictable_is_counted_and_flagged() {
+    // Both at once: 138,553 rows needed of 131,072, and every table is named by a running
+    // process, so the one compiled last (python3.11's 64,575 rows, or the perl binary's) is
+    // "table full". Its walks stop in the kernel for want of a table ("no table"); they are
+    // continued over a stack copy in userspace (complete) or flagged `[truncated: …]`: none
+    // passes for complete otherwise.
+    let script = format!("{PYTHON_LOOP} & {PERL_LOOP}; wait");
+    let (samples, stderr) = record_small_table("unwind_full", &script);
+    let full: Vec<&str> = full_files(&stderr)
+        .into_iter()
+        .filter(|f| *f == "/usr/bin/python3.11" || *f == "/usr/bin/perl")
+        .collect();
+    assert_eq!(full.len(), 1, "python3.11 or perl is table full\n{stderr}");
+    let name = if full[0].ends_with("perl") { "perl" } else { "python3.11" };
+    let of: Vec<&Vec<String>> = samples.iter().filter(|(p, _)| p == name).map(|(_, s)| s).collect();
+    let (complete, n) = completeness(&samples, name);
+    let flagged = of.iter().filter(|s| truncated(s).is_some()).count();
+    let (copies, completed) = copies_summary(&stderr);
+    let no_table = summary_count(&stderr, "no table");
+    eprintln!(
+        "full: {name} table full; {n} samples: {complete} complete, {flagged} flagged; kernel \
+         'no table' {no_table}; {copies} stack copies, {completed} completed in userspace"
+    );
+    assert!(tables_count(&stderr, "evicted when full") == 0, "evicted a table in use\n{stderr}");
+    assert!(n > 200, "only {n} samples of {name}");
+    // Every stack of it is complete or says it is not.
+    assert_eq!(complete + flagged, n, "unflagged incomplete stacks of {name}\n{stderr}");
+    // Its own binary has no table in the kernel: its complete stacks are all walks finished
+    // in userspace, and the kernel's stopped walks are counted.
+    assert!(complete as u64 <= completed, "{complete} complete, {completed} done in userspace");
+    assert!(no_table as usize >= n / 2, "kernel 'no table' {no_table} of {n}\n{stderr}");
+}

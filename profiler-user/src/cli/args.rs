@@ -237,8 +237,9 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value_t = Unwind::DwarfFp)]
     pub unwind: Unwind,
 
-    /// Kernel memory for unwind tables (MiB; 8 bytes a row). Files that do not fit are
-    /// counted, and their frames end the walk.
+    /// Kernel memory for unwind tables (MiB; 8 bytes a row). When full, tables of files no
+    /// running process maps are evicted (counted); files that still do not fit are counted, and
+    /// their frames end the kernel's walk.
     #[arg(long, default_value_t = 64, value_name = "MIB")]
     pub unwind_table_mb: u32,
 

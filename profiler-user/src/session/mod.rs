@@ -332,7 +332,9 @@ impl<'p> Recorder<'p> {
             recycled: buffer.recycled(),
             unwind: self.unwind.as_ref().map(|u| {
                 let st = &u.stats;
-                (st.tables_loaded, st.rows_loaded, st.rows_capacity, st.files_without_cfi)
+                // What is in the kernel now: loaded less evicted.
+                let tables = st.tables_loaded - st.tables_evicted;
+                (tables, st.rows_loaded - st.rows_evicted, st.rows_capacity, st.files_without_cfi)
             }),
         }
     }

@@ -4,10 +4,12 @@
 //! process's executable mappings (runtime range, load bias, rows of its file) written to
 //! `UNWIND_PROCS` whenever the collector says its mappings changed, or a table it waited for
 //! landed. A process is published at once: files whose table is still being compiled are
-//! `NOT_LOADED` (their frames end the walk as "no table", counted) until it lands. Rows are
-//! never freed during a recording: a file unmapped everywhere keeps its rows for when it comes
-//! back (a full array is counted).
+//! `NOT_LOADED` (their frames end the walk as "no table", counted) until it lands. A table no
+//! published process names stays loaded (a program run again reuses it) but is evictable:
+//! when the array has no room for a new table, the least recently released ones are evicted
+//! (counted) and their files forgotten; a full array with nothing evictable is counted too.
 
+mod alloc;
 mod debugfile;
 mod rows;
 mod worker;
@@ -48,6 +50,8 @@ enum FileTable {
     Loaded {
         first: u32,
         count: u32,
+        /// Which load of the file (one evicted and loaded again is a new load).
+        serial: u64,
     },
     /// No CFI, not x86-64 ELF, or CFI that failed to compile.
     NoCfi,
@@ -72,9 +76,19 @@ pub struct UnwindStats {
     /// Files without usable CFI, and the errors of the first few.
     pub files_without_cfi: u64,
     pub cfi_errors: Vec<(String, String)>,
-    /// Files whose table did not fit in the rows array, and their rows.
+    /// Tables evicted to make room for others (their files unmapped everywhere), and their
+    /// rows.
+    pub tables_evicted: u64,
+    pub rows_evicted: u64,
+    /// Released tables a worker had evicted by the time a process mapping the file again was
+    /// published (the file was queued again).
+    pub evicted_before_claim: u64,
+    /// Files whose table did not fit in the rows array even after evicting every table no
+    /// process names, and their rows.
     pub tables_not_loaded_full: u64,
     pub rows_not_loaded_full: u64,
+    /// The first few of them, with their rows.
+    pub full_files: Vec<(String, u32)>,
     /// Files that could not be read (their mappings have no table).
     pub files_unreadable: u64,
     /// Files whose own CFI left some code undescribed, so their separate debug file was
@@ -109,6 +123,15 @@ pub struct UnwindStats {
     pub startup_loaded_after: Option<Duration>,
 }
 
+/// A loaded table's users.
+struct Refs {
+    table: worker::Evicted,
+    pids: HashSet<Pid>,
+    /// Handed to the workers as evictable (`Shared::release`); must be claimed back before an
+    /// entry naming it is published.
+    released: bool,
+}
+
 pub struct UnwindLoader {
     procs: BpfHashMap<MapData, u32, UnwindProcess>,
     shared: Arc<worker::Shared>,
@@ -120,6 +143,16 @@ pub struct UnwindLoader {
     /// Processes published with a file pending, to republish when its table lands.
     waiting: HashMap<FileIdentity, HashSet<Pid>>,
     loaded_pids: HashSet<Pid>,
+    /// Loaded tables: which published processes' entries name them.
+    refs: HashMap<FileIdentity, Refs>,
+    /// The loaded files each published process's entry names.
+    names: HashMap<Pid, Vec<FileIdentity>>,
+    /// Tables that may have lost their last process this pass (released at its end).
+    unreferenced: HashSet<FileIdentity>,
+    /// Files queued this pass, handed to the workers at its end, after its releases: the
+    /// files of a program that replaced one that exited find that one's tables evictable,
+    /// even when this loop is descheduled mid-pass while a worker compiles.
+    to_push: HashMap<FileIdentity, worker::Job>,
     /// When sampling began, and the start-up files not landed yet.
     startup: Option<(Instant, HashSet<FileIdentity>)>,
     scratch: Box<UnwindProcess>,
@@ -145,6 +178,10 @@ impl UnwindLoader {
             by_module: HashMap::new(),
             waiting: HashMap::new(),
             loaded_pids: Default::default(),
+            refs: HashMap::new(),
+            names: HashMap::new(),
+            unreferenced: HashSet::new(),
+            to_push: HashMap::new(),
             startup: None,
             scratch: Box::new(UnwindProcess {
                 count: 0,
@@ -192,6 +229,10 @@ impl UnwindLoader {
         for pid in exited {
             self.remove(pid);
         }
+        self.release_unreferenced();
+        if !self.to_push.is_empty() {
+            self.shared.push(self.to_push.drain());
+        }
         self.prioritize(collector);
         let took = started.elapsed();
         self.stats.loop_time += took;
@@ -228,10 +269,23 @@ impl UnwindLoader {
         self.stats.compile_time += d.compile;
         self.stats.load_time += d.copy;
         self.debug_used(d.debug);
+        for e in &d.evicted {
+            self.stats.tables_evicted += 1;
+            self.stats.rows_evicted += u64::from(e.count);
+            // Forgotten unless `claim` found it gone first and queued the file again.
+            if self.refs.get(&e.identity).is_some_and(|r| r.table.serial == e.serial) {
+                self.refs.remove(&e.identity);
+                self.by_identity.remove(&e.identity);
+            }
+        }
         match d.table {
-            FileTable::Loaded { .. } => {
+            FileTable::Loaded { first, count, serial } => {
                 self.stats.tables_loaded += 1;
                 self.stats.rows_loaded += u64::from(d.rows);
+                let table = worker::Evicted { identity: d.identity, serial, first, count };
+                self.refs.insert(d.identity, Refs { table, pids: HashSet::new(), released: false });
+                // Released at the end of this pass unless a waiting process names it.
+                self.unreferenced.insert(d.identity);
             }
             FileTable::NoCfi => {
                 self.stats.files_without_cfi += 1;
@@ -243,6 +297,9 @@ impl UnwindLoader {
             FileTable::Full => {
                 self.stats.tables_not_loaded_full += 1;
                 self.stats.rows_not_loaded_full += u64::from(d.rows);
+                if self.stats.full_files.len() < 8 {
+                    self.stats.full_files.push((d.name.clone(), d.rows));
+                }
             }
         }
         self.by_identity.insert(d.identity, FileState::Done(d.table, d.layout));
@@ -295,22 +352,35 @@ impl UnwindLoader {
         }
         let mappings = p.space.mappings().to_vec();
         let mut n = 0usize;
+        let mut names = Vec::new();
         for m in &mappings {
             if n == UNWIND_MAX_MAPPINGS {
                 self.stats.mappings_over_limit += 1;
                 continue;
             }
-            let entry =
+            let (entry, loaded) =
                 self.entry(&collector.modules, pid, m.module, m.start, m.end, m.file_offset);
             self.scratch.mappings[n] = entry;
+            names.extend(loaded);
             n += 1;
         }
         self.scratch.count = n as u32;
         self.stats.process_updates += 1;
         if self.procs.insert(pid.0, self.scratch.as_ref(), 0).is_err() {
             self.stats.process_update_errors += 1;
-        } else {
-            self.loaded_pids.insert(pid);
+            // The old entry (if any) stands; what this one claimed is released at the end of
+            // the pass unless another process names it.
+            self.unreferenced.extend(names);
+            return;
+        }
+        self.loaded_pids.insert(pid);
+        for id in &names {
+            if let Some(r) = self.refs.get_mut(id) {
+                r.pids.insert(pid);
+            }
+        }
+        if let Some(old) = self.names.insert(pid, names) {
+            self.unref(pid, old);
         }
     }
 
@@ -319,10 +389,42 @@ impl UnwindLoader {
             let _ = self.procs.remove(&pid.0);
             self.stats.processes_removed += 1;
         }
+        if let Some(old) = self.names.remove(&pid) {
+            self.unref(pid, old);
+        }
+    }
+
+    /// `pid`'s entry no longer names the tables `old` unless its new one does.
+    fn unref(&mut self, pid: Pid, old: Vec<FileIdentity>) {
+        let now = self.names.get(&pid);
+        for id in old {
+            if now.is_some_and(|n| n.contains(&id)) {
+                continue;
+            }
+            if let Some(r) = self.refs.get_mut(&id) {
+                r.pids.remove(&pid);
+                self.unreferenced.insert(id);
+            }
+        }
+    }
+
+    /// Hands the tables no published entry names to the workers as evictable. At the end of
+    /// a pass, after every rewrite and removal, so the UNWIND_PROCS entries that named them
+    /// are already gone from the kernel.
+    fn release_unreferenced(&mut self) {
+        for id in std::mem::take(&mut self.unreferenced) {
+            if let Some(r) = self.refs.get_mut(&id)
+                && r.pids.is_empty()
+                && !r.released
+            {
+                r.released = true;
+                self.shared.release(r.table);
+            }
+        }
     }
 
     /// The walker's view of one mapping of `module` at `start..end` (file offset `offset`) in
-    /// `pid`.
+    /// `pid`, and the loaded table it names (claimed back if it was released).
     fn entry(
         &mut self,
         modules: &ModuleTable,
@@ -331,22 +433,37 @@ impl UnwindLoader {
         start: u64,
         end: u64,
         offset: u64,
-    ) -> UnwindMapping {
+    ) -> (UnwindMapping, Option<FileIdentity>) {
         let mut e = UnwindMapping { start, end, module: module.0, ..Default::default() };
         let m = modules.get(module);
         if m.path == "[anon]" {
             e.flags = UNWIND_MAPPING_ANON | UNWIND_MAPPING_NO_CFI;
-            return e;
+            return (e, None);
         }
         // Kernel pseudo mappings other than the vDSO (`[vsyscall]`): no file, no CFI.
         if m.path.starts_with('[') && m.path != "[vdso]" {
             e.flags = UNWIND_MAPPING_NO_CFI;
-            return e;
+            return (e, None);
         }
         let Some(identity) = self.identity(modules, module) else {
             e.flags = UNWIND_MAPPING_NO_CFI;
-            return e;
+            return (e, None);
         };
+        // A released table is claimed back under the workers' lock before any entry names it;
+        // one already evicted is loaded again.
+        if let Some(r) = self.refs.get_mut(&identity)
+            && r.released
+        {
+            if self.shared.claim(r.table.serial) {
+                r.released = false;
+                // Released again at the end of the pass if the entry is not published.
+                self.unreferenced.insert(identity);
+            } else {
+                self.stats.evicted_before_claim += 1;
+                self.refs.remove(&identity);
+                self.by_identity.remove(&identity);
+            }
+        }
         let state = match self.by_identity.get(&identity) {
             Some(s) => s.clone(),
             None => {
@@ -357,19 +474,22 @@ impl UnwindLoader {
         let (table, layout) = match state {
             FileState::Pending => {
                 if self.waiting.entry(identity).or_default().insert(pid) {
-                    self.shared.shared_by_one_more(&identity);
+                    match self.to_push.get_mut(&identity) {
+                        Some(job) => job.weight += 1,
+                        None => self.shared.shared_by_one_more(&identity),
+                    }
                 }
                 e.flags = UNWIND_MAPPING_NOT_LOADED;
                 // Userspace would not finish a copy's walk through this file either.
                 if identity.3 > copied::COMPILE_WHILE_DRAINING_MAX_BYTES {
                     e.flags |= UNWIND_MAPPING_NO_COPY;
                 }
-                return e;
+                return (e, None);
             }
             FileState::Done(t, l) => (t, l),
         };
         match table {
-            FileTable::Loaded { first, count } => {
+            FileTable::Loaded { first, count, .. } => {
                 // The executable segment holding this mapping's file offset gives the bias.
                 // The kernel maps from the page holding p_offset, which lld does not align
                 // (Rust's default linker: p_offset 0x17130 mapped from offset 0x17000).
@@ -383,14 +503,20 @@ impl UnwindLoader {
                         e.bias = start.wrapping_sub(vaddr.wrapping_add(offset).wrapping_sub(off));
                         e.first = first;
                         e.count = count;
+                        return (e, Some(identity));
                     }
                     None => e.flags = UNWIND_MAPPING_NO_CFI,
                 }
             }
             FileTable::NoCfi => e.flags = UNWIND_MAPPING_NO_CFI,
-            FileTable::Full => e.flags = UNWIND_MAPPING_NOT_LOADED,
+            FileTable::Full => {
+                e.flags = UNWIND_MAPPING_NOT_LOADED;
+                if identity.3 > copied::COMPILE_WHILE_DRAINING_MAX_BYTES {
+                    e.flags |= UNWIND_MAPPING_NO_COPY;
+                }
+            }
         }
-        e
+        (e, None)
     }
 
     /// The identity of a module's file (one stat, once per module).
@@ -429,7 +555,7 @@ impl UnwindLoader {
             wanted: 0,
             size: identity.3,
         };
-        self.shared.push(identity, job);
+        self.to_push.insert(identity, job);
     }
 
     /// The summary block.
@@ -440,16 +566,22 @@ impl UnwindLoader {
         let mib = |rows: u64| (rows * row) as f64 / 1048576.0;
         let _ = writeln!(
             out,
-            "unwind tables: {} files loaded, {} rows ({:.1} MiB of {:.1} MiB, \
-             --unwind-table-mb); {} files without CFI, {} not loaded (table full: {:.1} MiB \
-             more needed), {} unreadable, {} still queued at the end; compiled in {:.0} ms, \
-             copied in {:.0} ms (off the event loop); separate debug files: {} used ({} by \
-             build-id, {} by .gnu_debuglink; {} functions) of {} looked for (files with code \
-             lacking CFI), {} found with no new CFI, {} rejected",
+            "unwind tables: {} files loaded, {} rows ({:.1} MiB in use at the end of {:.1} MiB, \
+             --unwind-table-mb); {} evicted when full ({} rows, {:.1} MiB; files no process \
+             mapped any more; {} just before a process mapped the file again); {} files without CFI, {} \
+             not loaded (table full, nothing evictable: {:.1} MiB more needed), {} unreadable, \
+             {} still queued at the end; compiled in {:.0} ms, copied in {:.0} ms (off the \
+             event loop); separate debug files: {} used ({} by build-id, {} by \
+             .gnu_debuglink; {} functions) of {} looked for (files with code lacking CFI), {} \
+             found with no new CFI, {} rejected",
             s.tables_loaded,
             s.rows_loaded,
-            mib(s.rows_loaded),
+            mib(s.rows_loaded - s.rows_evicted),
             mib(s.rows_capacity),
+            s.tables_evicted,
+            s.rows_evicted,
+            mib(s.rows_evicted),
+            s.evicted_before_claim,
             s.files_without_cfi,
             s.tables_not_loaded_full,
             mib(s.rows_not_loaded_full),
@@ -488,6 +620,9 @@ impl UnwindLoader {
             s.mappings_over_limit,
             UNWIND_MAX_MAPPINGS
         );
+        for (name, rows) in &s.full_files {
+            let _ = writeln!(out, "  table full: {name}: {rows} rows");
+        }
         for (name, err) in &s.cfi_errors {
             let _ = writeln!(out, "  no CFI: {name}: {err}");
         }

@@ -20,7 +20,8 @@ pub struct RowsMmap {
 
 // SAFETY: the mapping is plain shared memory; writers are handed disjoint row ranges by the
 // allocator (`worker::Shared::alloc`), and the walker reads a range only after the process
-// entry naming it is written, after the copy.
+// entry naming it is written, after the copy. A range is handed out again only once no entry
+// names it (evicted after the loader released it, see `worker::EVICT_GRACE`).
 unsafe impl Send for RowsMmap {}
 unsafe impl Sync for RowsMmap {}
 

@@ -4,20 +4,16 @@
 //! entries that name the rows (so the walker never sees a table before its rows).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     fs::File,
     path::PathBuf,
-    sync::{
-        Arc, Condvar, Mutex,
-        atomic::{AtomicU32, Ordering},
-        mpsc,
-    },
+    sync::{Arc, Condvar, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
 use profiler_unwind::UnwindTable;
 
-use super::{FileIdentity, FileTable, debugfile, rows::RowsMmap};
+use super::{FileIdentity, FileTable, alloc::RowAllocator, debugfile, rows::RowsMmap};
 use crate::collect::modules::ElfLayout;
 
 /// The walker's binary search does at most 24 halvings.
@@ -71,6 +67,8 @@ pub enum Lane {
 pub struct Done {
     pub identity: FileIdentity,
     pub table: FileTable,
+    /// Tables evicted to make room for this one (their rows now hold other tables).
+    pub evicted: Vec<Evicted>,
     pub layout: Option<Arc<ElfLayout>>,
     pub rows: u32,
     pub compile: Duration,
@@ -106,13 +104,117 @@ struct Queue {
     closed: bool,
 }
 
+/// A loaded table no published process names: its rows may be given to another table.
+#[derive(Clone, Copy, Debug)]
+pub struct Evicted {
+    pub identity: FileIdentity,
+    /// Which load of the file (a file evicted and loaded again is a new load).
+    pub serial: u64,
+    pub first: u32,
+    pub count: u32,
+}
+
+/// Rows handed out, and the tables that may be evicted.
+struct Tables {
+    free: RowAllocator,
+    next_serial: u64,
+    /// Evictable tables by serial, with when they became so and their key in `order`.
+    evictable: HashMap<u64, (Evicted, Instant, u64)>,
+    /// Their serials, least recently unreferenced first.
+    order: BTreeMap<u64, u64>,
+    next_order: u64,
+}
+
+enum Alloc {
+    Rows {
+        first: u32,
+        serial: u64,
+        evicted: Vec<Evicted>,
+    },
+    /// Room only by evicting a table released less than `EVICT_GRACE` ago.
+    Wait(Duration),
+    /// No room even with every released table evicted (none is).
+    Full,
+}
+
+impl Tables {
+    fn new(capacity: u32) -> Self {
+        Self {
+            free: RowAllocator::new(capacity),
+            next_serial: 0,
+            evictable: HashMap::new(),
+            order: BTreeMap::new(),
+            next_order: 0,
+        }
+    }
+
+    fn release(&mut self, table: Evicted, now: Instant) {
+        let order = self.next_order;
+        self.next_order += 1;
+        self.order.insert(order, table.serial);
+        self.evictable.insert(table.serial, (table, now, order));
+    }
+
+    fn claim(&mut self, serial: u64) -> bool {
+        let Some((_, _, order)) = self.evictable.remove(&serial) else { return false };
+        self.order.remove(&order);
+        true
+    }
+
+    /// `count` rows, evicting released tables (least recently released first) while the free
+    /// ranges have none that long.
+    fn alloc(&mut self, count: u32, now: Instant) -> Alloc {
+        // Tried on a copy of the free ranges: nothing is evicted unless it makes room.
+        let mut trial = self.free.clone();
+        let mut victims: Vec<u64> = Vec::new();
+        let mut youngest = None;
+        let mut fits = trial.alloc(count).is_some();
+        for serial in self.order.values() {
+            if fits {
+                break;
+            }
+            let (e, at, _) = self.evictable[serial];
+            trial.free(e.first, e.count);
+            victims.push(*serial);
+            youngest = youngest.max(Some(at));
+            fits = trial.alloc(count).is_some();
+        }
+        if !fits {
+            return Alloc::Full;
+        }
+        if let Some(at) = youngest
+            && now.saturating_duration_since(at) < EVICT_GRACE
+        {
+            return Alloc::Wait(EVICT_GRACE - now.saturating_duration_since(at));
+        }
+        let mut evicted = Vec::with_capacity(victims.len());
+        for serial in victims {
+            let (e, _, order) = self.evictable.remove(&serial).expect("victim is evictable");
+            self.order.remove(&order);
+            self.free.free(e.first, e.count);
+            evicted.push(e);
+        }
+        let first = self.free.alloc(count).expect("fitted in the trial");
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        Alloc::Rows { first, serial, evicted }
+    }
+}
+
+/// How long a released table is kept before its rows are reused: a walk that read the
+/// process entry naming it just before the entry was rewritten is a BPF program run (a perf
+/// event or sched_switch handler, not preemptible, bounded by `bpf_loop`: microseconds), so
+/// it is over long before this.
+const EVICT_GRACE: Duration = Duration::from_millis(5);
+
 pub struct Shared {
     /// Where separate debug files are installed (`/usr/lib/debug`).
     debug_root: PathBuf,
     queue: Mutex<Queue>,
     ready: Condvar,
     rows: RowsMmap,
-    next_row: AtomicU32,
+    /// The one lock for row allocation, eviction and claiming a table back (`claim`).
+    tables: Mutex<Tables>,
 }
 
 impl Shared {
@@ -121,13 +223,13 @@ impl Shared {
             debug_root: debugfile::debug_root(),
             queue: Mutex::new(Queue { paused: true, ..Default::default() }),
             ready: Condvar::new(),
+            tables: Mutex::new(Tables::new(rows.capacity())),
             rows,
-            next_row: AtomicU32::new(0),
         })
     }
 
-    pub fn push(&self, identity: FileIdentity, job: Job) {
-        self.queue.lock().unwrap().jobs.insert(identity, job);
+    pub fn push(&self, jobs: impl IntoIterator<Item = (FileIdentity, Job)>) {
+        self.queue.lock().unwrap().jobs.extend(jobs);
         // Both workers: with notify_one the urgent one could take the wakeup, find the job
         // not wanted and sleep again, leaving it queued (a program exec'd under `--all` went
         // its whole life without its table; stack copies hid it).
@@ -168,14 +270,30 @@ impl Shared {
         self.ready.notify_all();
     }
 
-    /// Reserves `count` rows; None when the array has no room left.
-    fn alloc(&self, count: u32) -> Option<u32> {
-        let cap = self.rows.capacity();
-        self.next_row
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                n.checked_add(count).filter(|&end| end <= cap)
-            })
-            .ok()
+    /// A loaded table that no published process names any more (the loader removed or
+    /// rewrote every `UNWIND_PROCS` entry naming it): evictable from now, the least recently
+    /// released first. It stays loaded until a worker needs its rows.
+    pub fn release(&self, table: Evicted) {
+        self.tables.lock().unwrap().release(table, Instant::now());
+    }
+
+    /// Takes a released table back before a process entry naming it is published: false if a
+    /// worker evicted it meanwhile (its `Done` says so; the file must be loaded again).
+    pub fn claim(&self, serial: u64) -> bool {
+        self.tables.lock().unwrap().claim(serial)
+    }
+
+    /// Reserves `count` rows (see `Tables::alloc`), waiting out the grace of tables released
+    /// a moment ago.
+    fn alloc(&self, count: u32) -> Option<(u32, u64, Vec<Evicted>)> {
+        loop {
+            match self.tables.lock().unwrap().alloc(count, Instant::now()) {
+                Alloc::Rows { first, serial, evicted } => return Some((first, serial, evicted)),
+                Alloc::Full => return None,
+                // Decided again after the wait: the loader may claim some back meanwhile.
+                Alloc::Wait(d) => std::thread::sleep(d),
+            }
+        }
     }
 
     fn next(&self, lane: Lane) -> Option<(FileIdentity, Job)> {
@@ -238,6 +356,7 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
         table: FileTable::NoCfi,
         layout,
         rows: 0,
+        evicted: Vec::new(),
         compile,
         copy: Duration::ZERO,
         error: None,
@@ -258,14 +377,16 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     let rows = table.rows();
     let count = rows.len() as u32;
     done.rows = count;
-    let Some(first) = shared.alloc(count) else {
+    let Some((first, serial, evicted)) = shared.alloc(count) else {
         done.table = FileTable::Full;
         return done;
     };
     let started = Instant::now();
+    // No process entry names the evicted rows (see `Shared::release`): overwriting is safe.
     shared.rows.write(first, rows);
     done.copy = started.elapsed();
-    done.table = FileTable::Loaded { first, count };
+    done.table = FileTable::Loaded { first, count, serial };
+    done.evicted = evicted;
     done
 }
 
@@ -300,5 +421,76 @@ pub(super) fn with_debug_file(
         }
         Ok(_) => (own, DebugUse::NoNewCfi),
         Err(e) => (own, DebugUse::Failed(format!("{}: {e}", found.path.display()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::{Alloc, EVICT_GRACE, Evicted, Tables};
+
+    fn rows(a: Alloc) -> (u32, u64, Vec<u64>) {
+        match a {
+            Alloc::Rows { first, serial, evicted } => {
+                (first, serial, evicted.iter().map(|e| e.serial).collect())
+            }
+            Alloc::Wait(d) => panic!("wait {d:?}"),
+            Alloc::Full => panic!("full"),
+        }
+    }
+
+    fn table(first: u32, count: u32, serial: u64) -> Evicted {
+        Evicted { identity: (1, serial, 0, 0), serial, first, count }
+    }
+
+    #[test]
+    fn evicts_least_recently_released_only_as_needed() {
+        let t0 = Instant::now();
+        let later = t0 + EVICT_GRACE * 2;
+        let mut t = Tables::new(100);
+        let (a, b, c) = (rows(t.alloc(40, t0)), rows(t.alloc(40, t0)), rows(t.alloc(20, t0)));
+        assert_eq!((a.0, b.0, c.0), (0, 40, 80));
+        assert!(matches!(t.alloc(1, t0), Alloc::Full), "nothing released");
+        // b released before a: b goes first; a stays loaded.
+        t.release(table(40, 40, b.1), t0);
+        t.release(table(0, 40, a.1), t0);
+        let d = rows(t.alloc(30, later));
+        assert_eq!((d.0, d.2.clone()), (40, vec![b.1]));
+        // 50 rows: a's 40 and the 10 after d are not adjacent, so no room: a is kept.
+        assert!(matches!(t.alloc(50, later), Alloc::Full));
+        assert!(t.claim(a.1), "a is still there to claim");
+        assert!(!t.claim(b.1), "b was evicted");
+        assert!(matches!(t.alloc(11, later), Alloc::Full), "a claimed back is not evictable");
+    }
+
+    #[test]
+    fn evicted_neighbours_merge_for_a_larger_table() {
+        let t0 = Instant::now();
+        let mut t = Tables::new(90);
+        let ids: Vec<_> = (0..3).map(|_| rows(t.alloc(30, t0))).collect();
+        for (i, r) in ids.iter().enumerate() {
+            t.release(table(r.0, 30, r.1), t0);
+            assert_eq!(r.0, 30 * i as u32);
+        }
+        let big = rows(t.alloc(60, t0 + EVICT_GRACE));
+        assert_eq!(big.0, 0);
+        assert_eq!(big.2, vec![ids[0].1, ids[1].1], "two oldest, merged");
+        assert!(t.claim(ids[2].1));
+    }
+
+    #[test]
+    fn a_table_released_a_moment_ago_waits_out_the_grace() {
+        let t0 = Instant::now();
+        let mut t = Tables::new(10);
+        let a = rows(t.alloc(10, t0));
+        t.release(table(0, 10, a.1), t0);
+        match t.alloc(10, t0 + Duration::from_millis(1)) {
+            Alloc::Wait(d) => assert_eq!(d, EVICT_GRACE - Duration::from_millis(1)),
+            _ => panic!("evicted inside the grace"),
+        }
+        // Claimed back during the wait: no room any more.
+        assert!(t.claim(a.1));
+        assert!(matches!(t.alloc(10, t0 + EVICT_GRACE), Alloc::Full));
     }
 }
