@@ -383,10 +383,14 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     };
     let started = Instant::now();
     // No process entry names the evicted rows (see `Shared::release`): overwriting is safe.
-    shared.rows.write(first, rows);
+    done.evicted = evicted;
+    if let Err(e) = shared.rows.write(first, rows) {
+        shared.tables.lock().unwrap().free.free(first, count);
+        done.error = Some(format!("{e:#}"));
+        return done;
+    }
     done.copy = started.elapsed();
     done.table = FileTable::Loaded { first, count, serial };
-    done.evicted = evicted;
     done
 }
 
