@@ -34,8 +34,7 @@ pub const DEFAULT_BUFFER_SIZE: &str = "16M";
 /// on every CPU, 2–16 MiB. The sampler's 16 MiB default was a third of an idle agent's RSS:
 /// the kernel maps a ring buffer's pages twice.
 fn ring_bytes(frequency: u64) -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u64;
+    let cpus = u64::from(crate::system::host::online_cpus());
     (cpus * frequency * 2048).next_power_of_two().clamp(2 << 20, 16 << 20)
 }
 
@@ -153,7 +152,7 @@ impl AgentPlan {
             output: PathBuf::from("agent.pb.gz"),
             format: Some(Format::Pprof),
             quiet: args.quiet || file.quiet.unwrap_or(false),
-            ring_buffer_size: ring_bytes(frequency),
+            ring_buffer_size: Some(ring_bytes(frequency)),
             usdt: Vec::new(),
             usdt_interval: Vec::new(),
             usdt_dump: None,

@@ -274,8 +274,9 @@ pub struct RecordArgs {
     pub quiet: bool,
 
     /// Size of the kernel→user ring buffer (bytes; K/M suffixes). Rounded up to a power of two.
-    #[arg(long, default_value = "16M", value_parser = parse_size, value_name = "SIZE")]
-    pub ring_buffer_size: u64,
+    /// [default: a second of samples that all carry a stack copy, on every CPU at -F; 4M–16M]
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub ring_buffer_size: Option<u64>,
 
     /// Record hits of a USDT probe as instant markers (repeatable). Without @PATH it is looked
     /// for in every file of the profiled processes. `rsprof` provider probes are always

@@ -70,8 +70,10 @@ impl RecordPlan {
         if args.buffer_size < (64 << 10) || args.buffer_size > (64 << 30) {
             bail!("invalid buffer size {}: must be between 64K and 64G", args.buffer_size);
         }
-        if args.ring_buffer_size < 4096 || args.ring_buffer_size > (1 << 30) {
-            bail!("invalid ring buffer size {}: must be between 4K and 1G", args.ring_buffer_size);
+        let ring_buffer_size =
+            args.ring_buffer_size.unwrap_or_else(|| default_ring_bytes(args.frequency));
+        if !((4096..=(1 << 30)).contains(&ring_buffer_size)) {
+            bail!("invalid ring buffer size {ring_buffer_size}: must be between 4K and 1G");
         }
         let format = output_format(&args.output, args.format)?;
         if !(args.off_cpu_min.is_finite() && (0.0..=60_000.0).contains(&args.off_cpu_min)) {
@@ -115,7 +117,7 @@ impl RecordPlan {
             format,
             quiet: args.quiet,
             buffer_bytes: args.buffer_size as usize,
-            ring_bytes: args.ring_buffer_size.next_power_of_two() as u32,
+            ring_bytes: ring_buffer_size.next_power_of_two() as u32,
             usdt_requests,
             usdt_intervals,
             usdt_dump: args.usdt_dump,
@@ -142,6 +144,15 @@ impl RecordPlan {
             (None, _) => what,
         }
     }
+}
+
+/// The ring buffer when `--ring-buffer-size` is not given: a second of samples that all carry
+/// a stack copy (~8 KiB; the copy budget is half the ring per second) on every CPU, 4–16 MiB.
+/// The kernel maps a ring's pages twice, so it counts twice in RSS: a fixed 16 MiB was 32 MiB
+/// of a 99 Hz recording's RSS for samples that fill a few hundred KiB a second.
+pub fn default_ring_bytes(frequency: u64) -> u64 {
+    let cpus = u64::from(host::online_cpus());
+    (cpus * frequency.max(1) * 8192).next_power_of_two().clamp(4 << 20, 16 << 20)
 }
 
 /// `--format` if given, else what the output's name implies (Gecko for other names). A
@@ -176,6 +187,10 @@ mod tests {
         assert_eq!(p.target, Target::All);
         assert_eq!(p.duration, Some(Duration::from_millis(1500)));
         assert_eq!(p.ring_bytes, 8192);
+        // Default ring: sized by the rate, within 4–16 MiB.
+        assert_eq!(plan(&["--all", "-F", "1"]).unwrap().ring_bytes, 4 << 20);
+        let fast = plan(&["--all", "-F", "999"]).unwrap().ring_bytes;
+        assert!((4 << 20..=16 << 20).contains(&fast) && fast.is_power_of_two(), "{fast}");
         assert_eq!(p.describe(), "all processes");
         let me = std::process::id();
         let p = plan(&["-p", &me.to_string()]).unwrap();

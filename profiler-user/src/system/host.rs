@@ -42,6 +42,12 @@ pub fn oscpu() -> String {
     format!("{} {} {}", field(&u.sysname), field(&u.release), field(&u.machine))
 }
 
+/// CPUs online now (sysconf), at least 1.
+pub fn online_cpus() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32
+}
+
 /// Distinct (package, core) pairs in /proc/cpuinfo.
 pub fn physical_cpus() -> Option<u32> {
     let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
