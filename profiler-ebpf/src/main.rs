@@ -66,6 +66,16 @@ pub(crate) fn config() -> Config {
     unsafe { core::ptr::read_volatile(&CONFIG) }
 }
 
+/// One field of `CONFIG`: `config()` copies all of it (volatile: every field loaded and
+/// stored), which in a callback the verifier walks many times was thousands of instructions.
+macro_rules! config_field {
+    ($field:ident) => {
+        // SAFETY: as in `config()`.
+        unsafe { core::ptr::read_volatile(core::ptr::addr_of!($crate::CONFIG.$field)) }
+    };
+}
+pub(crate) use config_field;
+
 #[inline(always)]
 pub(crate) fn count(index: u32) {
     if let Some(c) = COUNTERS.get_ptr_mut(index) {

@@ -44,7 +44,9 @@ use profiler_common::{
     PendingMmap, PendingRange, counter,
 };
 
-use crate::{cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
+use crate::{
+    cgroup, config, config_field, count, output, read_kernel_u32, read_kernel_u64, selected,
+};
 
 const PROT_EXEC: u64 = 0x4;
 const MAP_ANONYMOUS: u64 = 0x20;
@@ -248,16 +250,15 @@ extern "C" fn copy_vma(
     vma: *mut core::ffi::c_void,
     ctx: *mut core::ffi::c_void,
 ) -> i64 {
-    let cfg = config();
     let v = vma as u64;
     let out = ctx.cast::<Vma>();
     // SAFETY: `ctx` is the caller's `Vma` on its stack; kernel reads are fault-checked.
     unsafe {
-        (*out).start = read_kernel_u64(v + cfg.vma_start as u64).unwrap_or(0);
-        (*out).end = read_kernel_u64(v + cfg.vma_end as u64).unwrap_or(0);
-        (*out).pgoff = read_kernel_u64(v + cfg.vma_pgoff as u64).unwrap_or(0);
-        (*out).file = read_kernel_u64(v + cfg.vma_file as u64).unwrap_or(0);
-        (*out).flags = read_kernel_u64(v + cfg.vma_flags as u64).unwrap_or(0);
+        (*out).start = read_kernel_u64(v + config_field!(vma_start) as u64).unwrap_or(0);
+        (*out).end = read_kernel_u64(v + config_field!(vma_end) as u64).unwrap_or(0);
+        (*out).pgoff = read_kernel_u64(v + config_field!(vma_pgoff) as u64).unwrap_or(0);
+        (*out).file = read_kernel_u64(v + config_field!(vma_file) as u64).unwrap_or(0);
+        (*out).flags = read_kernel_u64(v + config_field!(vma_flags) as u64).unwrap_or(0);
     }
     0
 }
