@@ -50,6 +50,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let sinks = remote_sinks(&plan)?;
     let spool = Spool::open(&plan.spool, plan.spool_bytes)?;
     host::check_privileges()?;
+    host::check_kernel()?;
     let names: Vec<&'static str> = sinks.iter().map(|s| s.name()).collect();
     let queue = Queue::new(spool, &names, plan.keep_spool)?;
     let (held, bytes, incomplete) =

@@ -15,6 +15,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     // Before anything slow: an unwritable path fails now, not after the recording.
     let output = PendingOutput::create(&plan.output)?;
     host::check_privileges()?;
+    host::check_kernel()?;
     // One thread only until the command is forked.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _guard = rt.enter();

@@ -28,6 +28,42 @@ pub fn check_privileges() -> Result<()> {
     Ok(())
 }
 
+/// The oldest kernel the BPF programs load on: they loop with `bpf_loop` (the unwinder's walk,
+/// mapped files' paths, USDT arguments), Linux 5.17+.
+const MIN_KERNEL: (u32, u32) = (5, 17);
+
+/// Fails with a clear message on a kernel older than `MIN_KERNEL` (the verifier's own error
+/// would name a helper, not the kernel version).
+pub fn check_kernel() -> Result<()> {
+    let release = release();
+    match kernel_version(&release) {
+        Some(v) if v < MIN_KERNEL => bail!(
+            "rsprof-bpf needs Linux {}.{} or newer (its BPF programs loop with bpf_loop); this \
+             kernel is {release}",
+            MIN_KERNEL.0,
+            MIN_KERNEL.1
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// (major, minor) of a `uname -r` string such as `6.18.44-fc-v782`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// `uname -r`.
+fn release() -> String {
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid utsname buffer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    let b: Vec<u8> = u.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&b).into_owned()
+}
+
 /// `uname -srm`.
 pub fn oscpu() -> String {
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };
@@ -70,4 +106,20 @@ pub fn physical_cpus() -> Option<u32> {
         cores.insert((p, c));
     }
     (!cores.is_empty()).then_some(cores.len() as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(kernel_version("6.18.44-fc-v782"), Some((6, 18)));
+        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(kernel_version("5.17"), Some((5, 17)));
+        assert_eq!(kernel_version("garbage"), None);
+        assert!(kernel_version("5.15.0").unwrap() < MIN_KERNEL);
+        assert!(kernel_version("6.1.0").unwrap() >= MIN_KERNEL);
+        check_kernel().expect("this machine's kernel");
+    }
 }
