@@ -252,13 +252,22 @@ extern "C" fn copy_vma(
 ) -> i64 {
     let v = vma as u64;
     let out = ctx.cast::<Vma>();
-    // SAFETY: `ctx` is the caller's `Vma` on its stack; kernel reads are fault-checked.
+    let offsets = [
+        config_field!(vma_start),
+        config_field!(vma_end),
+        config_field!(vma_pgoff),
+        config_field!(vma_file),
+        config_field!(vma_flags),
+    ];
+    // SAFETY: fault-checked kernel reads.
+    let field = |i: usize| unsafe { read_kernel_u64(v + offsets[i] as u64) }.unwrap_or(0);
+    // SAFETY: `ctx` is the caller's `Vma` on its stack.
     unsafe {
-        (*out).start = read_kernel_u64(v + config_field!(vma_start) as u64).unwrap_or(0);
-        (*out).end = read_kernel_u64(v + config_field!(vma_end) as u64).unwrap_or(0);
-        (*out).pgoff = read_kernel_u64(v + config_field!(vma_pgoff) as u64).unwrap_or(0);
-        (*out).file = read_kernel_u64(v + config_field!(vma_file) as u64).unwrap_or(0);
-        (*out).flags = read_kernel_u64(v + config_field!(vma_flags) as u64).unwrap_or(0);
+        (*out).start = field(0);
+        (*out).end = field(1);
+        (*out).pgoff = field(2);
+        (*out).file = field(3);
+        (*out).flags = field(4);
     }
     0
 }
