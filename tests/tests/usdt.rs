@@ -205,7 +205,10 @@ fn check_markers(r: &Recorded, n: usize) {
         assert_eq!(m.data["type"], "RsprofMarker");
         assert_eq!(m.data["text"], format!("marker {i}"));
     }
-    // Intervals as long as the app measured around its begin..end, within 1 ms.
+    // Each interval lies inside what the app measured around its begin..end (same clock,
+    // CLOCK_MONOTONIC) and holds the 1 ms spin between them. Not "within 1 ms of the app's
+    // measurement": the app can be preempted between its clock read and a probe (7.4 ms
+    // measured around a 1.3 ms interval, once, on a loaded 2-CPU machine).
     let measured: Vec<f64> = r
         .stdout
         .lines()
@@ -222,7 +225,7 @@ fn check_markers(r: &Recorded, n: usize) {
         );
         let d = m.end.unwrap() - m.start.unwrap();
         assert!(
-            d >= 1.0 && (d - measured[i]).abs() < 1.0,
+            d >= 1.0 && d <= measured[i] + 0.01,
             "step {i}: {d} ms, app measured {} ms",
             measured[i]
         );
