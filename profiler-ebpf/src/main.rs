@@ -59,6 +59,26 @@ static SAMPLER_TIMING: PerCpuArray<u64> = PerCpuArray::with_max_entries(TIMING_E
 #[map]
 static TARGETS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(65536, 0);
 
+/// A `bpf_loop` step: called with the iteration index and the context; 0 goes on, 1 stops.
+pub(crate) type LoopStep = extern "C" fn(u64, *mut core::ffi::c_void) -> i64;
+
+/// Runs `step` up to `n` times over `ctx` with `bpf_loop` (Linux 5.17): the verifier checks
+/// the step once, where a loop in the program was checked once per unrolled iteration.
+/// Returns the iterations run, or a negative errno.
+#[inline(always)]
+pub(crate) fn run_loop<T>(n: u32, step: LoopStep, ctx: &mut T) -> i64 {
+    // SAFETY: `step` is a BPF subprogram with the callback signature, and `ctx`, borrowed for
+    // the call, outlives it.
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            n,
+            step as *mut core::ffi::c_void,
+            (ctx as *mut T).cast(),
+            0,
+        )
+    }
+}
+
 #[inline(always)]
 pub(crate) fn config() -> Config {
     // SAFETY: CONFIG is a read-only global patched by the loader; volatile keeps the compiler

@@ -31,7 +31,7 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
             bpf_find_vma, bpf_get_current_task, bpf_get_current_task_btf, bpf_get_smp_processor_id,
-            bpf_loop, bpf_probe_read_kernel_str,
+            bpf_probe_read_kernel_str,
         },
     },
     macros::{map, tracepoint},
@@ -45,7 +45,8 @@ use profiler_common::{
 };
 
 use crate::{
-    cgroup, config, config_field, count, output, read_kernel_u32, read_kernel_u64, selected,
+    cgroup, config, config_field, count, output, read_kernel_u32, read_kernel_u64, run_loop,
+    selected,
 };
 
 const PROT_EXEC: u64 = 0x4;
@@ -299,17 +300,8 @@ fn find_vma(addr: u64) -> Option<Vma> {
 #[inline(always)]
 fn range_has_code(start: u64, end: u64) -> bool {
     let mut scan = CodeScan { addr: start, end, found: 0 };
-    // A `bpf_loop` callback, as in `send_range`: unrolled, the lookups made each entry
-    // program 26-52 k instructions for the verifier.
-    // SAFETY: plain helper call; `scan` outlives it.
-    unsafe {
-        bpf_loop(
-            VMAS_PER_RANGE,
-            code_step as *mut core::ffi::c_void,
-            core::ptr::addr_of_mut!(scan).cast(),
-            0,
-        );
-    }
+    // Unrolled, the lookups made each entry program 26-52 k instructions for the verifier.
+    run_loop(VMAS_PER_RANGE, code_step, &mut scan);
     scan.found != 0
 }
 
@@ -361,17 +353,9 @@ fn send_range(start: u64, end: u64, drop_other: u64) {
         file_end: 0,
         file_offset: 0,
     };
-    // The VMAs are visited in a `bpf_loop` callback: as a loop, the verifier went through
-    // all VMAS_PER_RANGE lookups (about 48 k instructions for each of two programs).
-    // SAFETY: plain helper call; `w` outlives it.
-    unsafe {
-        bpf_loop(
-            VMAS_PER_RANGE,
-            range_step as *mut core::ffi::c_void,
-            core::ptr::addr_of_mut!(w).cast(),
-            0,
-        );
-    }
+    // As a loop in the program, the verifier went through all VMAS_PER_RANGE lookups (about
+    // 48 k instructions for each of two programs).
+    run_loop(VMAS_PER_RANGE, range_step, &mut w);
     if w.done == 0 && w.addr < end {
         count(counter::MAP_VMA_UNREAD);
     }
@@ -606,13 +590,7 @@ unsafe fn walk_path(cfg: &Config, file: u64) -> (u64, bool) {
         };
         let Some(w) = PATH_WALK.get_ptr_mut(0) else { return (0, false) };
         *w = PathWalk { dentry, vfsmnt, off: 0, state: PATH_WALKING };
-        let mut unused: u32 = 0;
-        bpf_loop(
-            MAP_PATH_DEPTH,
-            path_step as *mut core::ffi::c_void,
-            core::ptr::addr_of_mut!(unused).cast(),
-            0,
-        );
+        run_loop(MAP_PATH_DEPTH, path_step, &mut 0u32);
         let off = (*w).off;
         (off, (*w).state == PATH_REACHED_ROOT)
     }

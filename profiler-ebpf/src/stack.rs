@@ -17,8 +17,7 @@ use aya_ebpf::{
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
-            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_loop,
-            bpf_task_pt_regs,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_task_pt_regs,
         },
     },
     macros::map,
@@ -36,7 +35,7 @@ use profiler_common::{
     UnwindMapping, UnwindProcess, UnwindRow, counter,
 };
 
-use crate::{config, count};
+use crate::{config, count, run_loop};
 
 /// The compiled tables of every loaded file; sized by the loader (`--unwind-table-mb`).
 /// Mmapable: userspace copies a table's rows in with memcpy instead of a syscall per row.
@@ -227,16 +226,7 @@ unsafe fn walk_tables_uncounted(
         return finish(1, UNWIND_END_NO_PROCESS, 0);
     }
     let mut ctx_slot = slot;
-    // SAFETY: `step` is a BPF subprogram with the callback signature; the context is this
-    // stack slot, which outlives the call.
-    unsafe {
-        bpf_loop(
-            MAX_STACK_DEPTH as u32,
-            step as *mut core::ffi::c_void,
-            core::ptr::addr_of_mut!(ctx_slot).cast(),
-            0,
-        )
-    };
+    run_loop(MAX_STACK_DEPTH as u32, step, &mut ctx_slot);
     let n = if st.n as usize > MAX_STACK_DEPTH { MAX_STACK_DEPTH } else { st.n as usize };
     if n > 0 {
         // SAFETY: `out` has room for MAX_STACK_DEPTH frames; `n` is bounded by it.

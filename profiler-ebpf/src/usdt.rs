@@ -10,7 +10,7 @@ use aya_ebpf::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
             bpf_get_attach_cookie, bpf_get_current_task, bpf_get_smp_processor_id, bpf_get_stack,
-            bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str,
+            bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str,
         },
     },
     macros::{map, uprobe},
@@ -25,7 +25,7 @@ use profiler_common::{
     UsdtString, counter, label_entry,
 };
 
-use crate::{config, count, output, read_kernel_u64, selected};
+use crate::{config, count, output, read_kernel_u64, run_loop, selected};
 
 #[map]
 static USDT_SPECS: Array<profiler_common::UsdtSpec> = Array::with_max_entries(USDT_MAX_SPECS, 0);
@@ -386,12 +386,7 @@ fn record_hit(
         // One callback per argument: as a loop, the verifier went through every argument with
         // every kind of location (140 k instructions at each start-up).
         let mut walk = ArgWalk { regs: ctx.as_ptr() as u64, spec_id, nargs: nargs as u32, nstr: 0 };
-        bpf_loop(
-            nargs as u32,
-            arg_step as *mut core::ffi::c_void,
-            core::ptr::addr_of_mut!(walk).cast(),
-            0,
-        );
+        run_loop(nargs as u32, arg_step, &mut walk);
     }
     let mut seen_key = None;
     if spec.role == USDT_ROLE_LABEL_PUSH {
@@ -408,15 +403,8 @@ fn record_hit(
         seen_key = Some(key);
     }
     let mut walk = ArgWalk { regs: 0, spec_id, nargs: nargs as u32, nstr: 0 };
-    // SAFETY: plain helper call; the callback only touches this CPU's scratch record.
-    unsafe {
-        bpf_loop(
-            nargs as u32,
-            str_step as *mut core::ffi::c_void,
-            core::ptr::addr_of_mut!(walk).cast(),
-            0,
-        );
-    }
+    // The callback only touches this CPU's scratch record.
+    run_loop(nargs as u32, str_step, &mut walk);
     let nstr = walk.nstr as u64;
     let len = USDT_RECORD_FIXED as u64 + nstr * core::mem::size_of::<UsdtString>() as u64;
     // SAFETY: `rec` is this CPU's scratch record.
