@@ -35,7 +35,7 @@ const MIN_KERNEL: (u32, u32) = (5, 17);
 /// Fails with a clear message on a kernel older than `MIN_KERNEL` (the verifier's own error
 /// would name a helper, not the kernel version).
 pub fn check_kernel() -> Result<()> {
-    let release = release();
+    let release = uname().map(|[_, r, _]| r).unwrap_or_default();
     match kernel_version(&release) {
         Some(v) if v < MIN_KERNEL => bail!(
             "rsprof-bpf needs Linux {}.{} or newer (its BPF programs loop with bpf_loop); this \
@@ -53,29 +53,26 @@ fn kernel_version(release: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-/// `uname -r`.
-fn release() -> String {
+/// uname(2): (sysname, release, machine).
+fn uname() -> Option<[String; 3]> {
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };
     // SAFETY: valid utsname buffer.
     if unsafe { libc::uname(&mut u) } != 0 {
-        return String::new();
-    }
-    let b: Vec<u8> = u.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    String::from_utf8_lossy(&b).into_owned()
-}
-
-/// `uname -srm`.
-pub fn oscpu() -> String {
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: valid utsname buffer.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return "Linux".into();
+        return None;
     }
     let field = |f: &[libc::c_char]| {
         let b: Vec<u8> = f.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         String::from_utf8_lossy(&b).into_owned()
     };
-    format!("{} {} {}", field(&u.sysname), field(&u.release), field(&u.machine))
+    Some([field(&u.sysname), field(&u.release), field(&u.machine)])
+}
+
+/// `uname -srm`.
+pub fn oscpu() -> String {
+    uname().map_or_else(
+        || "Linux".into(),
+        |[sys, release, machine]| format!("{sys} {release} {machine}"),
+    )
 }
 
 /// CPUs online now (sysconf), at least 1.

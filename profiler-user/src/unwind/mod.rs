@@ -479,11 +479,7 @@ impl UnwindLoader {
                         None => self.shared.shared_by_one_more(&identity),
                     }
                 }
-                e.flags = UNWIND_MAPPING_NOT_LOADED;
-                // Userspace would not finish a copy's walk through this file either.
-                if identity.3 > copied::COMPILE_WHILE_DRAINING_MAX_BYTES {
-                    e.flags |= UNWIND_MAPPING_NO_COPY;
-                }
+                e.flags = not_loaded_flags(&identity);
                 return (e, None);
             }
             FileState::Done(t, l) => (t, l),
@@ -509,12 +505,7 @@ impl UnwindLoader {
                 }
             }
             FileTable::NoCfi => e.flags = UNWIND_MAPPING_NO_CFI,
-            FileTable::Full => {
-                e.flags = UNWIND_MAPPING_NOT_LOADED;
-                if identity.3 > copied::COMPILE_WHILE_DRAINING_MAX_BYTES {
-                    e.flags |= UNWIND_MAPPING_NO_COPY;
-                }
-            }
+            FileTable::Full => e.flags = not_loaded_flags(&identity),
         }
         (e, None)
     }
@@ -649,4 +640,15 @@ impl Drop for UnwindLoader {
 pub fn maps(bpf: &mut crate::bpf::object::BpfObject) -> Result<UnwindLoader> {
     let (rows, procs) = bpf.take_unwind_maps().context("unwind maps")?;
     UnwindLoader::new(rows, procs)
+}
+
+/// The flags of a mapping whose file has no table in the kernel (yet, or for want of room): a
+/// file too big for a stack copy's walk to compile (`copied`) is marked so that none is sent,
+/// as userspace would end that walk at the same frame.
+fn not_loaded_flags(identity: &FileIdentity) -> u32 {
+    if identity.3 > copied::COMPILE_WHILE_DRAINING_MAX_BYTES {
+        UNWIND_MAPPING_NOT_LOADED | UNWIND_MAPPING_NO_COPY
+    } else {
+        UNWIND_MAPPING_NOT_LOADED
+    }
 }
