@@ -6,7 +6,7 @@
 use std::{
     fs,
     io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -14,6 +14,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+
+use crate::ports;
 
 /// The Debian packages `cargo xtask setup` installs for it.
 pub const DEBIAN_PACKAGES: &[&str] = &["clickhouse-server", "clickhouse-client"];
@@ -46,10 +48,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 impl Server {
     /// Starts a server and waits until it answers `/ping`.
     pub fn start() -> Result<Self> {
@@ -61,10 +59,23 @@ impl Server {
         ));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("data"))?;
-        let mut s = Self { dir, http_port: free_port()?, tcp_port: free_port()?, child: None };
-        s.write_config()?;
-        s.resume()?;
-        Ok(s)
+        let mut s = Self { dir, http_port: 0, tcp_port: 0, child: None };
+        for attempt in 1..=ports::START_ATTEMPTS {
+            (s.http_port, s.tcp_port) = (ports::free_port()?, ports::free_port()?);
+            s.write_config()?;
+            match s.resume() {
+                Ok(()) => return Ok(s),
+                // Another process took a port between the probe and the server's bind.
+                Err(e) if attempt < ports::START_ATTEMPTS && ports::in_use(&s.log()) => {
+                    eprintln!("clickhouse-server: port taken, starting on new ports: {e:#}");
+                    for f in ["stdout.log", "server.err.log", "server.log"] {
+                        let _ = fs::remove_file(s.dir.join(f));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
     }
 
     /// `http://127.0.0.1:PORT`.

@@ -6,5 +6,6 @@ pub mod fixtures;
 pub mod gecko_schema;
 pub mod go_pprof;
 pub mod harness;
+pub mod ports;
 pub mod profile_query;
 pub mod prometheus;

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::ports;
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
@@ -27,11 +28,6 @@ impl Drop for Prometheus {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A port free now on 127.0.0.1.
-pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Prometheus {
@@ -55,28 +51,42 @@ impl Prometheus {
             list.join(", ")
         );
         std::fs::write(dir.join("prometheus.yml"), config)?;
-        let port = free_port()?;
-        let log = std::fs::File::create(dir.join("log"))?;
-        let child = Command::new(BIN)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("start prometheus")?;
-        let p = Self { child, dir, base: format!("http://127.0.0.1:{port}") };
-        let end = Instant::now() + Duration::from_secs(60);
-        loop {
-            if ureq::get(format!("{}/-/ready", p.base)).call().is_ok() {
-                return Ok(p);
+        for attempt in 1..=ports::START_ATTEMPTS {
+            let port = ports::free_port()?;
+            let log = std::fs::File::create(dir.join("log"))?;
+            let mut child = Command::new(BIN)
+                .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+                .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("start prometheus")?;
+            let base = format!("http://127.0.0.1:{port}");
+            let log = || std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+            let end = Instant::now() + Duration::from_secs(60);
+            loop {
+                if ureq::get(format!("{base}/-/ready")).call().is_ok() {
+                    return Ok(Self { child, dir, base });
+                }
+                if let Ok(Some(status)) = child.try_wait() {
+                    // Another process took the port between the probe and Prometheus's bind.
+                    if attempt < ports::START_ATTEMPTS && ports::in_use(&log()) {
+                        eprintln!("prometheus: port {port} taken, starting on another");
+                        break;
+                    }
+                    bail!("prometheus exited ({status}) at start:\n{}", log());
+                }
+                if Instant::now() > end {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    bail!("prometheus not ready in 60 s:\n{}", log());
+                }
+                std::thread::sleep(Duration::from_millis(200));
             }
-            if Instant::now() > end {
-                bail!("prometheus not ready in 60 s:\n{}", p.log());
-            }
-            std::thread::sleep(Duration::from_millis(200));
         }
+        unreachable!("the last attempt returns")
     }
 
     pub fn log(&self) -> String {
