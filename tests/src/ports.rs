@@ -30,7 +30,8 @@ pub fn free_port() -> Result<u16> {
     let hi = u32::from(ephemeral_start().max(12_000));
     let lo = 10_000u32;
     // Different test processes start at different places, so they rarely probe the same port.
-    let seed = std::process::id().wrapping_mul(7919) ^ N.fetch_add(1, Ordering::Relaxed) * 104_729;
+    let seed = std::process::id().wrapping_mul(7919)
+        ^ N.fetch_add(1, Ordering::Relaxed).wrapping_mul(104_729);
     let span = hi - lo;
     for i in 0..span {
         let port = (lo + (seed.wrapping_add(i * 31)) % span) as u16;
