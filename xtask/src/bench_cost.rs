@@ -1,11 +1,13 @@
 //! `cargo xtask bench-cost`: what rsprof-bpf itself costs while it records system-wide, next
 //! to `perf record -a -g` at the same frequency, in one run.
 //!
-//! Two scenarios, each at every frequency of `--freqs`, each with both tools in turn (or, with
+//! Three scenarios, each at every frequency of `--freqs`, each with both tools in turn (or, with
 //! `--together`, both recording the same window, which halves the wall time and exposes both to
 //! exactly the same load):
 //! 1. idle: whatever else runs on the host;
-//! 2. busy: one busy loop per CPU plus an exec storm (a shell running `/bin/true` in a loop).
+//! 2. busy: one busy loop per CPU (the issue's "all CPUs busy": every sample has a user stack);
+//! 3. busy + exec storm: the same plus a shell running `/bin/true` in a loop, the worst case
+//!    for a profiler that tracks every process's mappings.
 //!
 //! Each tool is started, and measured once it samples (rsprof-bpf: its "sampling" line; perf: 1.5
 //! s after start), so start-up is left out: its CPU time (utime + stime from /proc/PID/stat) over
@@ -192,15 +194,15 @@ fn measure(
     Ok(runs)
 }
 
-fn load(busy: bool) -> anyhow::Result<Vec<Child>> {
-    if !busy {
-        return Ok(Vec::new());
-    }
+/// The load of a scenario: (busy loops, exec storm).
+fn load(busy: bool, storm: bool) -> anyhow::Result<Vec<Child>> {
     let mut kids = Vec::new();
-    for _ in 0..online_cpus() {
+    for _ in 0..if busy { online_cpus() } else { 0 } {
         kids.push(Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
     }
-    kids.push(Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?);
+    if storm {
+        kids.push(Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?);
+    }
     Ok(kids)
 }
 
@@ -217,8 +219,10 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
         return r;
     }
     let mut runs = Vec::new();
-    for (scenario, busy) in [("idle", false), ("busy + exec storm", true)] {
-        let mut kids = load(busy)?;
+    for (scenario, busy, storm) in
+        [("idle", false, false), ("busy", true, false), ("busy + exec storm", true, true)]
+    {
+        let mut kids = load(busy, storm)?;
         for &freq in &args.freqs {
             let groups: Vec<Vec<&'static str>> = if args.together {
                 vec![vec!["rsprof-bpf", "perf"]]
@@ -293,7 +297,7 @@ fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
         s,
         "`{cmd}`, run {} on {} CPUs ({}). Each tool measured for {} s once it samples \
          (`rsprof-bpf --all -F HZ` vs `perf record -a -g -F HZ`), {}; busy = one busy loop per \
-         CPU plus a shell running `/bin/true` in a loop. CPU = the tool's utime + stime over the \
+         CPU; exec storm = a shell running `/bin/true` in a loop as well. CPU = the tool's utime + stime over the \
          window; RSS sampled every second; peak = VmHWM (start-up included). The machine is \
          shared with other work: compare the two tools within a scenario.\n",
         crate::bench::utc_now(),
