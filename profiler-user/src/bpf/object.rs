@@ -41,6 +41,27 @@ pub struct BpfObject {
     pub code_changes_untracked: Option<String>,
 }
 
+/// mmap/munmap tracking: (program, syscall tracepoint).
+const MAP_PROGRAMS: [(&str, &str); 3] = [
+    ("on_enter_mmap", "sys_enter_mmap"),
+    ("on_exit_mmap", "sys_exit_mmap"),
+    ("on_enter_munmap", "sys_enter_munmap"),
+];
+/// mprotect/mremap tracking (code made executable or moved): all four or none.
+const CODE_CHANGE_PROGRAMS: [(&str, &str); 4] = [
+    ("on_enter_mprotect", "sys_enter_mprotect"),
+    ("on_exit_mprotect", "sys_exit_mprotect"),
+    ("on_enter_mremap", "sys_enter_mremap"),
+    ("on_exit_mremap", "sys_exit_mremap"),
+];
+/// Process lifecycle and scheduling: (program, raw tracepoint).
+const LIFECYCLE_PROGRAMS: [(&str, &str); 4] = [
+    ("on_fork", "sched_process_fork"),
+    ("on_exec", "sched_process_exec"),
+    ("on_exit", "sched_process_exit"),
+    ("on_sched_switch", "sched_switch"),
+];
+
 impl BpfObject {
     /// Loads the programs (not yet attached). `ring_bytes` must be a power-of-two multiple of
     /// the page size.
@@ -93,25 +114,38 @@ impl BpfObject {
         Ok(())
     }
 
-    /// Attaches lifecycle tracepoints first so no fork/exec between the two steps is missed,
-    /// and sched_switch so most CPUs have seen a switch (making CPU time current) by the
-    /// first sample, then the sampler on every online CPU.
+    /// Loads every program first (the verifier takes most of start-up: hundreds of
+    /// milliseconds), then attaches them in quick succession: the mapping records, then the
+    /// lifecycle tracepoints, so no fork/exec between the steps is missed, and sched_switch so
+    /// most CPUs have seen a switch (making CPU time current) by the first sample, then the
+    /// sampler on every online CPU. Loading between attaches left a window in which new
+    /// processes had their mappings recorded but not their fork or exec.
     pub fn attach(&mut self, frequency: u64) -> Result<()> {
-        self.attach_maptrack()?;
-        for (prog, tp) in [
-            ("on_fork", "sched_process_fork"),
-            ("on_exec", "sched_process_exec"),
-            ("on_exit", "sched_process_exit"),
-            ("on_sched_switch", "sched_switch"),
-        ] {
+        for prog in MAP_PROGRAMS.iter().map(|(p, _)| p) {
+            let p: &mut TracePoint = self.ebpf.program_mut(prog).context(*prog)?.try_into()?;
+            p.load().with_context(|| format!("load {prog}"))?;
+        }
+        // mprotect/mremap tracking needs bpf_find_vma (5.17+); without it the rest works.
+        let code_changes_loaded = CODE_CHANGE_PROGRAMS.iter().try_for_each(|(prog, _)| {
+            let p: &mut TracePoint = self.ebpf.program_mut(prog).context(*prog)?.try_into()?;
+            p.load().with_context(|| format!("load {prog}"))
+        });
+        for (prog, _) in LIFECYCLE_PROGRAMS {
             let p: &mut RawTracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
             p.load().with_context(|| format!("load {prog}"))?;
+        }
+        let sampler: &mut PerfEvent =
+            self.ebpf.program_mut("on_cpu_clock").context("on_cpu_clock")?.try_into()?;
+        sampler.load().context("load the CPU-clock sampler")?;
+
+        self.attach_maptrack(code_changes_loaded)?;
+        for (prog, tp) in LIFECYCLE_PROGRAMS {
+            let p: &mut RawTracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
             let link = p.attach(tp).with_context(|| format!("attach {prog} to {tp}"))?;
             self.tp_links.push((prog, link));
         }
         let p: &mut PerfEvent =
             self.ebpf.program_mut("on_cpu_clock").context("on_cpu_clock")?.try_into()?;
-        p.load().context("load the CPU-clock sampler")?;
         for &cpu in &self.cpus {
             let link = p
                 .attach(
@@ -127,48 +161,35 @@ impl BpfObject {
     }
 
     /// Mapping records (profiler-ebpf maptrack.rs), attached before the lifecycle tracepoints:
-    /// a process exec'd after the attach has all its mappings recorded.
-    fn attach_maptrack(&mut self) -> Result<()> {
-        for (prog, tp) in [
-            ("on_enter_mmap", "sys_enter_mmap"),
-            ("on_exit_mmap", "sys_exit_mmap"),
-            ("on_enter_munmap", "sys_enter_munmap"),
-        ] {
+    /// a process exec'd after the attach has all its mappings recorded. `code_changes` says
+    /// whether the mprotect/mremap programs loaded.
+    fn attach_maptrack(&mut self, code_changes: Result<()>) -> Result<()> {
+        for (prog, tp) in MAP_PROGRAMS {
             let p: &mut TracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
-            p.load().with_context(|| format!("load {prog}"))?;
             let link =
                 p.attach("syscalls", tp).with_context(|| format!("attach {prog} to {tp}"))?;
             self.map_links.push((prog, link));
         }
-        let mut code_changes = Vec::new();
-        for (prog, tp) in [
-            ("on_enter_mprotect", "sys_enter_mprotect"),
-            ("on_exit_mprotect", "sys_exit_mprotect"),
-            ("on_enter_mremap", "sys_enter_mremap"),
-            ("on_exit_mremap", "sys_exit_mremap"),
-        ] {
-            let attached = (|| -> Result<TracePointLinkId> {
+        let mut attached = Vec::new();
+        let result = code_changes.and_then(|()| {
+            for (prog, tp) in CODE_CHANGE_PROGRAMS {
                 let p: &mut TracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
-                p.load().with_context(|| format!("load {prog}"))?;
-                p.attach("syscalls", tp).with_context(|| format!("attach {prog} to {tp}"))
-            })();
-            match attached {
-                Ok(link) => code_changes.push((prog, link)),
-                Err(e) => {
-                    // Without the exit half, an entry would only fill RANGE_PENDING.
-                    for (prog, link) in code_changes.drain(..) {
-                        if let Some(Ok(p)) =
-                            self.ebpf.program_mut(prog).map(<&mut TracePoint>::try_from)
-                        {
-                            let _ = p.detach(link);
-                        }
-                    }
-                    self.code_changes_untracked = Some(format!("{e:#}"));
-                    break;
+                let link =
+                    p.attach("syscalls", tp).with_context(|| format!("attach {prog} to {tp}"))?;
+                attached.push((prog, link));
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            // Without the exit half, an entry would only fill RANGE_PENDING.
+            for (prog, link) in attached.drain(..) {
+                if let Some(Ok(p)) = self.ebpf.program_mut(prog).map(<&mut TracePoint>::try_from) {
+                    let _ = p.detach(link);
                 }
             }
+            self.code_changes_untracked = Some(format!("{e:#}"));
         }
-        self.map_links.extend(code_changes);
+        self.map_links.extend(attached);
         Ok(())
     }
 
