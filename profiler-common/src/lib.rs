@@ -120,6 +120,11 @@ pub const MAP_NAME_MAX: usize = 64;
 /// Deepest path walked (components plus mount crossings).
 pub const MAP_PATH_DEPTH: u32 = 24;
 
+/// Records that ask to wake userspace (a new image or executable mapping, which the DWARF
+/// unwinder's loader wants soon) wake it at most this often; userspace drains again this
+/// long after a drain that saw any, so none waits longer.
+pub const WAKE_GAP_NS: u64 = 10_000_000;
+
 /// [`MapRecord::flags`].
 pub const MAP_ANON: u32 = 1 << 0;
 /// The path walk reached the root of the mount tree: `path` is absolute.
@@ -128,8 +133,10 @@ pub const MAP_PATH_COMPLETE: u32 = 1 << 1;
 /// (`mm->start_code..end_code`, the lowest executable segment's `p_vaddr` plus the load bias);
 /// `offset` is unknown (userspace takes it from the file's program headers).
 pub const MAP_EXE_TEXT: u32 = 1 << 2;
-/// Sent at exec for the ELF interpreter (ld.so): `start` is its load base (`AT_BASE`), no
-/// file identity (userspace takes the interpreter from the executable's `PT_INTERP`).
+/// Sent at exec for the ELF interpreter (ld.so): `start` is its load base (`AT_BASE`); the
+/// file identity and path are those of the mapping at the base (`len` its length), or, when
+/// that could not be looked up, absent (`inode` 0: userspace takes the interpreter from the
+/// executable's `PT_INTERP`).
 pub const MAP_INTERP: u32 = 1 << 3;
 
 /// An executable mapping made (mmap(2) with PROT_EXEC; at exec, the executable and the

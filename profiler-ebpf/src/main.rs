@@ -19,7 +19,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id},
     },
     macros::{map, perf_event, raw_tracepoint},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::{PerfEventContext, RawTracePointContext},
 };
 use profiler_common::{
@@ -27,7 +27,8 @@ use profiler_common::{
     SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY,
     SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, STACK_COPY_HEADER_SIZE,
     SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TIMING_ENTRIES, TIMING_RING_BYTES,
-    TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, UNWIND_MODE_FP, counter, timing_bucket,
+    TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, UNWIND_MODE_FP, WAKE_GAP_NS, counter,
+    timing_bucket,
 };
 
 #[unsafe(no_mangle)]
@@ -36,6 +37,12 @@ pub(crate) static CONFIG: Config = Config::ZERO;
 /// Size is set by the loader (`--ring-buffer-size`).
 #[map]
 pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
+
+/// When a record last forced a wakeup (`bpf_ktime_get_ns`), shared by every CPU: records
+/// that ask for one wake userspace at most every `WAKE_GAP_NS` (races between CPUs only add
+/// a wakeup).
+#[map]
+static LAST_WAKE: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
@@ -300,7 +307,8 @@ fn add_timing(index: u32, n: u64) {
 pub(crate) unsafe fn output<T>(rec: *const T, len: u64, wake: bool) -> bool {
     let size = core::mem::size_of::<T>() as u64;
     let len = if len > size { size } else { len };
-    let flags = if wake || EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= wake_threshold() {
+    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= wake_threshold() || wake && wake_due()
+    {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -321,6 +329,24 @@ pub(crate) unsafe fn output<T>(rec: *const T, len: u64, wake: bool) -> bool {
 #[inline(always)]
 fn wake_threshold() -> u64 {
     EVENTS.query(BPF_RB_RING_SIZE as u64) / 4
+}
+
+/// Whether a record that asks for a wakeup gets one: the first after `WAKE_GAP_NS`. Every
+/// forced wakeup leads to a drain that sees its record, and a drain that sees such records
+/// drains again `WAKE_GAP_NS` later (session::Recorder), which picks up the ones held back
+/// here; an exec storm wakes the loop 100 times a second instead of once per record.
+#[inline(always)]
+fn wake_due() -> bool {
+    let Some(last) = LAST_WAKE.get_ptr_mut(0) else { return true };
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: a map value; a torn read across CPUs only changes whether this one wakes.
+    unsafe {
+        if now.wrapping_sub(*last) < WAKE_GAP_NS {
+            return false;
+        }
+        *last = now;
+    }
+    true
 }
 
 /// Records the DWARF unwinder's table loader needs soon (a new image, an executable mapping)
@@ -430,8 +456,9 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
         let task = bpf_get_current_task();
         let mut len: u64 = 0;
         if let Some(mm) = read_kernel_u64(task + cfg.task_mm as u64) {
-            // The ELF loader's mappings (binary, interpreter) were sent before this record,
-            // tagged with this mm; the vDSO is no do_mmap mapping, so its address goes here.
+            // The ELF loader's mappings (binary, interpreter) follow this record
+            // (send_exec_mappings), tagged with this mm; the vDSO is no mapping of a file, so
+            // its address goes here.
             (*rec).mm = mm;
             if cfg.mm_vdso != 0 {
                 (*rec).vdso = read_kernel_u64(mm + cfg.mm_vdso as u64).unwrap_or(0);

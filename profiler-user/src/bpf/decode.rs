@@ -138,8 +138,9 @@ pub enum MapKind {
     /// At exec: the executable's code, `start` being its lowest executable segment's address
     /// (file offsets come from the file's program headers).
     ExeText { dev: u64, inode: u64, path: MappedPath },
-    /// At exec: the ELF interpreter was loaded at base `start`.
-    Interp,
+    /// At exec: the ELF interpreter was loaded at base `start`; its file as the kernel maps it
+    /// (dev, inode, path), unless that could not be looked up.
+    Interp { file: Option<(u64, u64, MappedPath)> },
     /// Anonymous executable memory (JIT code).
     Anon,
     /// The range is no longer executable code.
@@ -393,8 +394,6 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 MapKind::Unmap
             } else if flags & MAP_ANON != 0 {
                 MapKind::Anon
-            } else if flags & MAP_INTERP != 0 {
-                MapKind::Interp
             } else {
                 let n = u32_at(b, std::mem::offset_of!(MapRecord, path_len)) as usize;
                 let raw = b.get(MAP_RECORD_FIXED..MAP_RECORD_FIXED + n).ok_or(short)?;
@@ -402,7 +401,9 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 let dev = u64::from(dev >> 20) << 32 | u64::from(dev & 0xf_ffff);
                 let inode = field(std::mem::offset_of!(MapRecord, inode));
                 let path = mapped_path(raw, flags & MAP_PATH_COMPLETE != 0);
-                if flags & MAP_EXE_TEXT != 0 {
+                if flags & MAP_INTERP != 0 {
+                    MapKind::Interp { file: (inode != 0).then_some((dev, inode, path)) }
+                } else if flags & MAP_EXE_TEXT != 0 {
                     MapKind::ExeText { dev, inode, path }
                 } else {
                     let offset = field(std::mem::offset_of!(MapRecord, offset));
@@ -634,6 +635,20 @@ mod tests {
         assert_eq!(path, MappedPath { path: "usr/lib/libc.so.6".into(), complete: false });
         // A path longer than the record is rejected.
         assert!(decode(&b[..b.len() - 1]).is_err());
+        // The interpreter at exec: named like any file when the kernel found its mapping,
+        // without a file when it did not (userspace then reads PT_INTERP).
+        r.flags = MAP_INTERP | MAP_PATH_COMPLETE;
+        let KernelEvent::Map(m) = decode(&bytes_of(&r, MAP_RECORD_FIXED + parts.len())).unwrap()
+        else {
+            panic!()
+        };
+        let path = MappedPath { path: "/usr/lib/libc.so.6".into(), complete: true };
+        assert_eq!(m.kind, MapKind::Interp { file: Some((254 << 32 | 1, 77, path)) });
+        (r.inode, r.path_len, r.flags) = (0, 0, MAP_INTERP);
+        let KernelEvent::Map(m) = decode(&bytes_of(&r, MAP_RECORD_FIXED)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(m.kind, MapKind::Interp { file: None });
     }
 
     #[test]

@@ -193,9 +193,18 @@ impl<S: SampleSink> Collector<S> {
                 p.meta.exe.clone_from(&self.modules.get(module).path);
                 self.modules.loaded_code(module, LoadedAt::LowestCode(m.start))
             }
-            MapKind::Interp => {
-                let exe = p.exe_module;
-                match exe.and_then(|exe| self.modules.interpreter(m.pid, exe)) {
+            MapKind::Interp { file } => {
+                let module = match file {
+                    Some((dev, inode, path)) => Some(self.modules.kernel_module(
+                        m.pid,
+                        (m.start, m.end),
+                        (*dev, *inode),
+                        path,
+                        false,
+                    )),
+                    None => p.exe_module.and_then(|exe| self.modules.interpreter(m.pid, exe)),
+                };
+                match module {
                     Some(module) => self.modules.loaded_code(module, LoadedAt::Base(m.start)),
                     None => Vec::new(),
                 }

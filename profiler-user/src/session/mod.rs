@@ -38,8 +38,10 @@ use messages::Messages;
 const MAX_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 /// A drain the BPF programs ask for comes at least this long after the previous one, so a
 /// storm of waking records (exec storms with the DWARF unwinder, bursts past the wake
-/// threshold) cannot spin the loop.
-const MIN_DRAIN_GAP: Duration = Duration::from_millis(10);
+/// threshold) cannot spin the loop. The BPF side wakes at most this often for records the
+/// unwinder wants soon, and a drain that saw such records is followed by another this long
+/// after, which collects the ones that did not wake us.
+const MIN_DRAIN_GAP: Duration = Duration::from_nanos(profiler_common::WAKE_GAP_NS);
 
 /// How often to drain the ring on the timer: the ring holds two intervals of the worst case
 /// (every CPU sampling at `frequency`, every sample of full depth), at most
@@ -55,6 +57,16 @@ pub fn drain_interval(ring_bytes: u32, cpus: usize, frequency: u64) -> Duration 
     let worst_bytes_per_s = cpus.max(1) as f64 * frequency.max(1) as f64 * record;
     let secs = f64::from(ring_bytes) / 2.0 / worst_bytes_per_s;
     Duration::from_secs_f64(secs).clamp(MIN_DRAIN_GAP, MAX_DRAIN_INTERVAL)
+}
+
+/// After a drain: the timer's next drain comes a full period later, or `MIN_DRAIN_GAP` later
+/// when the drain saw records whose followers may not wake the loop (`Recorder::drain`).
+fn follow_up(poll: &mut tokio::time::Interval, again: bool) {
+    if again {
+        poll.reset_at(tokio::time::Instant::now() + MIN_DRAIN_GAP);
+    } else {
+        poll.reset();
+    }
 }
 
 /// The next request, or never when there is no channel (or it closed).
@@ -287,7 +299,11 @@ impl<'p> Recorder<'p> {
 
     /// Records are sent without wakeups (but for those the DWARF unwinder waits for, and any
     /// past a quarter of the ring), so this runs on a timer.
-    fn drain(&mut self) {
+    /// Drains the ring; true if it held records the BPF side may have held a wakeup back for
+    /// (task and mapping events, with the DWARF unwinder), so the caller drains again soon.
+    fn drain(&mut self) -> bool {
+        let events = |c: &Collector<ChunkedStore>| c.stats.task_events + c.stats.map_events;
+        let before = events(&self.collector);
         let collector = &mut self.collector;
         // Undecodable records are counted in the collector's stats and reported.
         ring::drain(self.ring.get_mut(), |rec| {
@@ -297,6 +313,7 @@ impl<'p> Recorder<'p> {
             u.after_drain(&mut self.collector);
         }
         self.usdt.after_drain(&mut self.collector);
+        self.unwind.is_some() && events(&self.collector) != before
     }
 
     /// Answers `requests` while collecting (`run_until`).
@@ -402,9 +419,9 @@ impl<'p> Recorder<'p> {
                         ready.clear_ready();
                         let since = last_drain.elapsed();
                         if since >= MIN_DRAIN_GAP {
-                            self.drain();
+                            let again = self.drain();
                             last_drain = Instant::now();
-                            poll.reset();
+                            follow_up(&mut poll, again);
                         } else {
                             ring_armed = false;
                             poll.reset_at(tokio::time::Instant::now() + (MIN_DRAIN_GAP - since));
@@ -413,9 +430,10 @@ impl<'p> Recorder<'p> {
                     Err(e) => break Err(e.into()),
                 },
                 _ = poll.tick() => {
-                    self.drain();
+                    let again = self.drain();
                     last_drain = Instant::now();
                     ring_armed = true;
+                    follow_up(&mut poll, again);
                 }
                 _ = landing.tick(), if self.unwind.as_ref().is_some_and(|u| u.has_waiting()) => {
                     self.drain();
