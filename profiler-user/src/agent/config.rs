@@ -30,13 +30,10 @@ pub const DEFAULT_SPOOL_SIZE: &str = "256M";
 /// window are recycled (and counted) beyond it.
 pub const DEFAULT_BUFFER_SIZE: &str = "16M";
 
-/// Ring buffer for about a second of worst-case samples (both stacks at full depth, ~2 KiB)
-/// on every CPU, 2–16 MiB. The sampler's 16 MiB default was a third of an idle agent's RSS:
-/// the kernel maps a ring buffer's pages twice.
-fn ring_bytes(frequency: u64) -> u64 {
-    let cpus = u64::from(crate::system::host::online_cpus());
-    (cpus * frequency * 2048).next_power_of_two().clamp(2 << 20, 16 << 20)
-}
+/// The agent's smallest ring buffer (`cli::plan::default_ring_bytes`, the recording's rule):
+/// at fleet rates a second of samples fills far less, and a fixed 16 MiB ring was a third of
+/// an idle agent's RSS (the kernel maps a ring buffer's pages twice).
+const AGENT_MIN_RING: u64 = 2 << 20;
 
 /// The config file: every key optional, the same names as the flags.
 #[derive(Debug, Default, Deserialize)]
@@ -152,7 +149,7 @@ impl AgentPlan {
             output: PathBuf::from("agent.pb.gz"),
             format: Some(Format::Pprof),
             quiet: args.quiet || file.quiet.unwrap_or(false),
-            ring_buffer_size: Some(ring_bytes(frequency)),
+            ring_buffer_size: Some(crate::cli::plan::default_ring_bytes(frequency, AGENT_MIN_RING)),
             usdt: Vec::new(),
             usdt_interval: Vec::new(),
             usdt_dump: None,

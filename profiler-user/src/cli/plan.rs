@@ -70,8 +70,9 @@ impl RecordPlan {
         if args.buffer_size < (64 << 10) || args.buffer_size > (64 << 30) {
             bail!("invalid buffer size {}: must be between 64K and 64G", args.buffer_size);
         }
-        let ring_buffer_size =
-            args.ring_buffer_size.unwrap_or_else(|| default_ring_bytes(args.frequency));
+        let ring_buffer_size = args
+            .ring_buffer_size
+            .unwrap_or_else(|| default_ring_bytes(args.frequency, RECORD_MIN_RING));
         if !((4096..=(1 << 30)).contains(&ring_buffer_size)) {
             bail!("invalid ring buffer size {ring_buffer_size}: must be between 4K and 1G");
         }
@@ -147,13 +148,17 @@ impl RecordPlan {
 }
 
 /// The ring buffer when `--ring-buffer-size` is not given: a second of samples that all carry
-/// a stack copy (~8 KiB; the copy budget is half the ring per second) on every CPU, 4–16 MiB.
-/// The kernel maps a ring's pages twice, so it counts twice in RSS: a fixed 16 MiB was 32 MiB
-/// of a 99 Hz recording's RSS for samples that fill a few hundred KiB a second.
-pub fn default_ring_bytes(frequency: u64) -> u64 {
+/// a stack copy (~8 KiB; the copy budget is half the ring per second) on every CPU, between
+/// `min` and 16 MiB. The kernel maps a ring's pages twice, so it counts twice in RSS: a fixed
+/// 16 MiB was 32 MiB of a 99 Hz recording's RSS for samples that fill a few hundred KiB a
+/// second. Recordings take at least `RECORD_MIN_RING`; the agent, at fleet rates, less.
+pub fn default_ring_bytes(frequency: u64, min: u64) -> u64 {
     let cpus = u64::from(host::online_cpus());
-    (cpus * frequency.max(1) * 8192).next_power_of_two().clamp(4 << 20, 16 << 20)
+    (cpus * frequency.max(1) * 8192).next_power_of_two().clamp(min, 16 << 20)
 }
+
+/// The smallest default ring of a recording (`default_ring_bytes`).
+pub const RECORD_MIN_RING: u64 = 4 << 20;
 
 /// `--format` if given, else what the output's name implies (Gecko for other names). A
 /// `--format` that the name contradicts is an error: the file would be misread.
