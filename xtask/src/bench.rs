@@ -764,8 +764,11 @@ pub fn update_section(path: &Path, begin: &str, end: &str, table: &str) -> anyho
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let new = match (old.find(begin), old.find(end)) {
-        (Some(b), Some(e)) if b < e => {
+    // The end marker is searched after the begin marker: a stray end marker earlier in the
+    // file must not make every run append another copy of the section.
+    let found = old.find(begin).and_then(|b| old[b..].find(end).map(|e| (b, b + e)));
+    let new = match found {
+        Some((b, e)) => {
             let stop = e + end.len();
             let stop = if old[stop..].starts_with('\n') { stop + 1 } else { stop };
             format!("{}{section}{}", &old[..b], &old[stop..])
@@ -785,6 +788,18 @@ pub fn update_section(path: &Path, begin: &str, end: &str, table: &str) -> anyho
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn section_replaced_even_after_a_stray_end_marker() {
+        let dir = std::env::temp_dir().join(format!("bench-md-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("B.md");
+        fs::write(&path, "intro\nEND\nold tail\nBEGIN\nold\nEND\nafter\n").unwrap();
+        update_section(&path, "BEGIN", "END", "new\n").unwrap();
+        let got = fs::read_to_string(&path).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(got, "intro\nEND\nold tail\nBEGIN\nnew\nEND\nafter\n");
+    }
 
     #[test]
     fn parses_rsprof_summary() {

@@ -63,6 +63,10 @@ pub struct BenchCostArgs {
     /// `--buffer-size` for the long run.
     #[arg(long, default_value = "4M")]
     buffer_size: String,
+    /// Busy loops running during the long run, so samples with user stacks keep arriving and
+    /// the sample buffer fills and recycles even on an otherwise idle host.
+    #[arg(long, default_value_t = 1)]
+    busy_loops: usize,
 }
 
 struct Run {
@@ -103,7 +107,16 @@ fn forks_since_boot() -> u64 {
 }
 
 /// Starts `cmd` with stderr drained; returns once it samples.
-fn start_tool(mut cmd: Command, rsprof: bool) -> anyhow::Result<Child> {
+fn start_tool(cmd: Command, rsprof: bool) -> anyhow::Result<Child> {
+    start_tool_logged(cmd, rsprof).map(|(child, _)| child)
+}
+
+/// [`start_tool`], also keeping the tool's stderr lines after the "sampling" line (its exit
+/// summary among them).
+fn start_tool_logged(
+    mut cmd: Command,
+    rsprof: bool,
+) -> anyhow::Result<(Child, std::sync::Arc<std::sync::Mutex<Vec<String>>>)> {
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let what = display(&cmd);
     let mut child = cmd.spawn().with_context(|| format!("start {what}"))?;
@@ -130,8 +143,14 @@ fn start_tool(mut cmd: Command, rsprof: bool) -> anyhow::Result<Child> {
         thread::sleep(Duration::from_millis(1500));
     }
     // Keep draining so the tool never blocks on a full pipe.
-    thread::spawn(move || for _ in rx {});
-    Ok(child)
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = lines.clone();
+    thread::spawn(move || {
+        for l in rx {
+            keep.lock().unwrap().push(l);
+        }
+    });
+    Ok((child, lines))
 }
 
 /// A running tool being measured.
@@ -353,7 +372,24 @@ fn long_run(
     let mut cmd = Command::new(rsprof);
     cmd.args(["--all", "-F", &freq, "--buffer-size", &args.buffer_size, "-o"])
         .arg(dir.join("long.json.gz"));
-    let mut child = start_tool(cmd, true)?;
+    let mut busy = Vec::new();
+    for _ in 0..args.busy_loops {
+        busy.push(Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
+    }
+    let started = start_tool_logged(cmd, true);
+    let stop_busy = |busy: &mut Vec<Child>| {
+        for k in busy.iter_mut() {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    };
+    let (mut child, lines) = match started {
+        Ok(t) => t,
+        Err(e) => {
+            stop_busy(&mut busy);
+            return Err(e);
+        }
+    };
     let pid = child.id();
     let (cpu0, t0) = (cpu_secs(pid).context("rsprof-bpf exited")?, Instant::now());
     // (seconds since sampling began, RSS KiB, CPU s so far)
@@ -371,10 +407,20 @@ fn long_run(
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
     let status = child.wait()?;
+    stop_busy(&mut busy);
     if !status.success() {
         bail!("rsprof-bpf exited with {status}");
     }
-    let table = render_long(args, &series, hwm);
+    // The drain thread ends with the pipe; give it a moment to take the last lines.
+    thread::sleep(Duration::from_millis(200));
+    // The summary says whether the buffer filled and recycled (the point of the run).
+    let buffer_line = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.trim_start().starts_with("buffer:"))
+        .map(|l| l.trim().to_string());
+    let table = render_long(args, &series, hwm, buffer_line.as_deref());
     print!("{table}");
     if !args.no_write {
         let path = workspace_root().join("BENCHMARKS.md");
@@ -384,23 +430,36 @@ fn long_run(
     Ok(())
 }
 
-fn render_long(args: &BenchCostArgs, series: &[(u64, u64, f64)], hwm_kib: u64) -> String {
+fn render_long(
+    args: &BenchCostArgs,
+    series: &[(u64, u64, f64)],
+    hwm_kib: u64,
+    buffer_line: Option<&str>,
+) -> String {
     let mib = |k: u64| k as f64 / 1024.0;
     let mut s = String::new();
     let _ = writeln!(s, "## Memory over a long recording: `cargo xtask bench-cost --long`\n");
     let _ = writeln!(
         s,
-        "`cargo xtask bench-cost --long --seconds {} --freq {} --buffer-size {}`, run {} on {} \
-         CPUs: `rsprof-bpf --all -F {} --buffer-size {}` on the host as it was (other work \
-         running), RSS (VmRSS) every 10 s from its \"sampling\" line; the small buffer makes the \
-         sample store recycle early, so the later minutes show the steady state.\n",
+        "`cargo xtask bench-cost --long --seconds {} --freq {} --buffer-size {} --busy-loops {}`, \
+         run {} on {} CPUs: `rsprof-bpf --all -F {} --buffer-size {}` on the host as it was \
+         (other work running) plus {} busy loop(s), RSS (VmRSS) every 10 s from its \
+         \"sampling\" line; the small buffer makes the sample store recycle early, so the later \
+         minutes show the steady state.\n",
         args.seconds,
         args.freqs[0],
         args.buffer_size,
+        args.busy_loops,
         crate::bench::utc_now(),
         online_cpus(),
         args.freqs[0],
-        args.buffer_size
+        args.buffer_size,
+        args.busy_loops,
+    );
+    let _ = writeln!(
+        s,
+        "Its exit summary: `{}`\n",
+        buffer_line.unwrap_or("no buffer line in the summary")
     );
     // Flatness over the second half of the run (the store recycles well before).
     let half: Vec<u64> = series.iter().filter(|r| r.0 >= args.seconds / 2).map(|r| r.1).collect();
