@@ -4,6 +4,7 @@
 //! once: results are cached by (module, offset) or kernel address.
 
 pub mod cache;
+pub mod pages;
 
 use std::{
     collections::HashMap,
@@ -233,6 +234,8 @@ impl Service {
                         }
                     }
                     names.trim();
+                    // The files stay parsed; the pages this call touched leave our RSS.
+                    pages::release_file_pages();
                     total.asked += asked;
                     total.cached = names.stats.hits;
                     total.evicted = names.stats.evicted;
