@@ -111,12 +111,12 @@ fn start_tool(cmd: Command, rsprof: bool) -> anyhow::Result<Child> {
     start_tool_logged(cmd, rsprof).map(|(child, _)| child)
 }
 
-/// [`start_tool`], also keeping the tool's stderr lines after the "sampling" line (its exit
-/// summary among them).
+/// [`start_tool`], also returning the thread that drains the tool's stderr: joined once the
+/// tool exited, it gives the lines after the "sampling" line (the exit summary among them).
 fn start_tool_logged(
     mut cmd: Command,
     rsprof: bool,
-) -> anyhow::Result<(Child, std::sync::Arc<std::sync::Mutex<Vec<String>>>)> {
+) -> anyhow::Result<(Child, thread::JoinHandle<Vec<String>>)> {
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let what = display(&cmd);
     let mut child = cmd.spawn().with_context(|| format!("start {what}"))?;
@@ -143,14 +143,7 @@ fn start_tool_logged(
         thread::sleep(Duration::from_millis(1500));
     }
     // Keep draining so the tool never blocks on a full pipe.
-    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let keep = lines.clone();
-    thread::spawn(move || {
-        for l in rx {
-            keep.lock().unwrap().push(l);
-        }
-    });
-    Ok((child, lines))
+    Ok((child, thread::spawn(move || rx.into_iter().collect())))
 }
 
 /// A running tool being measured.
@@ -213,14 +206,26 @@ fn measure(
     Ok(runs)
 }
 
-/// The load of a scenario: (busy loops, exec storm).
-fn load(busy: bool, storm: bool) -> anyhow::Result<Vec<Child>> {
-    let mut kids = Vec::new();
-    for _ in 0..if busy { online_cpus() } else { 0 } {
-        kids.push(Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
+/// Load processes, killed (and reaped) when dropped, also when a measurement fails.
+struct Load(Vec<Child>);
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for k in &mut self.0 {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
+}
+
+/// `busy_loops` busy loops, plus an exec storm if asked.
+fn load(busy_loops: usize, storm: bool) -> anyhow::Result<Load> {
+    let mut kids = Load(Vec::new());
+    for _ in 0..busy_loops {
+        kids.0.push(Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
     }
     if storm {
-        kids.push(Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?);
+        kids.0.push(Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?);
     }
     Ok(kids)
 }
@@ -241,7 +246,7 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
     for (scenario, busy, storm) in
         [("idle", false, false), ("busy", true, false), ("busy + exec storm", true, true)]
     {
-        let mut kids = load(busy, storm)?;
+        let _load = load(if busy { online_cpus() as usize } else { 0 }, storm)?;
         for &freq in &args.freqs {
             let groups: Vec<Vec<&'static str>> = if args.together {
                 vec![vec!["rsprof-bpf", "perf"]]
@@ -280,10 +285,6 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
                 }
                 runs.extend(measure(scenario, freq, tools, args.seconds)?);
             }
-        }
-        for k in &mut kids {
-            let _ = k.kill();
-            let _ = k.wait();
         }
     }
     let _ = fs::remove_dir_all(&dir);
@@ -372,24 +373,8 @@ fn long_run(
     let mut cmd = Command::new(rsprof);
     cmd.args(["--all", "-F", &freq, "--buffer-size", &args.buffer_size, "-o"])
         .arg(dir.join("long.json.gz"));
-    let mut busy = Vec::new();
-    for _ in 0..args.busy_loops {
-        busy.push(Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
-    }
-    let started = start_tool_logged(cmd, true);
-    let stop_busy = |busy: &mut Vec<Child>| {
-        for k in busy.iter_mut() {
-            let _ = k.kill();
-            let _ = k.wait();
-        }
-    };
-    let (mut child, lines) = match started {
-        Ok(t) => t,
-        Err(e) => {
-            stop_busy(&mut busy);
-            return Err(e);
-        }
-    };
+    let busy = load(args.busy_loops, false)?;
+    let (mut child, lines) = start_tool_logged(cmd, true)?;
     let pid = child.id();
     let (cpu0, t0) = (cpu_secs(pid).context("rsprof-bpf exited")?, Instant::now());
     // (seconds since sampling began, RSS KiB, CPU s so far)
@@ -407,19 +392,15 @@ fn long_run(
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
     let status = child.wait()?;
-    stop_busy(&mut busy);
+    drop(busy);
     if !status.success() {
         bail!("rsprof-bpf exited with {status}");
     }
-    // The drain thread ends with the pipe; give it a moment to take the last lines.
-    thread::sleep(Duration::from_millis(200));
-    // The summary says whether the buffer filled and recycled (the point of the run).
-    let buffer_line = lines
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|l| l.trim_start().starts_with("buffer:"))
-        .map(|l| l.trim().to_string());
+    // The drain thread ends with the pipe. The summary says whether the buffer filled and
+    // recycled (the point of the run).
+    let lines = lines.join().unwrap_or_default();
+    let buffer_line =
+        lines.iter().find(|l| l.trim_start().starts_with("buffer:")).map(|l| l.trim().to_string());
     let table = render_long(args, &series, hwm, buffer_line.as_deref());
     print!("{table}");
     if !args.no_write {

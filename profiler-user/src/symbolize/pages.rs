@@ -9,23 +9,15 @@
 
 use std::fs;
 
-/// What one release did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Released {
-    /// Mappings advised.
-    pub mappings: u64,
-    /// The sum of their lengths: an upper bound of the bytes that left RSS.
-    pub mapped_bytes: u64,
-}
-
 /// Advises `MADV_DONTNEED` on every read-only shared mapping of a regular file in this
 /// process: the only ones we make are blazesym's (our code and libraries are private
-/// mappings; BPF maps are not files on a path). Errors are ignored: this only lowers RSS.
-pub fn release_file_pages() -> Released {
+/// mappings; BPF maps are not files on a path). Returns how many were advised; errors are
+/// ignored: this only lowers RSS.
+pub fn release_file_pages() -> usize {
     let Ok(maps) = fs::read_to_string("/proc/self/maps") else {
-        return Released::default();
+        return 0;
     };
-    let mut out = Released::default();
+    let mut advised = 0;
     for (start, end) in shared_read_only_files(&maps) {
         // SAFETY: the range is a whole mapping of this process as /proc lists it. Only
         // read-only shared file mappings are advised, whose contents the kernel re-reads from
@@ -35,11 +27,10 @@ pub fn release_file_pages() -> Released {
             libc::madvise(start as *mut libc::c_void, (end - start) as usize, libc::MADV_DONTNEED)
         };
         if r == 0 {
-            out.mappings += 1;
-            out.mapped_bytes += end - start;
+            advised += 1;
         }
     }
-    out
+    advised
 }
 
 /// (start, end) of the read-only shared mappings of files on a path in a /proc/PID/maps text.
@@ -105,8 +96,8 @@ mod tests {
         assert_eq!(sum, 7 * (len as u64 / 4096));
         let resident = || mapping_rss_kib(p as u64);
         assert!(resident() >= 8 * 1024 - 64, "touched pages are resident: {}", resident());
-        let r = release_file_pages();
-        assert!(r.mappings >= 1, "{r:?}");
+        let advised = release_file_pages();
+        assert!(advised >= 1, "{advised} mappings advised");
         assert!(resident() < 1024, "released: {} KiB left", resident());
         // Still readable, same contents.
         assert!(bytes.iter().step_by(4096).all(|&b| b == 7));
