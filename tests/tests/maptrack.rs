@@ -101,14 +101,9 @@ fn maptrack_exec_storm_processes_have_named_stacks() {
         .collect();
     assert!(own.len() as f64 >= 0.85 * stacks.len() as f64, "{} of {}", own.len(), stacks.len());
     if (named as f64) < 0.99 * own.len() as f64 {
-        let mut unnamed: HashMap<&[String], usize> = HashMap::new();
-        for st in own.iter().filter(|st| !contains_path(st, &["main", "storm_hot"])) {
-            *unnamed.entry(&st[..st.len().min(4)]).or_default() += 1;
-        }
-        let mut unnamed: Vec<_> = unnamed.into_iter().collect();
-        unnamed.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
-        unnamed.truncate(5);
-        panic!("{named} of {} named; most common others {unnamed:?}\n{walks:?}", own.len());
+        let others = own.iter().filter(|st| !contains_path(st, &["main", "storm_hot"]));
+        let others = most_common(others.map(|st| &st[..st.len().min(4)]), 5);
+        panic!("{named} of {} named; most common others:\n{others}\n{walks:?}", own.len());
     }
     // A sample taken during exec after the new image's entry was set but before the exec
     // record is the one way to miss: rare.
@@ -255,7 +250,7 @@ fn maptrack_deleted_executable_is_still_named() {
     let copy = output_path("deleted", "mapburn");
     std::fs::copy(&exe, &copy).unwrap();
     let mut pid = 0;
-    let (profile, _, _) = record_all("deleted", || {
+    let (profile, _, stderr) = record_all("deleted", || {
         let mut c = Command::new(&copy).arg("400").spawn().unwrap();
         pid = u64::from(c.id());
         // Gone from the file system while it runs (and before the recording ends).
@@ -268,9 +263,23 @@ fn maptrack_deleted_executable_is_still_named() {
     let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
     assert!(
         named >= 200 && named as f64 >= 0.9 * stacks.len() as f64,
-        "{named} of {}",
-        stacks.len()
+        "{named} of {} named main -> storm_hot; its most common stacks:\n{}\nsummary:\n{stderr}",
+        stacks.len(),
+        most_common(stacks.iter().map(Vec::as_slice), 5)
     );
+}
+
+/// The `n` most frequent stacks, one per line with their counts: what a failure shows.
+fn most_common<'s>(stacks: impl Iterator<Item = &'s [String]>, n: usize) -> String {
+    let mut counts = HashMap::<&[String], usize>::new();
+    for st in stacks {
+        *counts.entry(st).or_default() += 1;
+    }
+    let mut v: Vec<_> = counts.into_iter().collect();
+    v.sort_by_key(|(_, c)| std::cmp::Reverse(*c));
+    let lines: Vec<String> =
+        v.iter().take(n).map(|(st, c)| format!("{c:6}  {}", st.join(" <- "))).collect();
+    lines.join("\n")
 }
 
 #[test]
@@ -283,7 +292,7 @@ fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
     let copy = dir.join("mapburn");
     std::fs::copy(&exe, &copy).unwrap();
     let mut pid = 0;
-    let (profile, _, _) = record_all("unmounted", || {
+    let (profile, _, stderr) = record_all("unmounted", || {
         let mut c = Command::new(&copy).arg("400").spawn().unwrap();
         pid = u64::from(c.id());
         thread::sleep(Duration::from_millis(50));
@@ -297,8 +306,9 @@ fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
     let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
     assert!(
         named >= 200 && named as f64 >= 0.9 * stacks.len() as f64,
-        "{named} of {}",
-        stacks.len()
+        "{named} of {} named main -> storm_hot; its most common stacks:\n{}\nsummary:\n{stderr}",
+        stacks.len(),
+        most_common(stacks.iter().map(Vec::as_slice), 5)
     );
 }
 

@@ -350,6 +350,35 @@ fn nothing_recorded_writes_a_profile_that_says_so() {
     assert!(text.contains("stopped by duration"), "{text}");
 }
 
+/// A host where tracefs is not mounted (a fresh VM, a minimal container host): the
+/// tracepoints need it, so rsprof-bpf mounts it, says so, and records. Run in a private mount
+/// namespace, so unmounting tracefs there does not touch the host's (or other tests').
+#[test]
+fn records_on_a_host_without_tracefs_mounted() {
+    let out = output_path("no_tracefs", "json");
+    let script = r#"
+        umount -l /sys/kernel/tracing 2>/dev/null
+        umount -l /sys/kernel/debug/tracing 2>/dev/null
+        umount -l /sys/kernel/debug 2>/dev/null
+        if [ -n "$(ls -A /sys/kernel/tracing)" ]; then
+            echo "precondition: tracefs still mounted at /sys/kernel/tracing" >&2; exit 90
+        fi
+        exec "$0" -d 0.5 -o "$1" -- sleep 0.2
+    "#;
+    let done = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .arg(fixtures::rsprof_bin().unwrap())
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare (util-linux) runs");
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_ne!(done.status.code(), Some(90), "could not unmount tracefs for the test: {err}");
+    assert!(done.status.success(), "{}: {err}", done.status);
+    assert!(err.contains("tracefs was not mounted: mounted it at /sys/kernel/tracing"), "{err}");
+    valid(&tests::gecko_schema::load(&out).unwrap());
+}
+
 /// SIGTERM at any moment of start-up (BPF loading, attaching, the first drain): the recording
 /// either ends before anything is written (then nothing at all is left in the directory) or
 /// writes a profile that opens.

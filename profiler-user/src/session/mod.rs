@@ -168,6 +168,11 @@ impl<'p> Recorder<'p> {
         let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
         // Frame-pointer mode loads no tables: a one-row array.
         let rows = if plan.unwind_mode == UNWIND_MODE_FP { 1 } else { plan.unwind_rows };
+        if let crate::system::tracefs::Tracefs::MountedAt(at) =
+            crate::system::tracefs::ensure_mounted()?
+        {
+            msgs.info(format_args!("tracefs was not mounted: mounted it at {at}"));
+        }
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
         let mut unwind = if plan.unwind_mode == UNWIND_MODE_FP {
             None
