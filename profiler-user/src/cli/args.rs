@@ -95,7 +95,7 @@ pub struct AgentArgs {
     /// Off-CPU blocks shorter than this (ms) are summed per thread [default: 1].
     #[arg(long, value_name = "MS")]
     pub off_cpu_min: Option<f64>,
-    /// How user stacks are walked (see `record --unwind`) [default: dwarf].
+    /// How user stacks are walked (see `record --unwind`) [default: dwarf-fp].
     #[arg(long, value_enum)]
     pub unwind: Option<Unwind>,
     /// Kernel memory for unwind tables (MiB) [default: 64].

@@ -109,6 +109,10 @@ pub struct ChunkedStore {
     /// Where the last window ended, and events recycled since that it had not read.
     read_to: WindowCursor,
     unread_recycled: u64,
+    /// Without a retention, the next event starts a new chunk: a window's chunk can then be
+    /// released by the next window instead of staying (with every process, thread, stack and
+    /// string it refers to) until it fills, which at an idle host's rate takes many minutes.
+    seal_at_next_push: bool,
     pub stats: StoreStats,
 }
 
@@ -138,6 +142,7 @@ impl ChunkedStore {
             retain_ns: None,
             read_to: WindowCursor::default(),
             unread_recycled: 0,
+            seal_at_next_push: false,
             stats: StoreStats::default(),
         }
     }
@@ -172,7 +177,8 @@ impl ChunkedStore {
     /// The events stored since `cursor` (None: since the start), and the cursor to pass next
     /// time: each event is in exactly one such window. The chunks read are then released (not
     /// counted as recycled), but for the one being written and those the retention keeps;
-    /// events recycled before a window read them are its `lost`.
+    /// without a retention the one being written is sealed, so the next window releases it.
+    /// Events recycled before a window read them are its `lost`.
     pub fn window_snapshot(&mut self, cursor: Option<WindowCursor>) -> WindowSnapshot {
         let from = cursor.unwrap_or_default();
         let mut snap = self.snapshot_with(self.buffer.snapshot_from(from.seq));
@@ -185,6 +191,7 @@ impl ChunkedStore {
         let (seq, blocks) = self.buffer.position().unwrap_or((from.seq, from.blocks));
         let next = WindowCursor { seq, blocks };
         self.read_to = next;
+        self.seal_at_next_push = self.retain_ns.is_none() && blocks > 0;
         let keep_after = match (self.retain_ns, self.buffer.newest_time_ns()) {
             (None, _) => u64::MAX,
             (Some(r), Some(newest)) => newest.saturating_sub(r),
@@ -232,7 +239,12 @@ impl ChunkedStore {
     fn push(&mut self, ev: StoredEvent) {
         let time = ev.time_ns();
         codec::encode(&ev, &mut self.times, &mut self.scratch);
-        match self.buffer.push(&self.scratch, time) {
+        let pushed = if std::mem::take(&mut self.seal_at_next_push) {
+            Err(PushError::NeedChunk)
+        } else {
+            self.buffer.push(&self.scratch, time)
+        };
+        match pushed {
             Ok(()) => {}
             Err(PushError::NeedChunk) => {
                 let recycled = self.buffer.start_chunk(time);
@@ -550,6 +562,39 @@ mod tests {
         let mut times = vec![];
         read_events(&w.snapshot, |e| times.push(e.time_ns()), |e| panic!("{e}"));
         assert_eq!((times, w.lost), (vec![t], 0));
+    }
+
+    /// An agent's windows on a quiet host fill a small part of a chunk each. What a window read
+    /// must still be let go by the next one, not when its chunk fills many windows later: the
+    /// processes, threads and stacks it refers to are released, so memory stays flat.
+    #[test]
+    fn windows_release_what_they_read_before_the_chunk_fills() {
+        let mut s = ChunkedStore::new(16 << 20);
+        let mut cursor = None;
+        let mut released = Vec::new();
+        for w in 0..20u32 {
+            // One process per window (a short-lived one), with its own stack.
+            let stack = s.intern_stack(&[FrameAddr::Kernel(1), FrameAddr::Kernel(100 + w as u64)]);
+            for t in 0..10u64 {
+                let time_ns = u64::from(w) * 1_000 + t;
+                s.push_sample(
+                    key(w + 1, w + 1),
+                    StoredSample { time_ns, cpu_delta_ns: 1, stack, off_cpu: None },
+                );
+            }
+            let win = s.window_snapshot(cursor);
+            cursor = Some(win.next);
+            let mut n = 0;
+            read_events(&win.snapshot, |_| n += 1, |e| panic!("{e}"));
+            assert_eq!((n, win.lost), (10, 0), "window {w}");
+            released.extend(s.take_released_pids());
+            assert!(s.buffer().live_chunks().count() <= 2, "window {w}");
+            // The shared root frame, and the newest one or two windows' leaves.
+            assert!(s.stack_nodes() <= 3, "window {w}: {} stack nodes", s.stack_nodes());
+        }
+        released.sort();
+        assert_eq!(released, (1..=19).map(Pid).collect::<Vec<_>>(), "all but the last window's");
+        assert!(s.holds_pid(Pid(20)));
     }
 
     /// With a retention (the agent's flight recorder), windows still read each event once,

@@ -144,12 +144,13 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
     }
 }
 
-/// Bounds of what a `Service` keeps between calls. Names: 256 Ki addresses or ~64 MiB, about
-/// a day of a busy host's distinct frames. Files blazesym holds parsed: 32 files or 512 MiB of
+/// Bounds of what a `Service` keeps between calls. Names: 64 Ki addresses or ~16 MiB, a fourth
+/// of the agent's 64 MiB RSS budget (an address takes ~260 bytes; on an idle host the agent
+/// had named ~1,400 after eight minutes). Files blazesym holds parsed: 32 files or 512 MiB of
 /// them (their parsed symbol tables and DWARF grow with them: 56 files, a busy build host's
 /// rustc libraries among them, held 170 MiB more RSS than a symbolizer per window).
-const SERVICE_CACHE_ENTRIES: usize = 256 * 1024;
-const SERVICE_CACHE_BYTES: usize = 64 << 20;
+const SERVICE_CACHE_ENTRIES: usize = 64 * 1024;
+const SERVICE_CACHE_BYTES: usize = 16 << 20;
 const SERVICE_HELD_FILES: usize = 32;
 const SERVICE_HELD_FILE_BYTES: u64 = 512 << 20;
 /// Files evicted from blazesym before its `Symbolizer` is rebuilt: evicting a file leaves what
