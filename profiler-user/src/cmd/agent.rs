@@ -159,6 +159,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     msgs.warn(format_args!("window failed: {e:#}"));
                 }
             }
+            // A window's profiles, and the symbol tables of files no longer mapped, are freed
+            // by now; hand the free pages inside the heap back, not only its top (side by side
+            // at 99 Hz for 8 minutes: heap 10 MiB with this, 11 without; both flat).
+            // SAFETY: malloc_trim takes the arena lock like any allocation.
+            unsafe { libc::malloc_trim(0) };
         }
         samples
     })?;
