@@ -496,6 +496,46 @@ mod tests {
         assert!(hot_samples > 0);
     }
 
+    /// Random stacks with many shared prefixes, across chunk recycling that prunes nodes (and
+    /// empties the recent-stacks cache): each comes back as its frames, and one stack gets one
+    /// id while its nodes live.
+    #[test]
+    fn stacks_with_shared_prefixes_are_interned_right_across_pruning() {
+        let mut s =
+            ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(16 << 10, 4 << 10), 1 << 30);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut ids: HashMap<Vec<FrameAddr>, StackId> = HashMap::new();
+        for t in 0..30_000u64 {
+            // Depth 1-12 over a small alphabet: many shared prefixes, some whole repeats.
+            let depth = 1 + next(12) as usize;
+            let frames: Vec<FrameAddr> = (0..depth)
+                .map(|i| match next(3) {
+                    0 => FrameAddr::Kernel(i as u64),
+                    1 => FrameAddr::User { module: ModuleId(next(2) as u32), offset: next(4) },
+                    _ => FrameAddr::Unmapped(1000 + next(3)),
+                })
+                .collect();
+            let id = s.intern_stack(&frames).unwrap();
+            assert_eq!(stack_path(&s, id), frames, "sample {t}");
+            let pruned_before = s.stats.pruned_stack_nodes;
+            s.push_sample(
+                key(1, 1),
+                StoredSample { time_ns: t, cpu_delta_ns: 1, stack: Some(id), off_cpu: None },
+            );
+            if s.stats.pruned_stack_nodes != pruned_before {
+                ids.clear();
+            }
+            assert_eq!(*ids.entry(frames).or_insert(id), id, "sample {t}: one id per stack");
+        }
+        assert!(s.stats.pruned_stack_nodes > 0, "recycling pruned nodes");
+    }
+
     #[test]
     fn samples_round_trip_in_order() {
         let mut s = ChunkedStore::new(1 << 20);
