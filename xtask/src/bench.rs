@@ -238,6 +238,27 @@ fn build_fixture() -> anyhow::Result<PathBuf> {
     ::tests::fixtures::build("bench_work.c")
 }
 
+/// Kills and reaps a child on drop: load processes and tools never outlive a benchmark,
+/// also when a measurement fails.
+pub(crate) struct Reaper(pub(crate) std::process::Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `n` shell busy loops (`while :; do :; done`), killed when dropped.
+pub(crate) fn busy_loops(n: usize) -> anyhow::Result<Vec<Reaper>> {
+    (0..n)
+        .map(|_| {
+            let loop_ = Command::new("sh").args(["-c", "while :; do :; done"]).spawn();
+            Ok(Reaper(loop_.context("start busy loop")?))
+        })
+        .collect()
+}
+
 pub fn online_cpus() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };

@@ -29,7 +29,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,7 @@ use anyhow::{Context as _, bail};
 mod together;
 
 use crate::{
-    bench::{StatsGuard, online_cpus, profiler_binary, update_section},
+    bench::{Reaper, StatsGuard, online_cpus, profiler_binary, update_section},
     display, step, workspace_root,
 };
 
@@ -159,16 +159,6 @@ impl ClickHouseMeasured {
 impl Measured {
     fn steady_pct(&self) -> f64 {
         100.0 * (self.steady_cpu_s + self.steady_bpf_s) / self.steady_wall_s.max(1e-9)
-    }
-}
-
-/// Kills and reaps a child on drop.
-pub(crate) struct Reaper(pub(crate) Child);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -29,7 +29,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
-    bench::{online_cpus, profiler_binary},
+    bench::{Reaper, busy_loops, online_cpus, profiler_binary},
     display, step, workspace_root,
 };
 
@@ -206,26 +206,12 @@ fn measure(
     Ok(runs)
 }
 
-/// Load processes, killed (and reaped) when dropped, also when a measurement fails.
-struct Load(Vec<Child>);
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        for k in &mut self.0 {
-            let _ = k.kill();
-            let _ = k.wait();
-        }
-    }
-}
-
-/// `busy_loops` busy loops, plus an exec storm if asked.
-fn load(busy_loops: usize, storm: bool) -> anyhow::Result<Load> {
-    let mut kids = Load(Vec::new());
-    for _ in 0..busy_loops {
-        kids.0.push(Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
-    }
+/// `loops` busy loops, plus an exec storm if asked; killed when dropped, also when a
+/// measurement fails.
+fn load(loops: usize, storm: bool) -> anyhow::Result<Vec<Reaper>> {
+    let mut kids = busy_loops(loops)?;
     if storm {
-        kids.0.push(Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?);
+        kids.push(Reaper(Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?));
     }
     Ok(kids)
 }

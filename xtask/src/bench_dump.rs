@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::{
-    bench::{online_cpus, profiler_binary, update_section},
-    bench_agent::{Reaper, mib, rss_kib, start_agent, tempfile_dir},
+    bench::{Reaper, online_cpus, profiler_binary, update_section},
+    bench_agent::{mib, rss_kib, start_agent, tempfile_dir},
     display, step, workspace_root,
 };
 

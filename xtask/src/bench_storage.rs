@@ -10,7 +10,7 @@
 use std::{
     fmt::Write as _,
     fs,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::{build, cargo, display, step, workspace_root};
+use crate::{bench::busy_loops, build, cargo, display, step, workspace_root};
 
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-storage (generated; edits are overwritten) -->";
@@ -43,17 +43,6 @@ fn rss_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn busy_loops(n: usize) -> anyhow::Result<Vec<Child>> {
-    (0..n)
-        .map(|_| {
-            Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .spawn()
-                .context("start busy loop")
-        })
-        .collect()
-}
-
 pub fn bench_storage(args: BenchStorageArgs) -> anyhow::Result<()> {
     step("bench-storage: cargo bench -p profiler-user --bench storage");
     let mut cmd = cargo();
@@ -74,7 +63,7 @@ pub fn bench_storage(args: BenchStorageArgs) -> anyhow::Result<()> {
         "bench-storage: rsprof-bpf --all -F 999 --buffer-size {} for {} s with {cpus} busy loops",
         args.long_buffer, args.long_seconds
     ));
-    let mut loops = busy_loops(cpus)?;
+    let loops = busy_loops(cpus)?;
     let mut child = Command::new(&bin)
         .args(["--all", "-F", "999", "--buffer-size", &args.long_buffer, "-o"])
         .arg(&out_path)
@@ -90,10 +79,7 @@ pub fn bench_storage(args: BenchStorageArgs) -> anyhow::Result<()> {
         }
         thread::sleep(Duration::from_secs(5));
     }
-    for l in &mut loops {
-        let _ = l.kill();
-        let _ = l.wait();
-    }
+    drop(loops);
     let out = child.wait_with_output()?;
     let summary = String::from_utf8_lossy(&out.stderr).into_owned();
     if !out.status.success() {
