@@ -468,7 +468,9 @@ fn exited_threads_of_a_live_process_are_forgotten() {
     let out = output_path("threadchurn", "json");
     let n = 5000u64;
     // The busy threads go on 1.5 s after the last short thread: every short thread then
-    // exited more than the 1 s grace before the end, however the churn was paced.
+    // exited more than the 1 s grace before the end. The churn never starts more than
+    // n / 5 threads in a second, however loaded the machine, so about 1000 are within the
+    // grace at any time; holding n / 2 would mean exited threads are not forgotten.
     let done = run(&[
         "-o",
         out.to_str().unwrap(),
