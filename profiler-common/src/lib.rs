@@ -186,6 +186,13 @@ pub struct PendingRange {
     pub was_exec: u64,
 }
 
+/// Slots of the program array `CODE_RANGE_PROGS`: the VMA walks the mprotect/mremap hooks
+/// tail-call, filled by userspace with the programs of the same names.
+pub mod code_range {
+    pub const CHECK_CODE_RANGE: u32 = 0;
+    pub const SEND_CODE_RANGE: u32 = 1;
+}
+
 pub const MAP_RECORD_FIXED: usize =
     core::mem::size_of::<MapRecord>() - (MAP_PATH_MAX + MAP_NAME_MAX);
 pub const SAMPLE_RECORD_FIXED: usize = core::mem::size_of::<SampleHeader>();

@@ -20,7 +20,9 @@
 //!   the VMA), and the pieces no longer executable, or the range mremap moved away from, as
 //!   removals. Entry checks whether the range held code, so the many mprotect/mremap calls
 //!   of ordinary data (malloc) send nothing. Where the helper is missing these programs do
-//!   not load; the rest works without them.
+//!   not load; the rest works without them. The two VMA walks (entry's check, exit's send)
+//!   are programs of their own that the hooks tail-call: the verifier then goes through each
+//!   walk once, not once per hook (in the hooks it took about 300 ms, most of start-up).
 //!
 //! All run in the task making the change, before it can execute code at the new address, and
 //! write to the same ring buffer as the samples, whose records are ordered by reservation
@@ -35,13 +37,15 @@ use aya_ebpf::{
         },
     },
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray, ProgramArray},
     programs::TracePointContext,
 };
 use profiler_common::{
     Config, EVENT_MMAP, EVENT_MUNMAP, EventHeader, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
     MAP_NAME_MAX, MAP_PATH_COMPLETE, MAP_PATH_DEPTH, MAP_PATH_MAX, MAP_RECORD_FIXED, MapRecord,
-    PendingMmap, PendingRange, counter,
+    PendingMmap, PendingRange,
+    code_range::{CHECK_CODE_RANGE, SEND_CODE_RANGE},
+    counter,
 };
 
 use crate::{
@@ -70,6 +74,71 @@ static MMAP_PENDING: HashMap<u32, PendingMmap> = HashMap::with_max_entries(8192,
 /// mprotect(2)/mremap(2) calls on code between entry and exit, by thread.
 #[map]
 static RANGE_PENDING: HashMap<u32, PendingRange> = HashMap::with_max_entries(8192, 0);
+
+/// The shared VMA walks the mprotect/mremap hooks tail-call (userspace fills the slots before
+/// it attaches the hooks).
+#[map]
+static CODE_RANGE_PROGS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+/// A hook's arguments for the walk it tail-calls. Per CPU: syscall tracepoint programs do not
+/// nest on a CPU (the kernel skips one that would), so nothing runs between the hook's write
+/// and the walk's read.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RangeArgs {
+    start: u64,
+    end: u64,
+    /// check: keep `pending` even if the range holds no code (mprotect adding PROT_EXEC);
+    /// send: also send the pieces that are not code as removals.
+    flag: u64,
+    /// check: what to keep for the exit, `was_exec` filled in by the walk.
+    pending: PendingRange,
+}
+
+#[map]
+static RANGE_ARGS: PerCpuArray<RangeArgs> = PerCpuArray::with_max_entries(1, 0);
+
+/// Hands `args` to the walk in `slot`; returns only if the tail call failed (a slot not
+/// filled: counted as a range not read).
+#[inline(always)]
+fn tail_call_walk(ctx: &TracePointContext, slot: u32, args: RangeArgs) {
+    if let Some(a) = RANGE_ARGS.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot, see `RangeArgs`.
+        unsafe {
+            *a = args;
+            CODE_RANGE_PROGS.tail_call(ctx, slot);
+        }
+    }
+    count(counter::MAP_VMA_UNREAD);
+}
+
+/// The arguments a hook left for this walk.
+#[inline(always)]
+fn walk_args() -> Option<RangeArgs> {
+    // SAFETY: copied out of the per-CPU slot.
+    RANGE_ARGS.get(0).copied()
+}
+
+/// Tail-called at mprotect/mremap entry: keeps the call for its exit when its range holds
+/// code (or `flag` says keep it anyway).
+#[tracepoint]
+pub fn check_code_range(_ctx: TracePointContext) -> u32 {
+    let Some(a) = walk_args() else { return 0 };
+    let was_exec = range_has_code(a.start, a.end);
+    if a.flag != 0 || was_exec {
+        keep_pending(&PendingRange { was_exec: was_exec as u64, ..a.pending });
+    }
+    0
+}
+
+/// Tail-called at mprotect/mremap exit: sends what the range now holds.
+#[tracepoint]
+pub fn send_code_range(_ctx: TracePointContext) -> u32 {
+    if let Some(a) = walk_args() {
+        send_range(a.start, a.end, a.flag);
+    }
+    0
+}
 
 /// The current task's (tgid, tid, mm) when the filters select it.
 #[inline(always)]
@@ -475,10 +544,9 @@ pub fn on_enter_mprotect(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
-    let was_exec = range_has_code(start, start + len);
-    if prot & PROT_EXEC != 0 || was_exec {
-        keep_pending(&PendingRange { start, len, new_len: len, was_exec: was_exec as u64 });
-    }
+    let pending = PendingRange { start, len, new_len: len, was_exec: 0 };
+    let flag = (prot & PROT_EXEC != 0) as u64;
+    tail_call_walk(&ctx, CHECK_CODE_RANGE, RangeArgs { start, end: start + len, flag, pending });
     0
 }
 
@@ -487,7 +555,8 @@ pub fn on_enter_mprotect(ctx: TracePointContext) -> u32 {
 pub fn on_exit_mprotect(ctx: TracePointContext) -> u32 {
     // A failed mprotect may still have changed part of the range: look either way.
     let Some((p, _)) = take_pending(&ctx) else { return 0 };
-    send_range(p.start, p.start + p.len, p.was_exec);
+    let args = RangeArgs { start: p.start, end: p.start + p.len, flag: p.was_exec, pending: p };
+    tail_call_walk(&ctx, SEND_CODE_RANGE, args);
     0
 }
 
@@ -505,10 +574,10 @@ pub fn on_enter_mremap(ctx: TracePointContext) -> u32 {
     // old_len 0 duplicates a shared mapping, MREMAP_DONTUNMAP leaves the old range mapped
     // (as empty anonymous memory): the old range is then not removed.
     let keep_old = old_len == 0 || flags & MREMAP_DONTUNMAP != 0;
-    if range_has_code(start, start + if old_len == 0 { PAGE_SIZE } else { old_len }) {
-        let len = if keep_old { 0 } else { old_len };
-        keep_pending(&PendingRange { start, len, new_len, was_exec: 1 });
-    }
+    let len = if keep_old { 0 } else { old_len };
+    let pending = PendingRange { start, len, new_len, was_exec: 0 };
+    let end = start + if old_len == 0 { PAGE_SIZE } else { old_len };
+    tail_call_walk(&ctx, CHECK_CODE_RANGE, RangeArgs { start, end, flag: 0, pending });
     0
 }
 
@@ -523,7 +592,8 @@ pub fn on_exit_mremap(ctx: TracePointContext) -> u32 {
         send_unmap(p.start, p.len);
     }
     let new_len = (p.new_len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
-    send_range(ret as u64, ret as u64 + new_len, 0);
+    let (start, end) = (ret as u64, ret as u64 + new_len);
+    tail_call_walk(&ctx, SEND_CODE_RANGE, RangeArgs { start, end, flag: 0, pending: p });
     0
 }
 

@@ -2,7 +2,7 @@
 //! kernel's BTF. aya-ebpf has no CO-RE relocations, so the loader resolves them and passes them
 //! in the program's config.
 
-use std::path::Path;
+use std::{collections::HashMap, path::Path};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use btf_rs::{Btf, Type};
@@ -21,19 +21,20 @@ pub fn fill_offsets(path: &Path, config: &mut Config) -> Result<()> {
     // Mmap backend: we look up six fields, not worth parsing (and holding) all of vmlinux BTF.
     let btf = Btf::from_file_with_backend(path, btf_rs::Backend::Mmap)
         .with_context(|| format!("parse kernel BTF {}", path.display()))?;
-    config.task_sum_exec_runtime = offset_of(&btf, "task_struct", &["se", "sum_exec_runtime"])?;
-    config.task_pid = offset_of(&btf, "task_struct", &["pid"])?;
-    config.task_tgid = offset_of(&btf, "task_struct", &["tgid"])?;
-    config.task_mm = offset_of(&btf, "task_struct", &["mm"])?;
-    config.mm_arg_start = offset_of(&btf, "mm_struct", &["arg_start"])?;
-    config.mm_arg_end = offset_of(&btf, "mm_struct", &["arg_end"])?;
+    let btf = &mut Structs { btf, found: HashMap::new() };
+    config.task_sum_exec_runtime = offset_of(btf, "task_struct", &["se", "sum_exec_runtime"])?;
+    config.task_pid = offset_of(btf, "task_struct", &["pid"])?;
+    config.task_tgid = offset_of(btf, "task_struct", &["tgid"])?;
+    config.task_mm = offset_of(btf, "task_struct", &["mm"])?;
+    config.mm_arg_start = offset_of(btf, "mm_struct", &["arg_start"])?;
+    config.mm_arg_end = offset_of(btf, "mm_struct", &["arg_end"])?;
     // x86-64's name; an off-CPU block's site is then unknown (0) elsewhere.
-    config.pt_regs_ip = offset_of(&btf, "pt_regs", &["ip"]).unwrap_or(0);
-    fill_maptrack_offsets(&btf, config)
+    config.pt_regs_ip = offset_of(btf, "pt_regs", &["ip"]).unwrap_or(0);
+    fill_maptrack_offsets(btf, config)
 }
 
 /// Offsets for mapping tracking (profiler-ebpf maptrack.rs).
-fn fill_maptrack_offsets(btf: &Btf, c: &mut Config) -> Result<()> {
+fn fill_maptrack_offsets(btf: &mut Structs, c: &mut Config) -> Result<()> {
     // x86-64 keeps the vDSO address in the arch mm context; elsewhere the vDSO stays unknown.
     c.mm_vdso = offset_of(btf, "mm_struct", &["context", "vdso"]).unwrap_or(0);
     c.file_inode = offset_of(btf, "file", &["f_inode"])?;
@@ -65,14 +66,29 @@ fn fill_maptrack_offsets(btf: &Btf, c: &mut Config) -> Result<()> {
     Ok(())
 }
 
+/// The kernel BTF and the structs looked up so far: a lookup by name is a scan of every type
+/// name in vmlinux (about 10 ms for the 13 structs here), so each struct is looked up once.
+struct Structs {
+    btf: Btf,
+    found: HashMap<&'static str, Type>,
+}
+
 /// Byte offset of `path` (nested by-value members) inside `struct name`.
-fn offset_of(btf: &Btf, name: &str, path: &[&str]) -> Result<u32> {
-    let mut ty = btf
-        .resolve_types_by_name(name)
-        .with_context(|| format!("struct {name} not in kernel BTF"))?
-        .into_iter()
-        .find(|t| matches!(t, Type::Struct(_)))
-        .ok_or_else(|| anyhow!("struct {name} not in kernel BTF"))?;
+fn offset_of(structs: &mut Structs, name: &'static str, path: &[&str]) -> Result<u32> {
+    let btf = &structs.btf;
+    let mut ty = match structs.found.get(name) {
+        Some(t) => t.clone(),
+        None => {
+            let t = btf
+                .resolve_types_by_name(name)
+                .with_context(|| format!("struct {name} not in kernel BTF"))?
+                .into_iter()
+                .find(|t| matches!(t, Type::Struct(_)))
+                .ok_or_else(|| anyhow!("struct {name} not in kernel BTF"))?;
+            structs.found.insert(name, t.clone());
+            t
+        }
+    };
     let mut total_bits = 0u32;
     for field in path {
         let (bits, member_ty) = find_member(btf, &ty, field)?

@@ -5,7 +5,7 @@
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         PerfEvent, RawTracePoint, TracePoint, UProbe,
         perf_event::{
@@ -53,6 +53,11 @@ const CODE_CHANGE_PROGRAMS: [(&str, &str); 4] = [
     ("on_exit_mprotect", "sys_exit_mprotect"),
     ("on_enter_mremap", "sys_enter_mremap"),
     ("on_exit_mremap", "sys_exit_mremap"),
+];
+/// The VMA walks the mprotect/mremap hooks tail-call, by slot of `CODE_RANGE_PROGS`.
+const CODE_RANGE_WALKS: [(&str, u32); 2] = [
+    ("check_code_range", profiler_common::code_range::CHECK_CODE_RANGE),
+    ("send_code_range", profiler_common::code_range::SEND_CODE_RANGE),
 ];
 /// Process lifecycle and scheduling: (program, raw tracepoint).
 const LIFECYCLE_PROGRAMS: [(&str, &str); 4] = [
@@ -130,6 +135,7 @@ impl BpfObject {
             let p: &mut TracePoint = self.ebpf.program_mut(prog).context(*prog)?.try_into()?;
             p.load().with_context(|| format!("load {prog}"))
         });
+        let code_changes_loaded = code_changes_loaded.and_then(|()| self.load_code_range_walks());
         for (prog, _) in LIFECYCLE_PROGRAMS {
             let p: &mut RawTracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
             p.load().with_context(|| format!("load {prog}"))?;
@@ -156,6 +162,24 @@ impl BpfObject {
                 )
                 .with_context(|| format!("attach CPU-clock sampler to CPU {cpu}"))?;
             self.perf_links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Loads the VMA walks and puts them in the slots the mprotect/mremap hooks tail-call.
+    fn load_code_range_walks(&mut self) -> Result<()> {
+        let mut fds = Vec::new();
+        for (prog, slot) in CODE_RANGE_WALKS {
+            let p: &mut TracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
+            p.load().with_context(|| format!("load {prog}"))?;
+            fds.push((slot, p.fd()?.try_clone()?));
+        }
+        // The map stays in `self.ebpf`: the kernel empties a program array once userspace
+        // holds no reference to it.
+        let map = self.ebpf.map_mut("CODE_RANGE_PROGS").context("CODE_RANGE_PROGS map")?;
+        let mut slots = ProgramArray::try_from(map)?;
+        for (slot, fd) in &fds {
+            slots.set(*slot, fd, 0).context("fill CODE_RANGE_PROGS")?;
         }
         Ok(())
     }

@@ -42,15 +42,14 @@ const MAX_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 /// unwinder wants soon, and a drain that saw such records is followed by another this long
 /// after, which collects the ones that did not wake us.
 const MIN_DRAIN_GAP: Duration = Duration::from_nanos(profiler_common::WAKE_GAP_NS);
+/// How often the loop drains while processes wait for a table being compiled.
+const TABLE_LANDING_POLL: Duration = Duration::from_millis(10);
 
 /// How often to drain the ring on the timer: the ring holds two intervals of the worst case
 /// (every CPU sampling at `frequency`, every sample of full depth), at most
 /// `MAX_DRAIN_INTERVAL`. Anything beyond the sampler's rate (USDT hits, off-CPU records, task
 /// events) wakes the loop from BPF once a quarter of the ring is pending (`output` in
 /// profiler-ebpf).
-/// How often the loop drains while processes wait for a table being compiled.
-const TABLE_LANDING_POLL: Duration = Duration::from_millis(10);
-
 pub fn drain_interval(ring_bytes: u32, cpus: usize, frequency: u64) -> Duration {
     // Each record has an 8-byte ring header.
     let record = (std::mem::size_of::<profiler_common::SampleRecord>() + 8) as f64;
