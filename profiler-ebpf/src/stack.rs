@@ -74,8 +74,17 @@ pub struct WalkState {
     fp_unloaded: u32,
     /// The walk stopped at a table not loaded whose mapping says a copy would not help.
     no_copy: u32,
+    /// Index of the mapping the last frame was in: callers are mostly in the same file.
+    last_mapping: u32,
+    _pad: u32,
+    /// User stack address `win` was copied from (0: empty), see `read_stack`.
+    win_base: u64,
+    win: [u64; STACK_WINDOW_WORDS],
     frames: [u64; MAX_STACK_DEPTH],
 }
+
+/// Words of user stack a walk copies at a time (a power of two).
+const STACK_WINDOW_WORDS: usize = 64;
 
 #[map]
 static UNWIND_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(3, 0);
@@ -218,15 +227,17 @@ unsafe fn walk_tables_uncounted(
     st.pc_is_return = 0;
     st.fp_unloaded = (slot == SLOT_OFF_CPU) as u32;
     st.no_copy = 0;
-    if unsafe { UNWIND_PROCS.get(&st.tgid) }.is_none() {
+    st.last_mapping = 0;
+    st.win_base = 0;
+    let Some(proc_) = UNWIND_PROCS.get_ptr(&st.tgid) else {
         // The leaf alone still says where the sample was (and is where a stack copy
         // resumes the walk).
         // SAFETY: `out` has room for MAX_STACK_DEPTH frames.
         unsafe { *out = pc };
         return finish(1, UNWIND_END_NO_PROCESS, 0);
-    }
-    let mut ctx_slot = slot;
-    run_loop(MAX_STACK_DEPTH as u32, step, &mut ctx_slot);
+    };
+    let mut step_ctx = StepCtx { slot, _pad: 0, proc_ };
+    run_loop(MAX_STACK_DEPTH as u32, step, &mut step_ctx);
     let n = if st.n as usize > MAX_STACK_DEPTH { MAX_STACK_DEPTH } else { st.n as usize };
     if n > 0 {
         // SAFETY: `out` has room for MAX_STACK_DEPTH frames; `n` is bounded by it.
@@ -340,11 +351,24 @@ fn finish(n: u64, end: u32, flags: u32) -> (u64, u32, u32) {
     (n, end, flags)
 }
 
+/// What each step of a walk needs: its state's slot and the process's mappings, looked up
+/// once per walk rather than once per frame (a hash lookup was a good part of a step). The
+/// entry stays valid while the program runs (RCU), even if userspace replaces it meanwhile.
+#[repr(C)]
+struct StepCtx {
+    slot: u32,
+    _pad: u32,
+    proc_: *const UnwindProcess,
+}
+
 /// `bpf_loop` callback: records the current frame and unwinds one step. 0 continues, 1 stops.
 #[inline(never)]
 extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
-    // SAFETY: `ctx` is the caller's `u32` slot.
-    let slot = unsafe { *(ctx as *const u32) };
+    // SAFETY: `ctx` is the caller's `StepCtx`, whose `proc_` is a map value (non-null).
+    let (slot, proc_) = unsafe {
+        let c = &*(ctx as *const StepCtx);
+        (c.slot, &*c.proc_)
+    };
     let Some(st) = UNWIND_STATE.get_ptr_mut(slot) else { return 1 };
     // SAFETY: see `walk_tables`.
     let st = unsafe { &mut *st };
@@ -355,7 +379,7 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     st.frames[i] = st.pc;
     st.n += 1;
-    match unsafe { unwind_one(st) } {
+    match unsafe { unwind_one(st, proc_) } {
         Ok(()) => 0,
         Err(end) => {
             st.end = end;
@@ -366,12 +390,9 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
 
 /// Moves `st` from its frame to the caller's; Err(`UNWIND_END_*`) when the walk ends.
 #[inline(always)]
-unsafe fn unwind_one(st: &mut WalkState) -> Result<(), u32> {
-    let Some(proc_) = (unsafe { UNWIND_PROCS.get(&st.tgid) }) else {
-        return Err(UNWIND_END_NO_PROCESS);
-    };
+unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u32> {
     let addr = if st.pc_is_return != 0 { st.pc.wrapping_sub(1) } else { st.pc };
-    let Some(m) = find_mapping(proc_, addr) else {
+    let Some(m) = find_mapping(proc_, addr, &mut st.last_mapping) else {
         if st.fp_unloaded != 0 {
             return unsafe { frame_pointer_step(st) };
         }
@@ -433,10 +454,10 @@ unsafe fn unwind_one(st: &mut WalkState) -> Result<(), u32> {
         }
         _ => return Err(UNWIND_END_UNSUPPORTED),
     };
-    let ra = read_user(cfa.wrapping_sub(8))?;
+    let ra = read_stack(st, cfa.wrapping_sub(8))?;
     match row.rbp_kind() {
         UNWIND_RBP_CFA_OFFSET => {
-            st.bp = read_user(cfa.wrapping_add(row.rbp_offset() as u64))?;
+            st.bp = read_stack(st, cfa.wrapping_add(row.rbp_offset() as u64))?;
             st.bp_known = 1;
         }
         UNWIND_RBP_UNSUPPORTED => st.bp_known = 0,
@@ -459,8 +480,11 @@ unsafe fn frame_pointer_step(st: &mut WalkState) -> Result<(), u32> {
     if st.bp_known == 0 || st.bp < st.sp || st.bp == 0 {
         return Err(UNWIND_END_FRAME_POINTER);
     }
-    let Ok(ra) = read_user(st.bp.wrapping_add(8)) else { return Err(UNWIND_END_FRAME_POINTER) };
-    let Ok(next_bp) = read_user(st.bp) else { return Err(UNWIND_END_FRAME_POINTER) };
+    let bp = st.bp;
+    let Ok(ra) = read_stack(st, bp.wrapping_add(8)) else {
+        return Err(UNWIND_END_FRAME_POINTER);
+    };
+    let Ok(next_bp) = read_stack(st, bp) else { return Err(UNWIND_END_FRAME_POINTER) };
     if ra == 0 {
         return Err(UNWIND_END_FRAME_POINTER);
     }
@@ -486,19 +510,57 @@ unsafe fn signal_step(st: &mut WalkState) -> Result<(), u32> {
     Ok(())
 }
 
+/// A word of the user stack, served from `st`'s window when it holds it: a walk reads a word
+/// or two per frame, upwards through the stack, and one helper call copying a window costs
+/// about what one copying a word does (the fault-checked user access is the cost).
+#[inline(always)]
+fn read_stack(st: &mut WalkState, addr: u64) -> Result<u64, u32> {
+    if addr & 7 != 0 {
+        return read_user(addr);
+    }
+    let idx = addr.wrapping_sub(st.win_base) >> 3;
+    if st.win_base != 0 && idx < STACK_WINDOW_WORDS as u64 {
+        return Ok(st.win[idx as usize & (STACK_WINDOW_WORDS - 1)]);
+    }
+    // SAFETY: fault-checked read of user memory into the window (a map value).
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            st.win.as_mut_ptr().cast(),
+            (STACK_WINDOW_WORDS * 8) as u32,
+            addr as *const core::ffi::c_void,
+        )
+    };
+    if ret == 0 {
+        st.win_base = addr;
+        return Ok(st.win[0]);
+    }
+    // The window ran past the end of the stack's mapping: word by word from here.
+    st.win_base = 0;
+    read_user(addr)
+}
+
 #[inline(always)]
 fn read_user(addr: u64) -> Result<u64, u32> {
     // SAFETY: fault-checked read of user memory.
     unsafe { bpf_probe_read_user(addr as *const u64) }.map_err(|_| UNWIND_END_READ_FAULT)
 }
 
-/// The mapping of `proc_` holding `addr`: binary search over its sorted mappings.
+/// The mapping of `proc_` holding `addr`: the one at `*last` if it holds it, else a binary
+/// search over its sorted mappings (`*last` then becomes the one found).
 #[inline(always)]
-fn find_mapping(proc_: &UnwindProcess, addr: u64) -> Option<&UnwindMapping> {
+fn find_mapping<'p>(
+    proc_: &'p UnwindProcess,
+    addr: u64,
+    last: &mut u32,
+) -> Option<&'p UnwindMapping> {
     const MASK: usize = UNWIND_MAX_MAPPINGS - 1;
     let count = proc_.count as usize;
     if count == 0 || count > UNWIND_MAX_MAPPINGS {
         return None;
+    }
+    let cached = &proc_.mappings[*last as usize & MASK];
+    if (*last as usize) < count && cached.start <= addr && addr < cached.end {
+        return Some(cached);
     }
     // Last mapping with start <= addr, in [lo, lo + n).
     let (mut lo, mut n) = (0usize, count);
@@ -516,6 +578,7 @@ fn find_mapping(proc_: &UnwindProcess, addr: u64) -> Option<&UnwindMapping> {
         }
     }
     let m = &proc_.mappings[lo & MASK];
+    *last = (lo & MASK) as u32;
     (m.start <= addr && addr < m.end).then_some(m)
 }
 
