@@ -488,7 +488,7 @@ fn run_one(
             // a rare case (the tables otherwise complete every stack).
             if tool == Tool::RsprofDwarf && complete < samples {
                 let incomplete = folded.lines().filter(|l| {
-                    !l.split(';').skip(2).any(|f| f == "_start" || f.starts_with("_start "))
+                    l.rsplit_once(' ').is_some_and(|(stack, _)| !folded_stack_complete(stack))
                 });
                 for line in incomplete.take(5) {
                     println!("  incomplete: {line}");
@@ -572,11 +572,17 @@ fn folded_complete(text: &str) -> (u64, u64) {
         let Ok(n) = n.parse::<u64>() else { continue };
         // Off-CPU time is not recorded here; the frames after process and thread.
         all += n;
-        if stack.split(';').skip(2).any(|f| f == "_start") {
+        if folded_stack_complete(stack) {
             complete += n;
         }
     }
     (all, complete)
+}
+
+/// Whether a collapsed stack (without its count) reaches `_start`: a frame after the process
+/// and thread.
+fn folded_stack_complete(stack: &str) -> bool {
+    stack.split(';').skip(2).any(|f| f == "_start")
 }
 
 /// (samples, samples whose call chain has a `_start` frame) of `perf script` output: a header
