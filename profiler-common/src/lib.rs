@@ -744,8 +744,30 @@ pub struct LabelSeenKey {
     pub _pad: u32,
 }
 
+/// Naming kernel addresses in the kernel (profiler-ebpf ksym.rs): userspace writes up to
+/// `BATCH` addresses into the one `KsymBatch` of `KSYM_BATCH`, runs `name_kernel_addrs` with
+/// BPF_PROG_TEST_RUN, and reads back each address formatted with `%pS`
+/// (`function+0xoff/0xsize [module]`, or the bare hex address when nothing is there).
+pub mod ksym {
+    pub const BATCH: usize = 32;
+    /// Room for a name with its offset, size and module (kallsyms names are at most 512
+    /// bytes but rarely past 100); a longer one comes back cut, without its NUL.
+    pub const NAME_BYTES: usize = 192;
+
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct KsymBatch {
+        /// 0 ends the batch.
+        pub addrs: [u64; BATCH],
+        /// NUL-terminated `%pS` text of each address.
+        pub names: [[u8; NAME_BYTES]; BATCH],
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
+    // SAFETY: plain `#[repr(C)]` data: u64s and bytes, no padding.
+    unsafe impl aya::Pod for super::ksym::KsymBatch {}
     // SAFETY: plain `#[repr(C)]` data with no padding-dependent invariants.
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::UsdtSpec {}

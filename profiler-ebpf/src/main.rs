@@ -5,6 +5,7 @@
 #![no_main]
 
 mod cgroup;
+mod ksym;
 mod maptrack;
 mod sched;
 mod stack;

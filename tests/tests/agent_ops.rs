@@ -308,10 +308,10 @@ fn samples_of(folded: &str, pid: u32, func: &str) -> (u64, u64) {
 
 /// The agent with only the unit's capabilities (setpriv bounds them as systemd would for a
 /// root service) still does everything they were chosen for: loads and samples, names kernel
-/// frames (CAP_SYSLOG), symbolizes an executable only its owner (nobody) can read
-/// (CAP_DAC_READ_SEARCH) and a deleted executable of a root process, read through
-/// /proc/PID/map_files (CAP_CHECKPOINT_RESTORE, CAP_SYS_PTRACE). Each of those four was
-/// measured: with it removed from the unit, this test fails on the check named.
+/// frames (through BPF, without CAP_SYSLOG), symbolizes an executable only its owner (nobody)
+/// can read (CAP_DAC_READ_SEARCH) and a deleted executable of a root process, read through
+/// /proc/PID/map_files (CAP_CHECKPOINT_RESTORE, CAP_SYS_PTRACE). Each of those was measured:
+/// with it removed from the unit, this test fails on the check named.
 #[test]
 fn ops_service_capabilities_are_enough() {
     use std::os::unix::fs::{PermissionsExt as _, chown};

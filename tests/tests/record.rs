@@ -96,6 +96,22 @@ fn syscall_heavy_fixture_has_kernel_frames_under_user_frames() {
         "kernel frames directly beneath do_syscalls in {in_kernel_from_user} of {} samples",
         stacks.len()
     );
+    // Kernel frames are named by the kernel's own kallsyms lookup (bpf::ksym): each name is
+    // a symbol of /proc/kallsyms, never a bare address.
+    let kallsyms: std::collections::HashSet<String> = std::fs::read_to_string("/proc/kallsyms")
+        .expect("read /proc/kallsyms")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect();
+    let kernel_names: Vec<&str> = stacks
+        .iter()
+        .flatten()
+        .filter(|f| module_name(f) == Some("[kernel.kallsyms]"))
+        .map(|f| f.split(" (in ").next().unwrap())
+        .collect();
+    assert!(!kernel_names.is_empty(), "no kernel frames");
+    let unknown: Vec<&&str> = kernel_names.iter().filter(|n| !kallsyms.contains(**n)).collect();
+    assert!(unknown.is_empty(), "kernel frames not named by kallsyms: {unknown:?}");
     // Kernel frames are never above user frames in a stack.
     for st in &stacks {
         if let Some(k) = st.iter().position(|f| module_name(f) == Some("[kernel.kallsyms]")) {

@@ -222,6 +222,18 @@ impl BpfObject {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// Loads `name_kernel_addrs` and hands it, with its batch map, to a namer of kernel
+    /// addresses (see `bpf::ksym`).
+    pub fn kernel_namer(&mut self) -> Result<super::ksym::KernelNamer> {
+        use std::os::fd::AsFd as _;
+        let prog = "name_kernel_addrs";
+        let p: &mut RawTracePoint = self.ebpf.program_mut(prog).context(prog)?.try_into()?;
+        p.load().with_context(|| format!("load {prog}"))?;
+        let fd = p.fd()?.as_fd().try_clone_to_owned()?;
+        let map = self.ebpf.take_map("KSYM_BATCH").context("KSYM_BATCH map")?;
+        Ok(super::ksym::KernelNamer::new(fd, Array::try_from(map)?))
+    }
+
     /// The unwind walker's rows array and per-process mapping tables.
     pub fn take_unwind_maps(&mut self) -> Result<UnwindMaps> {
         let rows = self.ebpf.take_map("UNWIND_ROWS").context("UNWIND_ROWS map")?;

@@ -173,6 +173,12 @@ impl<'p> Recorder<'p> {
             msgs.info(format_args!("tracefs was not mounted: mounted it at {at}"));
         }
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
+        match bpf.kernel_namer() {
+            Ok(namer) => crate::symbolize::use_kernel_names(Box::new(namer)),
+            Err(e) => msgs.info(format_args!(
+                "kernel addresses are named from /proc/kallsyms (naming them through BPF: {e:#})"
+            )),
+        }
         let mut unwind = if plan.unwind_mode == UNWIND_MODE_FP {
             None
         } else {

@@ -85,6 +85,34 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
         .collect()
 }
 
+/// Names kernel addresses without reading /proc/kallsyms (see `bpf::ksym`): one name per
+/// address, None where it has none.
+pub trait KernelNames: Send {
+    fn name(&mut self, addrs: &[u64]) -> Result<Vec<Option<String>>>;
+}
+
+/// The process's kernel namer, set once its BPF object is loaded; kernel addresses are named
+/// from /proc/kallsyms without one, or when it fails.
+static KERNEL_NAMES: Mutex<Option<Box<dyn KernelNames>>> = Mutex::new(None);
+
+/// Makes `names` name kernel addresses from now on.
+pub fn use_kernel_names(names: Box<dyn KernelNames>) {
+    *KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
+}
+
+/// Names `addrs` with the kernel namer, if there is one and it works: None otherwise.
+fn kernel_names(addrs: &[u64]) -> Option<Vec<Option<String>>> {
+    let mut namer = KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    match namer.as_mut()?.name(addrs) {
+        Ok(names) => Some(names),
+        // Once failed, kallsyms from then on: the names are the same, only slower to get.
+        Err(_) => {
+            *namer = None;
+            None
+        }
+    }
+}
+
 /// What symbolizing could not do: the frames stay as addresses, and the summary says why.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SymbolizeErrors {
@@ -437,6 +465,23 @@ impl SymbolizerThread {
         if addrs.is_empty() {
             return;
         }
+        let mut left = addrs.to_vec();
+        if let Some(names) = kernel_names(addrs) {
+            left.clear();
+            for (&addr, name) in addrs.iter().zip(names) {
+                match name {
+                    Some(function) => {
+                        self.out.insert(FrameAddr::Kernel(addr), vec![kernel_frame(function)]);
+                    }
+                    // Cut short or unknown: kallsyms decides.
+                    None => left.push(addr),
+                }
+            }
+            if left.is_empty() {
+                return;
+            }
+        }
+        let addrs = &left[..];
         // kallsyms only: vmlinux DWARF costs seconds to load for line numbers we don't show.
         let src = Source::Kernel(Kernel {
             vmlinux: blazesym::MaybeDefault::None,
@@ -452,15 +497,7 @@ impl SymbolizerThread {
         };
         for (i, &addr) in addrs.iter().enumerate() {
             let frames = match results.as_ref().map(|r| &r[i]) {
-                Some(Symbolized::Sym(s)) => vec![Frame {
-                    kind: FrameKind::Kernel,
-                    function: s.name.to_string(),
-                    module: KERNEL_MODULE.into(),
-                    file: None,
-                    line: None,
-                    column: None,
-                    inlined: false,
-                }],
+                Some(Symbolized::Sym(s)) => vec![kernel_frame(s.name.to_string())],
                 _ => vec![unknown(FrameKind::Kernel, addr, KERNEL_MODULE)],
             };
             self.out.insert(FrameAddr::Kernel(addr), frames);
@@ -527,6 +564,18 @@ fn off_cpu_not_captured() -> Frame {
         kind: FrameKind::User,
         function: OFF_CPU_NOT_CAPTURED.into(),
         module: "rsprof-bpf".into(),
+        file: None,
+        line: None,
+        column: None,
+        inlined: false,
+    }
+}
+
+fn kernel_frame(function: String) -> Frame {
+    Frame {
+        kind: FrameKind::Kernel,
+        function,
+        module: KERNEL_MODULE.into(),
         file: None,
         line: None,
         column: None,
