@@ -5,7 +5,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{
@@ -42,9 +42,11 @@ static USDT_SCRATCH: PerCpuArray<UsdtRecord> = PerCpuArray::with_max_entries(1, 
 static USDT_BUSY: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// Label stacks by tid. Only the thread itself pushes and pops, and the sampler reads it on
-/// the CPU the thread runs on, so no locking is needed.
+/// the CPU the thread runs on, so no locking is needed. Not preallocated: only threads that
+/// push labels take an entry, and preallocating all 32 Ki took 11 MB of kernel memory (and
+/// its zeroing) at every start-up, labels or not.
 #[map]
-static LABELS: HashMap<u32, LabelStack> = HashMap::with_max_entries(32768, 0);
+static LABELS: HashMap<u32, LabelStack> = HashMap::with_max_entries(32768, BPF_F_NO_PREALLOC);
 
 /// Never written: the zeroed value a thread's first push inserts (too big for the stack).
 #[map]

@@ -9,9 +9,10 @@ use std::{
     hash::{Hash, Hasher as _},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
-use crate::model::stacks::Frame;
+use crate::model::stacks::{Frame, FrameKind};
 
 /// A file's identity: changes when the file at a path is replaced or rewritten.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -60,11 +61,82 @@ pub enum Key {
 }
 
 struct Entry {
-    frames: Vec<Frame>,
+    frames: Vec<CachedFrame>,
     /// Window (call) that last used it.
     used: u64,
     /// Estimated heap bytes, counted against the bound.
     bytes: usize,
+}
+
+/// A [`Frame`] as the cache holds it: its strings shared with every other entry that names
+/// the same function, file or module. Addresses of one function repeat its name and file,
+/// so per-address entries held each their own copies, about half of an entry's bytes.
+struct CachedFrame {
+    kind: FrameKind,
+    function: Arc<str>,
+    module: Arc<str>,
+    file: Option<Arc<str>>,
+    line: Option<u32>,
+    column: Option<u32>,
+    inlined: bool,
+}
+
+impl CachedFrame {
+    fn to_frame(&self) -> Frame {
+        Frame {
+            kind: self.kind,
+            function: self.function.to_string(),
+            module: self.module.to_string(),
+            file: self.file.as_deref().map(str::to_owned),
+            line: self.line,
+            column: self.column,
+            inlined: self.inlined,
+        }
+    }
+}
+
+/// The strings entries share, each held once.
+#[derive(Default)]
+struct Strings {
+    set: HashSet<Arc<str>>,
+    /// Estimated heap bytes of the set.
+    bytes: usize,
+}
+
+impl Strings {
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.set.get(s) {
+            return Arc::clone(a);
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.bytes += string_bytes(s);
+        self.set.insert(Arc::clone(&a));
+        a
+    }
+
+    /// Releases the strings of an entry being dropped: each one no other entry uses leaves
+    /// the set.
+    fn release(&mut self, frames: Vec<CachedFrame>) {
+        let mut held: Vec<Arc<str>> = Vec::with_capacity(frames.len() * 3);
+        for f in frames {
+            held.extend([f.function, f.module]);
+            held.extend(f.file);
+        }
+        // Inlined frames of one entry often share a file: count each string once.
+        held.sort_unstable_by_key(|a| Arc::as_ptr(a) as *const u8 as usize);
+        held.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        for a in held {
+            // Held by the set and by `a` only: no entry left.
+            if Arc::strong_count(&a) == 2 && self.set.remove(&*a) {
+                self.bytes -= string_bytes(&a);
+            }
+        }
+    }
+}
+
+/// Heap bytes of one interned string: the `Arc`'s two counts, the text, the set's slot.
+fn string_bytes(s: &str) -> usize {
+    16 + s.len() + size_of::<Arc<str>>() + 8
 }
 
 /// What a [`FrameCache`] did over its life.
@@ -80,6 +152,8 @@ pub struct CacheStats {
 /// `max_bytes` (then down to 7/8 of them, so eviction is not paid every call).
 pub struct FrameCache {
     map: HashMap<Key, Entry>,
+    strings: Strings,
+    /// Estimated heap bytes of the entries (their strings are in `strings`).
     bytes: usize,
     max_entries: usize,
     max_bytes: usize,
@@ -91,6 +165,7 @@ impl FrameCache {
     pub fn new(max_entries: usize, max_bytes: usize) -> Self {
         Self {
             map: HashMap::new(),
+            strings: Strings::default(),
             bytes: 0,
             max_entries,
             max_bytes,
@@ -105,12 +180,12 @@ impl FrameCache {
         self.window
     }
 
-    pub fn get(&mut self, key: &Key) -> Option<&[Frame]> {
+    pub fn get(&mut self, key: &Key) -> Option<Vec<Frame>> {
         match self.map.get_mut(key) {
             Some(e) => {
                 e.used = self.window;
                 self.stats.hits += 1;
-                Some(&e.frames)
+                Some(e.frames.iter().map(CachedFrame::to_frame).collect())
             }
             None => {
                 self.stats.misses += 1;
@@ -119,17 +194,30 @@ impl FrameCache {
         }
     }
 
-    pub fn insert(&mut self, key: Key, frames: Vec<Frame>) {
+    pub fn insert(&mut self, key: Key, frames: &[Frame]) {
+        let frames: Vec<CachedFrame> = frames
+            .iter()
+            .map(|f| CachedFrame {
+                kind: f.kind,
+                function: self.strings.intern(&f.function),
+                module: self.strings.intern(&f.module),
+                file: f.file.as_deref().map(|p| self.strings.intern(p)),
+                line: f.line,
+                column: f.column,
+                inlined: f.inlined,
+            })
+            .collect();
         let bytes = entry_bytes(&frames);
         self.bytes += bytes;
         if let Some(old) = self.map.insert(key, Entry { frames, used: self.window, bytes }) {
             self.bytes -= old.bytes;
+            self.strings.release(old.frames);
         }
     }
 
     /// Evicts the least recently used entries if past the bound; returns how many.
     pub fn trim(&mut self) -> usize {
-        if self.map.len() <= self.max_entries && self.bytes <= self.max_bytes {
+        if self.map.len() <= self.max_entries && self.bytes() <= self.max_bytes {
             return 0;
         }
         let (entries, bytes) =
@@ -138,11 +226,12 @@ impl FrameCache {
         by_age.sort_unstable_by_key(|(used, _)| *used);
         let mut n = 0;
         for (_, k) in by_age {
-            if self.map.len() <= entries && self.bytes <= bytes {
+            if self.map.len() <= entries && self.bytes() <= bytes {
                 break;
             }
             if let Some(e) = self.map.remove(&k) {
                 self.bytes -= e.bytes;
+                self.strings.release(e.frames);
                 n += 1;
             }
         }
@@ -158,24 +247,15 @@ impl FrameCache {
         self.map.is_empty()
     }
 
-    /// Estimated heap bytes held.
+    /// Estimated heap bytes held: entries and the strings they share.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.bytes + self.strings.bytes
     }
 }
 
-/// Heap bytes of one entry: its frames and strings, and the map's slot.
-fn entry_bytes(frames: &[Frame]) -> usize {
-    let slot = size_of::<Key>() + size_of::<Entry>() + 8;
-    slot + frames
-        .iter()
-        .map(|f| {
-            size_of::<Frame>()
-                + f.function.capacity()
-                + f.module.capacity()
-                + f.file.as_ref().map_or(0, String::capacity)
-        })
-        .sum::<usize>()
+/// Heap bytes of one entry but its shared strings: its frames and the map's slot.
+fn entry_bytes(frames: &[CachedFrame]) -> usize {
+    size_of::<Key>() + size_of::<Entry>() + 8 + size_of_val(frames)
 }
 
 /// The files a blazesym `Symbolizer` holds parsed (by the path it was given), so they can be
@@ -323,12 +403,12 @@ pub(crate) mod tests {
             // Offset 0 is used every window: it must never be the one evicted.
             if c.get(&Key::File(id, 0)).is_none() {
                 assert_eq!(w, 0, "the hot entry was evicted in window {w}");
-                c.insert(Key::File(id, 0), frame("hot"));
+                c.insert(Key::File(id, 0), &frame("hot"));
             }
             for i in 0..20 {
                 let k = Key::File(id, 1 + w * 20 + i);
                 assert!(c.get(&k).is_none());
-                c.insert(k, frame("cold"));
+                c.insert(k, &frame("cold"));
             }
             c.trim();
             assert!(c.len() <= 100, "{} entries after window {w}", c.len());
@@ -348,12 +428,34 @@ pub(crate) mod tests {
         let mut c = FrameCache::new(usize::MAX, 64 * 1024);
         for i in 0..1000 {
             c.next_window();
-            c.insert(Key::File(id, i), frame(&long));
+            // Each name its own: all bytes are the strings'.
+            c.insert(Key::File(id, i), &frame(&format!("{long}{i}")));
             c.trim();
             assert!(c.bytes() <= 64 * 1024, "{} bytes", c.bytes());
         }
         assert!(c.len() >= 40, "only {} entries of ~1 KiB held in 64 KiB", c.len());
         assert_eq!(c.stats.evicted + c.len() as u64, 1000);
+    }
+
+    #[test]
+    fn frame_cache_holds_a_shared_name_once_and_frees_it_with_its_last_entry() {
+        let dir = TempDir::new("symcache-shared");
+        let id = FileId::of(&temp_file(dir.path(), "a", b"x"), None).unwrap();
+        let long = "g".repeat(4000);
+        let mut c = FrameCache::new(usize::MAX, usize::MAX);
+        c.next_window();
+        for i in 0..100 {
+            c.insert(Key::File(id, i), &frame(&long));
+        }
+        // 100 addresses of one function: its 4000-byte name is held once.
+        assert!(c.bytes() < 2 * 4000 + 100 * 200, "{} bytes", c.bytes());
+        assert_eq!(c.get(&Key::File(id, 7)).unwrap(), frame(&long));
+        // Evicting every entry (a bound of 0 entries) frees the name too.
+        let mut c2 = FrameCache::new(0, usize::MAX);
+        c2.next_window();
+        c2.insert(Key::File(id, 0), &frame(&long));
+        c2.trim();
+        assert_eq!((c2.len(), c2.bytes()), (0, 0));
     }
 
     #[test]
@@ -370,7 +472,7 @@ pub(crate) mod tests {
         assert_ne!(FileId::of(&p, Some("aa")), FileId::of(&p, Some("bb")));
         let mut c = FrameCache::new(10, usize::MAX);
         c.next_window();
-        c.insert(Key::File(first, 0x10), frame("old"));
+        c.insert(Key::File(first, 0x10), &frame("old"));
         assert!(c.get(&Key::File(second, 0x10)).is_none());
     }
 

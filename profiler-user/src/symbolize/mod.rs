@@ -334,8 +334,7 @@ fn serve(
             continue;
         };
         match names.get(&k) {
-            Some(frames) => {
-                let mut frames = frames.to_vec();
+            Some(mut frames) => {
                 // One file may be mapped under several names (links, other mount namespaces).
                 if let FrameAddr::User { module, .. } = a {
                     let name = &modules[module.0 as usize].name;
@@ -383,7 +382,7 @@ fn serve(
             _ => true,
         };
         if keep && let Some(k) = key(a, &mut file_of) {
-            names.insert(k, frames.clone());
+            names.insert(k, &frames);
         }
         out.insert(a, frames);
     }
