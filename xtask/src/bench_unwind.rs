@@ -335,10 +335,15 @@ struct Usage {
     wall: f64,
 }
 
-/// Waits for `pid` (our child) with a timeout; its CPU time and peak RSS from wait4.
+/// Waits for `pid` (our child) with a timeout; its CPU time from wait4, its peak RSS from
+/// `VmHWM`, read every 20 ms while it lives. Not wait4's `ru_maxrss`: Linux carries the
+/// high-water mark of the address space a child had before exec (a copy of ours) into it, so
+/// every tool started after this process grew showed our RSS instead of its own.
 fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
     let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+    let mut hwm_kib = 0;
     loop {
+        hwm_kib = hwm_kib.max(vm_hwm_kib(pid).unwrap_or(0));
         let mut status = 0;
         // SAFETY: an all-zero rusage is valid; wait4 fills it in.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -353,7 +358,8 @@ fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
             let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
             return Ok(Usage {
                 cpu: tv(ru.ru_utime) + tv(ru.ru_stime),
-                rss_kib: ru.ru_maxrss.max(0) as u64,
+                // A tool gone within 20 ms of SIGINT was never read: wait4's (an upper bound).
+                rss_kib: if hwm_kib > 0 { hwm_kib } else { ru.ru_maxrss.max(0) as u64 },
                 wall: started.elapsed().as_secs_f64(),
             });
         }
@@ -367,6 +373,13 @@ fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
         }
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `VmHWM` of a live process (kB); None once it has exited.
+fn vm_hwm_kib(pid: libc::pid_t) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn run_one(
@@ -804,7 +817,7 @@ fn render(args: &BenchUnwindArgs, results: &[(&Workload, Vec<(Tool, Outcome)>)])
          processes), so lower.\n\
          - Bytes per sample: rsprof-bpf's ring buffer bytes (record + 8-byte header); perf's \
          perf.data size and samply's output size divided by their samples.\n\
-         - Peak RSS: ru_maxrss from wait4 (perf: record / script).\n"
+         - Peak RSS: VmHWM, read every 20 ms until the tool exits (perf: record / script).\n"
     );
     for (w, rows) in results {
         let _ = writeln!(s, "### {}\n", w.name);
