@@ -6,6 +6,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fs::File,
+    os::fd::AsRawFd as _,
     path::PathBuf,
     sync::{Arc, Condvar, Mutex, mpsc},
     time::{Duration, Instant},
@@ -22,7 +23,7 @@ const MAX_TABLE_ROWS: usize = 1 << 24;
 /// One file to compile.
 pub struct Job {
     pub path: PathBuf,
-    /// Keeps `/proc/self/fd/N` paths valid until the worker has read the file.
+    /// The mapped file, read through this handle when present (see `compile`).
     pub hold: Option<Arc<File>>,
     pub name: String,
     /// Processes mapping the file: most shared first (libc).
@@ -35,6 +36,17 @@ pub struct Job {
 }
 
 impl Job {
+    /// Where to read the file: through the handle held on the mapped file when there is one.
+    /// The path named that file when the job was queued, but it may have been deleted or
+    /// replaced since (a program removed while it runs, a library upgraded in place), and
+    /// the table must be the mapped file's.
+    fn source(&self) -> PathBuf {
+        match &self.hold {
+            Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+            None => self.path.clone(),
+        }
+    }
+
     fn rank(&self, lane: Lane) -> (u64, u64, std::cmp::Reverse<u64>) {
         match lane {
             // Most shared, then smallest.
@@ -337,9 +349,10 @@ pub fn spawn(shared: Arc<Shared>, done: mpsc::Sender<Done>, lane: Lane) -> std::
 
 fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     let started = Instant::now();
-    let layout = ElfLayout::read(&job.path).map(Arc::new);
+    let path = job.source();
+    let layout = ElfLayout::read(&path).map(Arc::new);
     // Mapped, not read: a 150 MB library would otherwise be 150 MB more of our RSS.
-    let compiled = File::open(&job.path)
+    let compiled = File::open(&path)
         // SAFETY: a read-only private mapping of a file the process maps as code; a file
         // truncated meanwhile would fault (SIGBUS), as it would in the processes using it.
         .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
@@ -432,7 +445,31 @@ pub(super) fn with_debug_file(
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{Alloc, EVICT_GRACE, Evicted, Tables};
+    use super::{Alloc, EVICT_GRACE, Evicted, Job, Tables};
+
+    #[test]
+    fn job_reads_the_mapped_file_after_its_path_is_gone() {
+        let dir = std::env::temp_dir().join(format!("rsprof-job-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("prog");
+        std::fs::copy("/bin/true", &path).unwrap();
+        let hold = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
+        let job = Job {
+            path: path.clone(),
+            hold: Some(hold),
+            name: path.display().to_string(),
+            weight: 0,
+            wanted: 0,
+            size: 0,
+        };
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(crate::collect::modules::ElfLayout::read(&job.path).is_none(), "path gone");
+        let layout = crate::collect::modules::ElfLayout::read(&job.source());
+        assert!(layout.is_some_and(|l| !l.code.is_empty()), "read through the held file");
+        let data = std::fs::read(job.source()).unwrap();
+        assert_eq!(data, std::fs::read("/bin/true").unwrap());
+    }
 
     fn rows(a: Alloc) -> (u32, u64, Vec<u64>) {
         match a {
