@@ -518,18 +518,7 @@ fn all_mode_attaches_to_processes_already_running() {
 
 #[test]
 fn probes_of_a_library_loaded_later_are_found() {
-    let lib = output_path("usdt_lib", "so");
-    let src = fixtures::source_dir().join("usdt_lib.c.in");
-    let include = fixtures::workspace_root().join("include");
-    let st = Command::new("gcc")
-        .args(["-O1", "-shared", "-fPIC", "-x", "c"])
-        .arg(format!("-I{}", include.display()))
-        .arg("-o")
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success(), "building {}", src.display());
+    let lib = build_usdt_lib();
     let exe = fixtures::build("usdt_app").unwrap();
     let r =
         record_cmd("dlopen", &[], &[exe.to_str().unwrap(), "dlopen", lib.to_str().unwrap(), "7"]);
@@ -542,6 +531,62 @@ fn probes_of_a_library_loaded_later_are_found() {
         "{markers:?}\n{}",
         r.stderr
     );
+}
+
+/// `usdt_lib.c.in` built as a shared library: `lib_markers(N)` fires N `rsprof:marker`s.
+fn build_usdt_lib() -> std::path::PathBuf {
+    let lib = output_path("usdt_lib", "so");
+    let src = fixtures::source_dir().join("usdt_lib.c.in");
+    let include = fixtures::workspace_root().join("include");
+    let st = Command::new("gcc")
+        .args(["-O1", "-shared", "-fPIC", "-x", "c"])
+        .arg(format!("-I{}", include.display()))
+        .arg("-o")
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success(), "building {}", src.display());
+    lib
+}
+
+#[test]
+fn with_p_probes_of_a_library_loaded_by_a_probeless_process_are_found() {
+    // With `-p`, the USDT program is loaded only once a file with probes turns up: here a
+    // library that python3.11 (no rsprof probes of its own) loads after the recording began.
+    let lib = build_usdt_lib();
+    let script = format!(
+        "import ctypes, sys, time\n\
+         sys.stdin.readline()\n\
+         lib = ctypes.CDLL({lib:?})\n\
+         time.sleep(1.5)  # time for the profiler to find the library\n\
+         lib.lib_markers(7)\n\
+         time.sleep(0.3)  # alive while the profiler drains the hits\n",
+        lib = lib.to_str().unwrap()
+    );
+    let mut child =
+        Command::new(PYTHON).args(["-c", &script]).stdin(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let out = output_path("p_late_lib", "json");
+    let dump = output_path("p_late_lib", "hits");
+    let rec = Recording::start(
+        &["-p", &pid.to_string(), "--usdt-dump", dump.to_str().unwrap()],
+        out.clone(),
+    )
+    .unwrap();
+    // Sampling: now the library is loaded.
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let done = rec.interrupt().unwrap();
+    let text = std::fs::read_to_string(&dump).unwrap();
+    let markers: Vec<Vec<String>> = text
+        .lines()
+        .filter(|l| !l.starts_with("label "))
+        .map(split_fields)
+        .filter(|h| h[4] == "rsprof:marker" && h[1] == pid.to_string())
+        .collect();
+    assert_eq!(markers.len(), 7, "{markers:?}\n{}", done.stderr);
+    assert!(markers.iter().all(|m| m[5] == "\"lib\""), "{markers:?}");
 }
 
 #[test]

@@ -202,6 +202,9 @@ impl<'p> Recorder<'p> {
             plan.usdt_requests.clone(),
             plan.usdt_intervals.clone(),
             plan.usdt_dump.as_deref(),
+            // `-p`: no exec gate, so nothing needs the program before a file with probes is
+            // found; most processes carry none.
+            matches!(plan.target, Target::Pids(_)),
         )?;
         // Programs first exec'd during the recording get their probes before they run (with
         // `-p`, only the given processes are profiled: no gate).
@@ -245,6 +248,7 @@ impl<'p> Recorder<'p> {
             }
         }
         usdt.scan_new_modules(&collector);
+        usdt.load_deferred(&mut bpf);
         usdt.initial_scan_done();
         collector.initial_scan_done();
         // Queues the tables of every process found (compiled off this loop; processes are
@@ -323,6 +327,7 @@ impl<'p> Recorder<'p> {
             u.after_drain(&mut self.collector);
         }
         self.usdt.after_drain(&mut self.collector);
+        self.usdt.load_deferred(&mut self.bpf);
         self.unwind.is_some() && events(&self.collector) != before
     }
 

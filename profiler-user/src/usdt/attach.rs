@@ -117,6 +117,12 @@ pub struct Attacher {
     /// The USDT program and its spec array; `None` when it could not be loaded and nothing
     /// was asked for explicitly (then `rsprof` probes are not recorded, with a warning).
     kernel: Option<(OwnedFd, Array<MapData, UsdtSpec>)>,
+    /// The program is loaded only once a file with probes to attach is found (`-p`: most
+    /// processes carry none, and verifying the program is a good part of start-up).
+    deferred: bool,
+    /// Files found with probes to attach while the program was deferred: (path to open,
+    /// path shown).
+    awaiting_program: Vec<(PathBuf, String)>,
     pmu_type: Option<u32>,
     ref_ctr_ok: Option<bool>,
     requests: Vec<(ProbeRequest, Option<FileKey>)>,
@@ -172,21 +178,29 @@ pub(crate) fn lock_attacher(shared: &Mutex<Attacher>) -> MutexGuard<'_, Attacher
 
 impl UsdtSession {
     /// Loads the USDT program and checks the requests; `--usdt …@PATH` probes are attached
-    /// now (a missing file or probe is an error).
+    /// now (a missing file or probe is an error). `defer`: load the program only once a file
+    /// with probes to attach is found ([`UsdtSession::load_deferred`]); not for a recording
+    /// that must attach the probes of new programs before they run (the exec gate).
     pub fn new(
         sampler: &mut BpfObject,
         requests: Vec<ProbeRequest>,
         intervals: Vec<String>,
         dump: Option<&Path>,
+        defer: bool,
     ) -> Result<Self> {
         let mut warnings = Vec::new();
-        let kernel = match sampler.usdt_program() {
-            Ok(k) => Some(k),
-            Err(e) if requests.is_empty() => {
-                warnings.push(format!("USDT probes are not recorded: {e:#}"));
-                None
+        let defer = defer && requests.iter().all(|r| r.path.is_none());
+        let kernel = if defer {
+            None
+        } else {
+            match sampler.usdt_program() {
+                Ok(k) => Some(k),
+                Err(e) if requests.is_empty() => {
+                    warnings.push(format!("USDT probes are not recorded: {e:#}"));
+                    None
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         };
         let mut reqs = Vec::new();
         for r in requests {
@@ -200,6 +214,8 @@ impl UsdtSession {
         }
         let mut a = Attacher {
             kernel,
+            deferred: defer,
+            awaiting_program: Vec::new(),
             pmu_type: None,
             ref_ctr_ok: None,
             found: vec![false; reqs.len()],
@@ -257,9 +273,33 @@ impl UsdtSession {
         })
     }
 
-    /// Whether probes can be attached at all (the USDT program loaded).
+    /// Whether probes can be attached at all (the USDT program loaded, or deferred).
     pub fn active(&self) -> bool {
-        lock_attacher(&self.shared).kernel.is_some()
+        let a = lock_attacher(&self.shared);
+        a.kernel.is_some() || a.deferred
+    }
+
+    /// With the program deferred and a file found with probes to attach: loads the program
+    /// and attaches them. A program that fails to load is a warning (probes not recorded).
+    pub fn load_deferred(&mut self, sampler: &mut BpfObject) {
+        let mut a = lock_attacher(&self.shared);
+        if !a.deferred || a.awaiting_program.is_empty() {
+            return;
+        }
+        a.deferred = false;
+        match sampler.usdt_program() {
+            Ok(k) => a.kernel = Some(k),
+            Err(e) => {
+                a.awaiting_program.clear();
+                a.warn(format!("USDT probes are not recorded: {e:#}"));
+                return;
+            }
+        }
+        for (open, display) in std::mem::take(&mut a.awaiting_program) {
+            if let Err(e) = a.scan_file(&open, &display, false) {
+                a.warn(format!("{display}: {e:#}"));
+            }
+        }
     }
 
     /// Starts the exec gate (see `gate`): executables are scanned and their probes attached
@@ -538,7 +578,7 @@ impl Attacher {
     /// Reads `open` (shown as `display`) once and attaches its probes that are requested.
     /// `strict`: attach failures are errors rather than warnings.
     pub fn scan_file(&mut self, open: &Path, display: &str, strict: bool) -> Result<()> {
-        if self.detached || self.kernel.is_none() {
+        if self.detached || (self.kernel.is_none() && !self.deferred) {
             return Ok(());
         }
         let key = file_key(open).with_context(|| format!("stat {}", open.display()))?;
@@ -563,6 +603,18 @@ impl Attacher {
                 }
             }
         };
+        if self.kernel.is_none() {
+            // Deferred: the file is attached once the program is loaded, if it has probes
+            // to attach (`role_for` also marks requests as found).
+            let mut wanted = false;
+            for note in &probes.notes {
+                wanted |= self.role_for(key, note).is_some();
+            }
+            if wanted {
+                self.awaiting_program.push((open.to_owned(), display.to_owned()));
+            }
+            return Ok(());
+        }
         let before = self.links.len();
         for note in &probes.notes {
             let Some(role) = self.role_for(key, note) else { continue };
