@@ -346,16 +346,27 @@ pub fn thread_exit(tid: u32) {
 
 /// CPU time of the current task at `now` (a `bpf_ktime_get_ns` value): its runtime at this
 /// CPU's last switch-in plus the time since, when that switch-in was the current task, else
-/// `raw` (its `sum_exec_runtime` as of the last
-/// tick), which only happens until the first switch on this CPU after attaching. Returns
-/// (cpu time, is current).
+/// `raw` (its `sum_exec_runtime` as of the last tick). Returns (cpu time, is current).
+///
+/// The slot not naming the current task happens before the first switch on a CPU after
+/// attaching, and, rarely, for a switch-in the slot missed (seen: a spinning thread whose
+/// slot named another task for 88 ms, cause not found; every sample then carried the
+/// tick-updated counter, 0 or 4 ms per 1 ms sample). The slot is then taken over from
+/// `raw` here: later samples count the time that passes, and the next switch-in corrects
+/// the tick's lag (one delta up to a tick too large, instead of every sample wrong).
 #[inline(always)]
 pub fn current_cpu_time(now: u64, raw: u64) -> (u64, bool) {
-    let Some(e) = SWITCH_IN.get_ptr(0) else { return (raw, false) };
-    // SAFETY: this CPU's slot; sched_switch on this CPU cannot run while we do.
-    let e = unsafe { *e };
+    let Some(slot) = SWITCH_IN.get_ptr_mut(0) else { return (raw, false) };
+    // SAFETY: this CPU's slot; sched_switch on this CPU (interrupts off) cannot run while
+    // we do, and we run from the sampler's interrupt, not nested in it.
+    let e = unsafe { *slot };
     let task = unsafe { bpf_get_current_task() };
-    if e.task != task || task == 0 || now < e.ktime_ns {
+    if task == 0 {
+        return (raw, false);
+    }
+    if e.task != task || now < e.ktime_ns {
+        // SAFETY: as above.
+        unsafe { *slot = SwitchIn { task, ktime_ns: now, runtime_ns: raw } };
         return (raw, false);
     }
     // No floor at `raw`: it advances on the scheduler's clock, which on a VM can run faster
