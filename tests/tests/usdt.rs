@@ -578,11 +578,8 @@ fn with_p_probes_of_a_library_loaded_by_a_probeless_process_are_found() {
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     assert!(child.wait().unwrap().success());
     let done = rec.interrupt().unwrap();
-    let text = std::fs::read_to_string(&dump).unwrap();
-    let markers: Vec<Vec<String>> = text
-        .lines()
-        .filter(|l| !l.starts_with("label "))
-        .map(split_fields)
+    let markers: Vec<Vec<String>> = dump_hits(&dump)
+        .into_iter()
         .filter(|h| h[4] == "rsprof:marker" && h[1] == pid.to_string())
         .collect();
     assert_eq!(markers.len(), 7, "{markers:?}\n{}", done.stderr);

@@ -776,6 +776,14 @@ fn update_benchmarks_md(path: &Path, table: &str) -> anyhow::Result<()> {
     update_section(path, SECTION_BEGIN, SECTION_END, table)
 }
 
+/// A `kB` field of `/proc/PID/status` (`key` with its colon, e.g. `"VmRSS:"`); None once the
+/// process is gone or the field is missing.
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Replaces the section between the `begin` and `end` marker lines of a generated file (or
 /// appends it, or creates the file). Every `cargo xtask bench*` owns one section.
 pub fn update_section(path: &Path, begin: &str, end: &str, table: &str) -> anyhow::Result<()> {

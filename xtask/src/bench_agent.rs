@@ -174,9 +174,7 @@ pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
 }
 
 pub(crate) fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
-    Ok(line.split_whitespace().nth(1).context("bad VmRSS")?.parse()?)
+    crate::bench::status_kib(pid, "VmRSS:").with_context(|| format!("no VmRSS for pid {pid}"))
 }
 
 /// `run_time_ns` of each BPF program `pid` holds open, by program id: a program held by two

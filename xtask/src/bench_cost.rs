@@ -29,7 +29,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
-    bench::{Reaper, busy_loops, online_cpus, profiler_binary},
+    bench::{Reaper, busy_loops, online_cpus, profiler_binary, status_kib},
     display, step, workspace_root,
 };
 
@@ -80,12 +80,6 @@ struct Run {
     rss_max_kib: u64,
     hwm_kib: u64,
     forks_per_s: f64,
-}
-
-fn status_kib(pid: u32, key: &str) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with(key))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// utime + stime of `pid`, seconds.

@@ -38,9 +38,7 @@ pub struct BenchDumpArgs {
 
 /// Peak RSS (VmHWM) of `pid`, KiB.
 fn hwm_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM")?;
-    Ok(line.split_whitespace().nth(1).context("bad VmHWM")?.parse()?)
+    crate::bench::status_kib(pid, "VmHWM:").with_context(|| format!("no VmHWM for pid {pid}"))
 }
 
 pub fn bench_dump(args: BenchDumpArgs) -> anyhow::Result<()> {

@@ -18,7 +18,10 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use crate::{bench::busy_loops, build, cargo, display, step, workspace_root};
+use crate::{
+    bench::{busy_loops, status_kib},
+    build, cargo, display, step, workspace_root,
+};
 
 const SECTION_BEGIN: &str =
     "<!-- BEGIN cargo xtask bench-storage (generated; edits are overwritten) -->";
@@ -35,12 +38,6 @@ pub struct BenchStorageArgs {
     /// Only print the results; leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 pub fn bench_storage(args: BenchStorageArgs) -> anyhow::Result<()> {
@@ -74,7 +71,7 @@ pub fn bench_storage(args: BenchStorageArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let mut series: Vec<(u64, u64)> = Vec::new();
     while child.try_wait()?.is_none() {
-        if let Some(r) = rss_kib(child.id()) {
+        if let Some(r) = status_kib(child.id(), "VmRSS:") {
             series.push((t0.elapsed().as_secs(), r));
         }
         thread::sleep(Duration::from_secs(5));

@@ -343,7 +343,7 @@ fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
     let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
     let mut hwm_kib = 0;
     loop {
-        hwm_kib = hwm_kib.max(vm_hwm_kib(pid).unwrap_or(0));
+        hwm_kib = hwm_kib.max(crate::bench::status_kib(pid as u32, "VmHWM:").unwrap_or(0));
         let mut status = 0;
         // SAFETY: an all-zero rusage is valid; wait4 fills it in.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -373,13 +373,6 @@ fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
         }
         thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// `VmHWM` of a live process (kB); None once it has exited.
-fn vm_hwm_kib(pid: libc::pid_t) -> Option<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn run_one(

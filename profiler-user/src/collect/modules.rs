@@ -58,7 +58,6 @@ impl Module {
     /// Where to read the file now: its path while that still names the file that was mapped,
     /// else the handle held on it.
     pub fn readable_path(&self) -> Option<PathBuf> {
-        use std::os::fd::AsRawFd as _;
         let p = self.open_path.as_ref()?;
         if let Some(f) = &self._file
             && !p.starts_with("/proc/self/fd")
@@ -68,11 +67,18 @@ impl Module {
                 _ => false,
             };
             if !same {
-                return Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+                return Some(fd_path(f));
             }
         }
         Some(p.clone())
     }
+}
+
+/// A path that opens the file behind `f` for as long as `f` is open, whatever happens to the
+/// path it was opened by (deleted, replaced, its mount namespace gone).
+pub fn fd_path(f: &File) -> PathBuf {
+    use std::os::fd::AsRawFd as _;
+    PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
 }
 
 /// Files keyed by (device, inode) so one library mapped by many processes is one module.
@@ -319,8 +325,7 @@ impl ModuleTable {
         // Held open: the process's root (and so this path) goes away with it.
         let file = File::open(&open).ok()?;
         let id = self.intern(key, || {
-            use std::os::fd::AsRawFd as _;
-            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+            let fd_path = fd_path(&file);
             Module {
                 name: file_name(&interp),
                 path: interp,
@@ -401,8 +406,7 @@ impl ModuleTable {
             && let Ok(f) = File::open(format!("/proc/{}/exe", pid.0))
             && f.metadata().is_ok_and(|meta| meta.ino() == inode && dev_matches(meta.dev(), dev))
         {
-            use std::os::fd::AsRawFd as _;
-            m.open_path = Some(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+            m.open_path = Some(fd_path(&f));
             m._file = Some(Arc::new(f));
             m.read_build_id();
         }
@@ -493,8 +497,7 @@ fn open_map_file(pid: Pid, m: &MapsLine) -> Module {
             if f.metadata()
                 .is_ok_and(|meta| meta.ino() == m.inode && dev_matches(meta.dev(), m.dev)) =>
         {
-            use std::os::fd::AsRawFd as _;
-            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+            let fd_path = fd_path(&f);
             Module {
                 path,
                 name,

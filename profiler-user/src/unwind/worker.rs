@@ -6,7 +6,6 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fs::File,
-    os::fd::AsRawFd as _,
     path::PathBuf,
     sync::{Arc, Condvar, Mutex, mpsc},
     time::{Duration, Instant},
@@ -15,7 +14,7 @@ use std::{
 use profiler_unwind::UnwindTable;
 
 use super::{FileIdentity, FileTable, alloc::RowAllocator, debugfile, rows::RowsMmap};
-use crate::collect::modules::ElfLayout;
+use crate::collect::modules::{ElfLayout, fd_path};
 
 /// The walker's binary search does at most 24 halvings.
 const MAX_TABLE_ROWS: usize = 1 << 24;
@@ -42,7 +41,7 @@ impl Job {
     /// the table must be the mapped file's.
     fn source(&self) -> PathBuf {
         match &self.hold {
-            Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+            Some(f) => fd_path(f),
             None => self.path.clone(),
         }
     }
