@@ -27,6 +27,9 @@ pub const EVENT_MMAP: u32 = 7;
 /// An executable mapping was removed, or a range was remapped non-executable
 /// ([`MapRecord`] with only the range set).
 pub const EVENT_MUNMAP: u32 = 8;
+/// A label pushed where the kernel could not yet walk the pusher's stack, with a copy of it
+/// ([`LabelDepthHeader`]).
+pub const EVENT_LABEL_DEPTH: u32 = 9;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -593,7 +596,12 @@ pub mod counter {
     /// Walks stopped for want of a table that userspace does not build while draining (a
     /// file over 16 MiB whose table the workers are still compiling): no stack copy sent.
     pub const STACK_COPY_NOT_USEFUL: u32 = 50;
-    pub const COUNT: u32 = 51;
+    /// `rsprof:label_push` hits whose stack the kernel could not walk for want of a table:
+    /// sent with a copy (or without one, when it could not be made) for userspace to walk.
+    pub const LABEL_DEPTH_RECORDS: u32 = 51;
+    /// Of those, records lost to a full ring buffer: the label shows above the leaf.
+    pub const LABEL_DEPTH_LOST: u32 = 52;
+    pub const COUNT: u32 = 53;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {
@@ -716,6 +724,33 @@ pub struct LabelStack {
     pub depth: u32,
     pub _pad: u32,
     pub ids: [u64; LABEL_MAX_DEPTH],
+}
+
+/// Sent by `rsprof:label_push` when the table walk of the pusher's stack stopped for want of a
+/// table (a process that just started, a library just mapped): the label entry is stored
+/// with depth 0 (unknown) and userspace finds the depth by continuing the walk over the copy
+/// that follows this header (a [`StackCopyHeader`] and its bytes; `len` 0 when no copy could
+/// be made), then places the label in the samples that carry that entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LabelDepthHeader {
+    pub header: EventHeader,
+    /// The label's address, as in its entry.
+    pub label: u64,
+    /// The entry's index in the thread's label stack.
+    pub index: u32,
+    /// User frames the kernel walked; the last is where it stopped (the copy's `pc`).
+    pub frames: u32,
+}
+
+pub const LABEL_DEPTH_RECORD_FIXED: usize = core::mem::size_of::<LabelDepthHeader>();
+
+/// `rsprof:label_push`'s per-CPU scratch for a [`LabelDepthHeader`] record and its copy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LabelDepthScratch {
+    pub rec: LabelDepthHeader,
+    pub copy: [u8; STACK_COPY_HEADER_SIZE + STACK_COPY_MAX],
 }
 
 /// Bits of a label entry above the address: user addresses on x86-64 fit in 47 bits.

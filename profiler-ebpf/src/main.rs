@@ -251,8 +251,25 @@ unsafe fn attach_stack_copy(
         (2 * profiler_common::MAX_STACK_DEPTH + profiler_common::LABEL_MAX_DEPTH) as u64;
     // Bound for the verifier: the header and the copy fit after any number of used frames.
     let used = if used > MAX_USED { MAX_USED } else { used };
+    // SAFETY: `frames + used` is within the scratch value, with room for the header (4
+    // slots) and `STACK_COPY_MAX` bytes after it.
+    let n = unsafe { write_stack_copy(frames.add(used as usize), stack::SLOT_SAMPLER, now, cfg) };
+    if n > 0 {
+        *flags |= SAMPLE_STACK_COPY;
+    }
+    n
+}
+
+/// Writes where the last table walk of `slot` stopped (a [`StackCopyHeader`]) and a copy of
+/// the user stack from its rsp at `at`, within this CPU's copy budget (shared by the sampler
+/// and label pushes, which do not nest on one CPU); returns the bytes written (0: none).
+///
+/// # Safety
+/// `at` must point to `STACK_COPY_HEADER_SIZE + STACK_COPY_MAX` writable bytes of a map value.
+#[inline(always)]
+pub(crate) unsafe fn write_stack_copy(at: *mut u64, slot: u32, now: u64, cfg: &Config) -> u64 {
     let Some(budget) = COPY_BUDGET.get_ptr_mut(0) else { return 0 };
-    // SAFETY: this CPU's budget slot; the sampler does not nest on one CPU.
+    // SAFETY: this CPU's budget slot; its users do not nest on one CPU.
     let budget = unsafe { &mut *budget };
     if now.wrapping_sub(budget[0]) >= 100_000_000 {
         budget[0] = now;
@@ -262,11 +279,9 @@ unsafe fn attach_stack_copy(
         count(counter::STACK_COPY_OVER_BUDGET);
         return 0;
     }
-    let Some(mut hdr) = stack::stopped_at(stack::SLOT_SAMPLER) else { return 0 };
-    // SAFETY: `frames + used` is within the scratch value, with room for the header (4
-    // slots) and `STACK_COPY_MAX` bytes after it.
+    let Some(mut hdr) = stack::stopped_at(slot) else { return 0 };
+    // SAFETY: `at` has room for the header (4 slots) and `STACK_COPY_MAX` bytes after it.
     let copied = unsafe {
-        let at = frames.add(used as usize);
         let n = stack::copy_stack(at.add(STACK_COPY_HEADER_SIZE / 8).cast(), hdr.sp);
         if n == 0 {
             count(counter::STACK_COPY_FAILED);
@@ -276,7 +291,6 @@ unsafe fn attach_stack_copy(
         core::ptr::write_unaligned(at.cast::<StackCopyHeader>(), hdr);
         n
     };
-    *flags |= SAMPLE_STACK_COPY;
     budget[1] += (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied);
     (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied)
 }

@@ -18,11 +18,13 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    EVENT_USDT, EventHeader, LABEL_MAX_DEPTH, LabelSeenKey, LabelStack, MAX_STACK_DEPTH,
-    USDT_ARG_CONST, USDT_ARG_DEREF, USDT_ARG_REG, USDT_ARG_SIB, USDT_MAX_ARGS, USDT_MAX_SPECS,
-    USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_STR_IS_NULL,
-    USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtRecord,
-    UsdtString, counter, label_entry,
+    EVENT_LABEL_DEPTH, EVENT_USDT, EventHeader, LABEL_DEPTH_RECORD_FIXED, LABEL_MAX_DEPTH,
+    LabelDepthHeader, LabelDepthScratch, LabelSeenKey, LabelStack, MAX_STACK_DEPTH,
+    STACK_COPY_HEADER_SIZE, StackCopyHeader, USDT_ARG_CONST, USDT_ARG_DEREF, USDT_ARG_REG,
+    USDT_ARG_SIB, USDT_MAX_ARGS, USDT_MAX_SPECS, USDT_MAX_STRS, USDT_RECORD_FIXED,
+    USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_STR_IS_NULL, USDT_STR_IS_TRUNCATED,
+    USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtRecord, UsdtString, counter,
+    label_entry,
 };
 
 use crate::{config, count, output, read_kernel_u64, run_loop, selected};
@@ -55,6 +57,10 @@ static LABEL_ZERO: PerCpuArray<LabelStack> = PerCpuArray::with_max_entries(1, 0)
 /// Scratch for the user stack walked at a label push (only its length is kept).
 #[map]
 static PUSH_STACK: PerCpuArray<[u64; MAX_STACK_DEPTH]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Scratch for an `EVENT_LABEL_DEPTH` record and its stack copy.
+#[map]
+static LABEL_DEPTH_SCRATCH: PerCpuArray<LabelDepthScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Labels whose text was already sent for an address space: later pushes send nothing.
 #[map]
@@ -218,9 +224,10 @@ unsafe fn read_str(s: *mut UsdtString, ptr: u64) {
 }
 
 #[inline(always)]
-fn label_push(ctx: &ProbeContext, tid: u32, addr: u64) {
+fn label_push(ctx: &ProbeContext, tgid: u32, tid: u32, addr: u64, busy: *mut u32) {
     count(counter::LABEL_PUSHES);
-    let id = label_entry(addr, user_depth(ctx));
+    let (depth, walked) = user_depth(ctx);
+    let id = label_entry(addr, depth);
     let st = match LABELS.get_ptr_mut(tid) {
         Some(p) => p,
         None => {
@@ -236,7 +243,7 @@ fn label_push(ctx: &ProbeContext, tid: u32, addr: u64) {
         }
     };
     // SAFETY: map value pointer; only this thread writes its entry.
-    unsafe {
+    let index = unsafe {
         let d = (*st).depth;
         if (d as usize) < LABEL_MAX_DEPTH {
             (*st).ids[d as usize] = id;
@@ -244,28 +251,83 @@ fn label_push(ctx: &ProbeContext, tid: u32, addr: u64) {
             count(counter::LABEL_OVERFLOWS);
         }
         (*st).depth = d.saturating_add(1);
+        d
+    };
+    if let Some(frames) = walked
+        && (index as usize) < LABEL_MAX_DEPTH
+    {
+        send_label_depth(tgid, tid, addr, index, frames, busy);
     }
 }
 
 /// User frames at the probe (the pushing function and its callers), walked as the sampler
 /// walks them, so the label lands right under the pusher in sampled stacks; 0 if unknown.
+/// A table walk that stopped for want of a table (a process that just started) gives depth
+/// 0 and the frames it walked: the label's depth is then found in userspace from a copy.
 #[inline(always)]
-fn user_depth(ctx: &ProbeContext) -> u64 {
-    let Some(buf) = PUSH_STACK.get_ptr_mut(0) else { return 0 };
+fn user_depth(ctx: &ProbeContext) -> (u64, Option<u64>) {
+    let Some(buf) = PUSH_STACK.get_ptr_mut(0) else { return (0, None) };
     if crate::config().unwind_mode != profiler_common::UNWIND_MODE_FP {
         let regs = ctx.as_ptr() as *const aya_ebpf::bindings::pt_regs;
         // SAFETY: a uprobe's context is the user registers, read directly; `buf` has room
         // for MAX_STACK_DEPTH frames.
-        let (n, _, _) = unsafe {
+        let (n, end, _) = unsafe {
             let r = crate::stack::UserRegs { pc: (*regs).rip, sp: (*regs).rsp, bp: (*regs).rbp };
             crate::stack::walk_tables(buf.cast(), Some(r), crate::stack::SLOT_USDT)
         };
-        return n;
+        if crate::stack::wants_copy(end) {
+            // Counting the frames walked so far would put the label near the root.
+            if crate::stack::copy_useless(crate::stack::SLOT_USDT) {
+                return (0, None);
+            }
+            return (0, Some(n));
+        }
+        return (n, None);
     }
     let size = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: `buf` is this CPU's scratch of exactly `size` bytes.
     let n = unsafe { bpf_get_stack(ctx.as_ptr(), buf.cast(), size, BPF_F_USER_STACK as u64) };
-    if n <= 0 { 0 } else { n as u64 / 8 }
+    if n <= 0 { (0, None) } else { (n as u64 / 8, None) }
+}
+
+/// Sends the pusher's stack from where the kernel's walk stopped (`EVENT_LABEL_DEPTH`); a
+/// record without a copy (budget used up, unreadable stack) tells userspace the depth stays
+/// unknown, so an earlier push's depth is not reused.
+#[inline(always)]
+fn send_label_depth(tgid: u32, tid: u32, label: u64, index: u32, frames: u64, busy: *mut u32) {
+    let Some(rec) = LABEL_DEPTH_SCRATCH.get_ptr_mut(0) else { return };
+    let cfg = crate::config();
+    // SAFETY: this CPU's scratch value, held by this hit (`USDT_BUSY`).
+    unsafe {
+        let now = bpf_ktime_get_ns();
+        (*rec).rec = LabelDepthHeader {
+            header: EventHeader {
+                kind: EVENT_LABEL_DEPTH,
+                cpu: bpf_get_smp_processor_id(),
+                time_ns: now,
+                pid: tgid,
+                tid,
+            },
+            label,
+            index,
+            frames: frames as u32,
+        };
+        let at = (*rec).copy.as_mut_ptr().cast::<u64>();
+        let mut n = crate::write_stack_copy(at, crate::stack::SLOT_USDT, now, &cfg);
+        if n == 0 {
+            core::ptr::write_unaligned(at.cast::<StackCopyHeader>(), StackCopyHeader::default());
+            n = STACK_COPY_HEADER_SIZE as u64;
+        }
+        if busy.read_volatile() != tid {
+            // Another hit took the scratch while this one was preempted.
+            count(counter::LABEL_DEPTH_LOST);
+            return;
+        }
+        count(counter::LABEL_DEPTH_RECORDS);
+        if !output(rec, LABEL_DEPTH_RECORD_FIXED as u64 + n, false) {
+            count(counter::LABEL_DEPTH_LOST);
+        }
+    }
 }
 
 #[inline(always)]
@@ -394,7 +456,7 @@ fn record_hit(
     if spec.role == USDT_ROLE_LABEL_PUSH {
         // SAFETY: as above.
         let label = unsafe { (*rec).args[0] };
-        label_push(ctx, tid, label);
+        label_push(ctx, tgid, tid, label, busy);
         // SAFETY: fault-checked kernel read of current->mm.
         let mm = unsafe { read_kernel_u64(bpf_get_current_task() + cfg.task_mm as u64) };
         let key = LabelSeenKey { mm: mm.unwrap_or(0), label, tgid, _pad: 0 };

@@ -203,6 +203,16 @@ pub const COUNTERS: &[CounterDef] = &[
         "stack_copy_not_useful",
         "Walks stopped at a large file whose table is still being compiled: no copy sent",
     ),
+    def(
+        counter::LABEL_DEPTH_RECORDS,
+        "label_depth_records",
+        "Label pushes whose stack had no table in the kernel yet, sent for userspace to walk",
+    ),
+    def(
+        counter::LABEL_DEPTH_LOST,
+        "label_depth_lost",
+        "Label pushes whose depth record was lost to a full ring buffer",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

@@ -3,12 +3,13 @@
 //! error, never an out-of-bounds read.
 
 use profiler_common::{
-    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_MMAP, EVENT_MUNMAP, EVENT_OFF_CPU, EVENT_SAMPLE,
-    EVENT_USDT, EventHeader, LABEL_MAX_DEPTH, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
-    MAP_PATH_COMPLETE, MAP_RECORD_FIXED, MAX_STACK_DEPTH, MapRecord, OFF_CPU_RECORD_FIXED,
-    OffCpuHeader, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY, STACK_COPY_HEADER_SIZE, STACK_COPY_MAX,
-    SampleHeader, StackCopyHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS,
-    USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
+    EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_LABEL_DEPTH, EVENT_MMAP, EVENT_MUNMAP, EVENT_OFF_CPU,
+    EVENT_SAMPLE, EVENT_USDT, EventHeader, LABEL_DEPTH_RECORD_FIXED, LABEL_MAX_DEPTH,
+    LabelDepthHeader, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP, MAP_PATH_COMPLETE, MAP_RECORD_FIXED,
+    MAX_STACK_DEPTH, MapRecord, OFF_CPU_RECORD_FIXED, OffCpuHeader, SAMPLE_RECORD_FIXED,
+    SAMPLE_STACK_COPY, STACK_COPY_HEADER_SIZE, STACK_COPY_MAX, SampleHeader, StackCopyHeader,
+    TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_STR_MAX,
+    UsdtRecord, UsdtString,
 };
 
 use crate::model::{
@@ -170,6 +171,21 @@ pub enum KernelEvent {
     Task(TaskEvent),
     Usdt(RawUsdtHit),
     Map(MapEvent),
+    LabelDepth(LabelDepthEvent),
+}
+
+/// A label pushed where the kernel's table walk could not finish (`EVENT_LABEL_DEPTH`): the
+/// thread's label entry `index` (address `label`) has depth 0 until the walk over `copy`
+/// (from the last of the `frames` the kernel walked) says how deep its pusher was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelDepthEvent {
+    pub pid: Pid,
+    pub tid: Tid,
+    pub label: u64,
+    pub index: u32,
+    pub frames: u32,
+    /// None when the kernel could not copy the stack: the depth stays unknown.
+    pub copy: Option<StackCopy>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -187,6 +203,25 @@ impl std::fmt::Display for RecordError {
             RecordError::UnknownKind(k) => write!(f, "unknown record kind {k}"),
         }
     }
+}
+
+/// The [`StackCopyHeader`] at `at` and the bytes after it; None if the record is too short.
+fn stack_copy_at(b: &[u8], at: usize) -> Option<StackCopy> {
+    if b.len() < at + STACK_COPY_HEADER_SIZE {
+        return None;
+    }
+    let len = u32_at(b, at + std::mem::offset_of!(StackCopyHeader, len)) as usize;
+    let data = at + STACK_COPY_HEADER_SIZE;
+    if len > STACK_COPY_MAX || b.len() < data + len {
+        return None;
+    }
+    Some(StackCopy {
+        pc: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, pc)),
+        sp: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, sp)),
+        bp: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, bp)),
+        flags: u32_at(b, at + std::mem::offset_of!(StackCopyHeader, flags)),
+        bytes: b[data..data + len].to_vec(),
+    })
 }
 
 fn u16_at(b: &[u8], off: usize) -> u16 {
@@ -239,21 +274,7 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
             let mut stack_copy = None;
             if flags & SAMPLE_STACK_COPY != 0 {
                 let at = SAMPLE_RECORD_FIXED + (kn + un + ln) * 8;
-                if b.len() < at + STACK_COPY_HEADER_SIZE {
-                    return Err(short);
-                }
-                let len = u32_at(b, at + std::mem::offset_of!(StackCopyHeader, len)) as usize;
-                let data = at + STACK_COPY_HEADER_SIZE;
-                if len > STACK_COPY_MAX || b.len() < data + len {
-                    return Err(short);
-                }
-                stack_copy = Some(Box::new(StackCopy {
-                    pc: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, pc)),
-                    sp: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, sp)),
-                    bp: u64_at(b, at + std::mem::offset_of!(StackCopyHeader, bp)),
-                    flags: u32_at(b, at + std::mem::offset_of!(StackCopyHeader, flags)),
-                    bytes: b[data..data + len].to_vec(),
-                }));
+                stack_copy = Some(Box::new(stack_copy_at(b, at).ok_or(short)?));
             }
             Ok(KernelEvent::Sample(Sample {
                 time: MonoNs(time_ns),
@@ -309,6 +330,17 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                     state: u32_at(b, std::mem::offset_of!(OffCpuHeader, state)),
                 }),
                 stack_copy: None,
+            }))
+        }
+        EVENT_LABEL_DEPTH => {
+            let copy = stack_copy_at(b, LABEL_DEPTH_RECORD_FIXED).ok_or(short)?;
+            Ok(KernelEvent::LabelDepth(LabelDepthEvent {
+                pid: Pid(pid),
+                tid: Tid(tid),
+                label: u64_at(b, std::mem::offset_of!(LabelDepthHeader, label)),
+                index: u32_at(b, std::mem::offset_of!(LabelDepthHeader, index)),
+                frames: u32_at(b, std::mem::offset_of!(LabelDepthHeader, frames)),
+                copy: (!copy.bytes.is_empty()).then_some(copy),
             }))
         }
         EVENT_FORK | EVENT_EXEC | EVENT_EXIT => {
@@ -524,6 +556,31 @@ mod tests {
         assert_eq!(s.user_stack, vec![0x401]);
         // A copy shorter than its header says is rejected.
         assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
+    }
+
+    #[test]
+    fn decodes_label_depth_record() {
+        let h = profiler_common::LabelDepthHeader {
+            header: EventHeader { kind: EVENT_LABEL_DEPTH, cpu: 0, time_ns: 1, pid: 5, tid: 6 },
+            label: 0x5000,
+            index: 2,
+            frames: 3,
+        };
+        let copy = StackCopyHeader { pc: 0x401, sp: 0x7ff0, bp: 3, len: 8, flags: 1 };
+        let mut b = bytes_of(&h, LABEL_DEPTH_RECORD_FIXED);
+        b.extend_from_slice(&bytes_of(&copy, STACK_COPY_HEADER_SIZE));
+        b.extend([7u8; 8]);
+        let KernelEvent::LabelDepth(e) = decode(&b).unwrap() else { panic!() };
+        assert_eq!((e.pid, e.tid, e.label, e.index, e.frames), (Pid(5), Tid(6), 0x5000, 2, 3));
+        let c = e.copy.expect("copy decoded");
+        assert_eq!((c.pc, c.sp, c.bytes.len()), (0x401, 0x7ff0, 8));
+        assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
+        // No copy could be made: the depth stays unknown.
+        let empty = StackCopyHeader::default();
+        let mut b = bytes_of(&h, LABEL_DEPTH_RECORD_FIXED);
+        b.extend_from_slice(&bytes_of(&empty, STACK_COPY_HEADER_SIZE));
+        let KernelEvent::LabelDepth(e) = decode(&b).unwrap() else { panic!() };
+        assert_eq!(e.copy, None);
     }
 
     #[test]

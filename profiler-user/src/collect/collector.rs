@@ -6,7 +6,10 @@
 //! `outbox`.
 
 use crate::{
-    bpf::decode::{self, KernelEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent, TaskKind},
+    bpf::decode::{
+        self, KernelEvent, LabelDepthEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent,
+        TaskKind,
+    },
     collect::{
         modules::{LoadedAt, Mapping, ModuleTable},
         outbox::Outbox,
@@ -63,6 +66,10 @@ pub struct CollectorStats {
     /// Most threads the process table held at once (counted every
     /// `THREAD_CENSUS_INTERVAL_NS`, and at the end).
     pub peak_threads: u64,
+    /// Labels pushed before the kernel could walk the pusher's stack whose depth a copy of
+    /// that stack gave, and those whose depth stayed unknown (shown above the leaf).
+    pub label_depths_found: u64,
+    pub label_depths_unknown: u64,
 }
 
 pub struct Collector<S> {
@@ -135,6 +142,7 @@ impl<S: SampleSink> Collector<S> {
             KernelEvent::Task(t) => self.on_task(t),
             KernelEvent::Usdt(u) => self.outbox.usdt_hit(u),
             KernelEvent::Map(m) => self.on_map(m),
+            KernelEvent::LabelDepth(l) => self.on_label_depth(l),
         }
     }
 
@@ -220,7 +228,27 @@ impl<S: SampleSink> Collector<S> {
         self.outbox.maps_changed(m.pid);
     }
 
+    /// A label pushed before the kernel had the tables to walk its pusher's stack: the walk
+    /// continues here over the copy (as for samples), so the label goes under its pusher.
+    fn on_label_depth(&mut self, l: LabelDepthEvent) {
+        self.known(l.pid);
+        let Some(p) = self.processes.processes.get_mut(&l.pid) else { return };
+        let depth =
+            l.copy.as_ref().and_then(|c| self.copies.depth(l.frames, c, &p.space, &self.modules));
+        if depth.is_some() {
+            self.stats.label_depths_found += 1;
+        } else {
+            self.stats.label_depths_unknown += 1;
+        }
+        p.set_label_depth(l.tid, l.index, l.label, depth);
+    }
+
     fn on_sample(&mut self, mut s: Sample) {
+        if s.labels.iter().any(|l| l.depth == 0)
+            && let Some(p) = self.processes.processes.get(&s.pid)
+        {
+            p.resolve_label_depths(s.tid, &mut s.labels);
+        }
         if s.stack_copy.is_some() {
             // The mapping records sent before this sample are applied: the process's address
             // space is what the kernel's walk lacked.

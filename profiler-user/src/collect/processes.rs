@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::{
+    bpf::decode::LabelRef,
     collect::modules::AddressSpace,
     model::{
         ids::{LabelId, ModuleId, Pid, Tid},
@@ -49,6 +50,9 @@ pub struct ProcessInfo {
     pub exited: bool,
     /// Its cgroup and container.
     pub cgroup: ProcessCgroup,
+    /// Depths of labels pushed before the kernel could walk the pusher's stack, found from a
+    /// copy of it: (thread, index in its label stack) → (label address, depth).
+    label_depths: HashMap<(Tid, u32), (u64, u32)>,
 }
 
 impl ProcessInfo {
@@ -64,6 +68,28 @@ impl ProcessInfo {
     /// ends many threads).
     pub fn thread_exited(&mut self, tid: Tid) {
         self.last_cpu_time_ns.remove(&tid);
+        self.label_depths.retain(|&(t, _), _| t != tid);
+    }
+
+    /// What a copy of the pusher's stack said of the depth of label `index` of thread `tid`
+    /// (None: still unknown).
+    pub fn set_label_depth(&mut self, tid: Tid, index: u32, label: u64, depth: Option<u32>) {
+        match depth {
+            Some(d) => self.label_depths.insert((tid, index), (label, d)),
+            None => self.label_depths.remove(&(tid, index)),
+        };
+    }
+
+    /// Fills in the depths of `labels` (a sample's, of thread `tid`) that the kernel did not
+    /// know at the push, where a copy of the pusher's stack told them.
+    pub fn resolve_label_depths(&self, tid: Tid, labels: &mut [LabelRef]) {
+        for (i, l) in labels.iter_mut().enumerate().filter(|(_, l)| l.depth == 0) {
+            if let Some(&(addr, depth)) = self.label_depths.get(&(tid, i as u32))
+                && addr == l.addr
+            {
+                l.depth = depth;
+            }
+        }
     }
 }
 
@@ -183,6 +209,32 @@ impl ProcessTable {
 mod tests {
     use super::*;
     use crate::model::process::ThreadMeta;
+
+    #[test]
+    fn label_depths_from_copies_fill_unknown_depths_only() {
+        let mut p = ProcessInfo::default();
+        let l = |addr, depth| LabelRef { addr, depth };
+        p.set_label_depth(Tid(7), 1, 0xb0, Some(4));
+        let mut labels = [l(0xa0, 2), l(0xb0, 0)];
+        p.resolve_label_depths(Tid(7), &mut labels);
+        assert_eq!(labels, [l(0xa0, 2), l(0xb0, 4)]);
+        // Another thread, another label at that index, or a depth the kernel knew: untouched.
+        let mut other = [l(0xa0, 0), l(0xb0, 0)];
+        p.resolve_label_depths(Tid(8), &mut other);
+        assert_eq!(other, [l(0xa0, 0), l(0xb0, 0)]);
+        let mut moved = [l(0xa0, 0), l(0xc0, 0)];
+        p.resolve_label_depths(Tid(7), &mut moved);
+        assert_eq!(moved, [l(0xa0, 0), l(0xc0, 0)]);
+        // A later push at that index whose copy failed forgets the old depth.
+        p.set_label_depth(Tid(7), 1, 0xb0, None);
+        let mut again = [l(0xa0, 2), l(0xb0, 0)];
+        p.resolve_label_depths(Tid(7), &mut again);
+        assert_eq!(again[1].depth, 0);
+        // So does the thread's exit.
+        p.set_label_depth(Tid(7), 0, 0xa0, Some(3));
+        p.thread_exited(Tid(7));
+        assert!(p.label_depths.is_empty());
+    }
 
     #[test]
     fn renames_keep_history() {

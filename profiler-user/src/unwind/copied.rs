@@ -142,6 +142,31 @@ impl CopiedStacks {
         }
     }
 
+    /// How many user frames a stack had, from the `frames` the kernel walked (the last being
+    /// where it stopped, `copy.pc`) and the walk continued over `copy`; None unless that walk
+    /// reached the outermost frame.
+    pub fn depth(
+        &mut self,
+        frames: u32,
+        copy: &crate::bpf::decode::StackCopy,
+        space: &AddressSpace,
+        modules: &ModuleTable,
+    ) -> Option<u32> {
+        let keep = (frames as usize).checked_sub(1)?;
+        let regs = Regs {
+            pc: copy.pc,
+            sp: copy.sp,
+            bp: copy.bp,
+            bp_known: copy.flags & STACK_COPY_BP_KNOWN != 0,
+            pc_is_return: copy.flags & STACK_COPY_PC_IS_RETURN != 0,
+        };
+        let stack = StackCopy { base: copy.sp, bytes: &copy.bytes };
+        let fp = self.fp_fallback;
+        let max = MAX_STACK_DEPTH.checked_sub(keep)?;
+        let w = walk::walk(regs, stack, max, fp, |addr| self.rule(space, modules, addr));
+        (w.end == UNWIND_END_COMPLETE).then_some((keep + w.frames.len()) as u32)
+    }
+
     /// The rule covering `addr` in the process whose address space is `space`.
     fn rule(&mut self, space: &AddressSpace, modules: &ModuleTable, addr: u64) -> Rule {
         let Some((module, offset)) = space.lookup(addr) else { return Rule::NoMapping };

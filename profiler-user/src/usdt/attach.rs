@@ -512,6 +512,11 @@ impl UsdtSession {
             markers: self.markers.stats,
             label_samples,
             labels_over_limit: self.labels_over_limit,
+            label_depths: (
+                collector.stats.label_depths_found,
+                collector.stats.label_depths_unknown
+                    + counters.get(profiler_common::counter::LABEL_DEPTH_LOST),
+            ),
             counters,
             warnings: std::mem::take(&mut a.warnings),
             not_found,

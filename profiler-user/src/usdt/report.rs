@@ -23,6 +23,9 @@ pub struct UsdtReport {
     pub label_samples: Vec<(String, u64)>,
     /// Labels left unnamed because their process already had `MAX_LABELS` names.
     pub labels_over_limit: u64,
+    /// Labels pushed before the kernel had the tables to walk the pusher's stack: (depth
+    /// found from a copy of that stack, depth unknown: shown right above the leaf).
+    pub label_depths: (u64, u64),
     /// Every kernel counter; the USDT ones are reported here.
     pub counters: Counters,
     pub warnings: Vec<String>,
@@ -119,6 +122,13 @@ impl UsdtReport {
                 c.get(counter::LABEL_MAP_FULL),
                 c.get(counter::SAMPLES_WITH_LABELS)
             );
+            let (found, unknown) = self.label_depths;
+            if found + unknown > 0 {
+                let _ = writeln!(
+                    s,
+                    "  labels pushed before their process's unwind tables were loaded: {found} placed from a copy of the pusher's stack, {unknown} placed above the leaf (pusher unknown)"
+                );
+            }
             for (name, n) in self.label_samples.iter().take(10) {
                 let _ = writeln!(s, "  label '{name}': {n} samples");
             }
