@@ -211,6 +211,39 @@ fn pid_filter_records_only_that_process() {
     assert!(done.stderr.contains("filtered out"), "summary reports filtered samples");
 }
 
+/// `-p` without `-d` stops by itself once every given process has exited (as perf does), not
+/// when the first one does, and writes what it recorded of both.
+#[test]
+fn pid_mode_stops_when_the_last_given_process_exits() {
+    let exe = fixtures::build("split").unwrap();
+    let spawn = || Background(Command::new(&exe).arg("600").stdout(Stdio::null()).spawn().unwrap());
+    let (mut a, mut b) = (spawn(), spawn());
+    let (pa, pb) = (a.0.id(), b.0.id());
+    let list = format!("{pa},{pb}");
+    let mut rec = Recording::start(&["-p", &list], output_path("pid_exit", "json")).expect("start");
+    thread::sleep(Duration::from_millis(500));
+    let _ = (b.0.kill(), b.0.wait());
+    assert!(
+        rec.wait_for_line("stopped by", Duration::from_secs(2)).is_err(),
+        "stopped while pid {pa} still ran"
+    );
+    let _ = (a.0.kill(), a.0.wait());
+    let line = rec.wait_for_line("stopped by", Duration::from_secs(30)).expect("stops by itself");
+    assert!(line.ends_with(&format!("stopped by exit of pids {list}")), "{line}");
+    let done = rec.wait().unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    let profile = done.profile().unwrap();
+    valid(&profile);
+    for pid in [pa, pb] {
+        let ts = threads_of_pid(&profile, pid);
+        assert!(
+            ts.iter().any(|t| count_samples_with_path(t.thread, &["work", "hot_a"]) > 100),
+            "pid {pid} recorded:\n{}",
+            done.stderr
+        );
+    }
+}
+
 #[test]
 fn command_mode_records_the_command_and_its_children_only() {
     let exe = fixtures::build("split").unwrap();

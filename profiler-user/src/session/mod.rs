@@ -139,6 +139,8 @@ pub struct Recorder<'p> {
     ring: AsyncFd<RingBuf<MapData>>,
     info: RecordingInfo,
     child_exit: Option<oneshot::Receiver<i32>>,
+    /// `-p`: resolves when every given process has exited.
+    targets_exit: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     snapshots: Vec<std::thread::JoinHandle<()>>,
     requests: Option<mpsc::Receiver<Request>>,
     ring_fill: Option<ring::RingFill>,
@@ -266,6 +268,10 @@ impl<'p> Recorder<'p> {
                 .spawn(move || tx.send(launch::wait_exit(pid)))?;
             child_exit = Some(rx);
         }
+        let targets_exit = match &plan.target {
+            Target::Pids(pids) => Some(Box::pin(launch::all_exited(pids.clone())) as _),
+            _ => None,
+        };
         msgs.info(format_args!(
             "sampling {} on {} CPUs at {} Hz; Ctrl-C to stop",
             plan.describe(),
@@ -298,6 +304,7 @@ impl<'p> Recorder<'p> {
             ring,
             info,
             child_exit,
+            targets_exit,
             snapshots: Vec::new(),
             requests: None,
             ring_fill,
@@ -425,6 +432,15 @@ impl<'p> Recorder<'p> {
             }
         };
         tokio::pin!(woken);
+        // Put back unless it fired: a snapshot or an agent's window calls this again.
+        let mut targets_exit = self.targets_exit.take();
+        let targets = async {
+            match targets_exit.as_mut() {
+                Some(f) => f.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(targets);
         let started = Instant::now();
         let mut requests = self.requests.take();
         let result = loop {
@@ -478,6 +494,13 @@ impl<'p> Recorder<'p> {
                     break Ok(None);
                 }
                 code = &mut child => break Ok(Some(format!("command exit (status {code})"))),
+                _ = &mut targets => {
+                    targets_exit = None;
+                    let Target::Pids(pids) = &self.plan.target else { unreachable!() };
+                    let list = pids.iter().map(Pid::to_string).collect::<Vec<_>>().join(",");
+                    let s = if pids.len() > 1 { "s" } else { "" };
+                    break Ok(Some(format!("exit of pid{s} {list}")));
+                }
                 _ = tick.tick(), if self.msgs.has_status_line() => {
                     let lost = self.bpf.counters().map(|c| c.lost_samples()).unwrap_or(0);
                     self.msgs.status(format_args!(
@@ -490,6 +513,7 @@ impl<'p> Recorder<'p> {
             }
         };
         self.requests = requests;
+        self.targets_exit = targets_exit;
         result
     }
 

@@ -103,3 +103,28 @@ pub fn wait_exit(pid: Pid) -> i32 {
     }
     if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) }
 }
+
+/// Resolves once every process of `pids` has exited (`-p`: the recording then stops, as
+/// perf's does). Each is watched through a pidfd (Linux 5.3), which polls readable at exit:
+/// no thread and no /proc polling. A pid that is already gone counts as exited; one whose
+/// pidfd cannot be opened for another reason is never reported (the recording goes on).
+pub async fn all_exited(pids: Vec<Pid>) {
+    use tokio::io::{Interest, unix::AsyncFd};
+    for pid in pids {
+        // SAFETY: a plain syscall; a returned fd is owned below.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.0 as libc::pid_t, 0) };
+        if fd < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                continue;
+            }
+            return std::future::pending().await;
+        }
+        // SAFETY: `fd` was just returned by pidfd_open and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // SAFETY: the AsyncFd owns the fd, which stays open as long as it does.
+        match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) } {
+            Ok(watch) => drop(watch.readable().await),
+            Err(_) => return std::future::pending().await,
+        }
+    }
+}
