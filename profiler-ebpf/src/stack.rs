@@ -406,7 +406,7 @@ unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u3
         let fp = if unloaded {
             st.fp_unloaded != 0
         } else {
-            config().unwind_mode == UNWIND_MODE_DWARF_FP
+            crate::config_field!(unwind_mode) == UNWIND_MODE_DWARF_FP
         };
         if fp {
             return unsafe { frame_pointer_step(st) };
@@ -427,7 +427,7 @@ unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u3
         return Err(UNWIND_END_NO_CFI);
     }
     let Some(row) = find_row(m.first, m.count, file_addr as u32) else {
-        if config().unwind_mode == UNWIND_MODE_DWARF_FP {
+        if crate::config_field!(unwind_mode) == UNWIND_MODE_DWARF_FP {
             return unsafe { frame_pointer_step(st) };
         }
         return Err(UNWIND_END_NO_CFI);
@@ -447,7 +447,7 @@ unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u3
         UNWIND_CFA_END => return Err(UNWIND_END_COMPLETE),
         UNWIND_CFA_SIGNAL => return unsafe { signal_step(st) },
         UNWIND_CFA_NONE => {
-            if config().unwind_mode == UNWIND_MODE_DWARF_FP {
+            if crate::config_field!(unwind_mode) == UNWIND_MODE_DWARF_FP {
                 return unsafe { frame_pointer_step(st) };
             }
             return Err(UNWIND_END_NO_CFI);
