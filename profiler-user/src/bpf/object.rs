@@ -79,8 +79,12 @@ impl BpfObject {
     ) -> Result<Self> {
         bump_memlock_rlimit();
         let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-        // Stack copies may take half the ring per second, shared by the CPUs (per 100 ms).
-        config.stack_copy_budget = ring_bytes / 2 / (cpus.len() as u32).max(1) / 10;
+        // Stack copies may take the ring's size per second, shared by the CPUs (per 100 ms;
+        // label pushes a quarter more). Half of it ran out at 999 Hz on 2 CPUs while a
+        // recording's start-up tables loaded (~220 ms in which a third of the samples want a
+        // copy), and a program started then lost 10% of its stacks to "not loaded yet"; the
+        // ring drains well before a second's worth accumulates.
+        config.stack_copy_budget = ring_bytes / (cpus.len() as u32).max(1) / 10;
         let ebpf = EbpfLoader::new()
             .override_global("CONFIG", &config, true)
             .override_global("CGROUP_FILTER", &cgroups, true)

@@ -148,7 +148,7 @@ impl RecordPlan {
 }
 
 /// The ring buffer when `--ring-buffer-size` is not given: a second of samples that all carry
-/// a stack copy (~8 KiB; the copy budget is half the ring per second) on every CPU, between
+/// a stack copy (~8 KiB; the copy budget is the ring's size per second) on every CPU, between
 /// `min` and 16 MiB. The kernel maps a ring's pages twice, so it counts twice in RSS: a fixed
 /// 16 MiB was 32 MiB of a 99 Hz recording's RSS for samples that fill a few hundred KiB a
 /// second. Recordings take at least `RECORD_MIN_RING`; the agent, at fleet rates, less.
