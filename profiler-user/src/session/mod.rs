@@ -156,6 +156,18 @@ impl<'p> Recorder<'p> {
     /// Loads the BPF programs, starts `-- CMD` (held until sampling runs), attaches USDT
     /// probes and the sampler, and says "sampling". Needs a tokio runtime entered.
     pub fn start(plan: &'p RecordPlan, msgs: Messages) -> Result<Self> {
+        let exit_watch = match &plan.target {
+            Target::Pids(pids) => {
+                let (watch, failed) = launch::ExitWatch::open(pids);
+                for (pid, e) in failed {
+                    msgs.warn(format_args!(
+                        "cannot watch pid {pid} for its exit ({e}): recording until -d or Ctrl-C"
+                    ));
+                }
+                Some(watch)
+            }
+            _ => None,
+        };
         let mut config = Config::default();
         btf::fill_offsets(std::path::Path::new(btf::VMLINUX_BTF), &mut config)?;
         if plan.target != Target::All {
@@ -268,10 +280,7 @@ impl<'p> Recorder<'p> {
                 .spawn(move || tx.send(launch::wait_exit(pid)))?;
             child_exit = Some(rx);
         }
-        let targets_exit = match &plan.target {
-            Target::Pids(pids) => Some(Box::pin(launch::all_exited(pids.clone())) as _),
-            _ => None,
-        };
+        let targets_exit = exit_watch.map(|w| Box::pin(w.all_exited()) as _);
         msgs.info(format_args!(
             "sampling {} on {} CPUs at {} Hz; Ctrl-C to stop",
             plan.describe(),
@@ -409,9 +418,11 @@ impl<'p> Recorder<'p> {
             }
         };
         tokio::pin!(sleep);
-        let child_exit = self.child_exit.take();
+        // Put back unless it fired, like `targets_exit`: an agent's window or a snapshot
+        // returns here and comes back.
+        let mut child_exit = self.child_exit.take();
         let child = async {
-            match child_exit {
+            match child_exit.as_mut() {
                 Some(rx) => rx.await.unwrap_or(-1),
                 None => std::future::pending().await,
             }
@@ -493,7 +504,10 @@ impl<'p> Recorder<'p> {
                     self.drain();
                     break Ok(None);
                 }
-                code = &mut child => break Ok(Some(format!("command exit (status {code})"))),
+                code = &mut child => {
+                    child_exit = None;
+                    break Ok(Some(format!("command exit (status {code})")));
+                }
                 _ = &mut targets => {
                     targets_exit = None;
                     let Target::Pids(pids) = &self.plan.target else { unreachable!() };
@@ -514,6 +528,7 @@ impl<'p> Recorder<'p> {
         };
         self.requests = requests;
         self.targets_exit = targets_exit;
+        self.child_exit = child_exit;
         result
     }
 

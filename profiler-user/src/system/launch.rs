@@ -104,27 +104,102 @@ pub fn wait_exit(pid: Pid) -> i32 {
     if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) }
 }
 
-/// Resolves once every process of `pids` has exited (`-p`: the recording then stops, as
-/// perf's does). Each is watched through a pidfd (Linux 5.3), which polls readable at exit:
-/// no thread and no /proc polling. A pid that is already gone counts as exited; one whose
-/// pidfd cannot be opened for another reason is never reported (the recording goes on).
-pub async fn all_exited(pids: Vec<Pid>) {
-    use tokio::io::{Interest, unix::AsyncFd};
-    for pid in pids {
-        // SAFETY: a plain syscall; a returned fd is owned below.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.0 as libc::pid_t, 0) };
-        if fd < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+/// The `-p` processes' pidfds (Linux 5.3), opened as the recording starts, so that a pid
+/// reused by another process while the BPF programs load is not watched instead; the
+/// recording stops once all have exited, as perf's does. A pidfd polls readable at exit:
+/// no thread and no /proc polling.
+pub struct ExitWatch {
+    fds: Vec<OwnedFd>,
+    /// Some process could not be watched: the watch never reports.
+    blind: bool,
+}
+
+impl ExitWatch {
+    /// Opens a pidfd per pid; a pid already gone counts as exited. Returns the pids that
+    /// could not be watched, with why (a thread id, a kernel without pidfd_open).
+    pub fn open(pids: &[Pid]) -> (Self, Vec<(Pid, io::Error)>) {
+        let mut fds = Vec::new();
+        let mut failed = Vec::new();
+        for &pid in pids {
+            // SAFETY: a plain syscall; a returned fd is owned below.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.0 as libc::pid_t, 0) };
+            if fd >= 0 {
+                // SAFETY: `fd` was just returned by pidfd_open and nothing else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd as i32) });
                 continue;
             }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                failed.push((pid, e));
+            }
+        }
+        let blind = !failed.is_empty();
+        (Self { fds, blind }, failed)
+    }
+
+    /// Resolves once every watched process has exited (never, if one could not be watched).
+    pub async fn all_exited(self) {
+        use tokio::io::{Interest, unix::AsyncFd};
+        if self.blind {
             return std::future::pending().await;
         }
-        // SAFETY: `fd` was just returned by pidfd_open and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        // SAFETY: the AsyncFd owns the fd, which stays open as long as it does.
-        match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) } {
-            Ok(watch) => drop(watch.readable().await),
-            Err(_) => return std::future::pending().await,
+        // One at a time: a pidfd stays readable once its process exited.
+        for fd in self.fds {
+            // SAFETY: the AsyncFd owns the fd, which stays open as long as it does.
+            match unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) } {
+                Ok(watch) => drop(watch.readable().await),
+                Err(_) => return std::future::pending().await,
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    #[test]
+    fn exit_watch_reports_once_every_process_exited() {
+        let mut short = std::process::Command::new("sleep").arg("0.2").spawn().unwrap();
+        let mut long = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pids = [Pid(short.id()), Pid(long.id())];
+        let (watch, failed) = ExitWatch::open(&pids);
+        assert!(failed.is_empty(), "{failed:?}");
+        let rt = rt();
+        let mut all = Box::pin(watch.all_exited());
+        // The first exits (a zombie until reaped: exited all the same), the second runs on.
+        let waited =
+            rt.block_on(async { tokio::time::timeout(Duration::from_secs(1), &mut all).await });
+        assert!(waited.is_err(), "reported while pid {} runs", long.id());
+        short.wait().unwrap();
+        long.kill().unwrap();
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), all).await })
+            .expect("reported");
+        long.wait().unwrap();
+    }
+
+    #[test]
+    fn exit_watch_of_a_thread_id_never_reports() {
+        // A thread that is not a process leader has no pidfd (without PIDFD_THREAD).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: plain syscall.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        let tid = Pid(rx.recv().unwrap());
+        let (watch, failed) = ExitWatch::open(&[tid]);
+        assert_eq!(failed.len(), 1, "pidfd_open of a thread id failed");
+        t.join().unwrap();
+        let r = rt().block_on(async {
+            tokio::time::timeout(Duration::from_millis(200), watch.all_exited()).await
+        });
+        assert!(r.is_err(), "a watch that cannot see a process never reports");
     }
 }
