@@ -596,10 +596,12 @@ pub mod counter {
     /// Walks stopped for want of a table that userspace does not build while draining (a
     /// file over 16 MiB whose table the workers are still compiling): no stack copy sent.
     pub const STACK_COPY_NOT_USEFUL: u32 = 50;
-    /// `rsprof:label_push` hits whose stack the kernel could not walk for want of a table:
-    /// sent with a copy (or without one, when it could not be made) for userspace to walk.
+    /// `rsprof:label_push` hits whose stack the kernel could not walk for want of a table,
+    /// sent with a copy of it for userspace to walk (`EVENT_LABEL_DEPTH`).
     pub const LABEL_DEPTH_RECORDS: u32 = 51;
-    /// Of those, records lost to a full ring buffer: the label shows above the leaf.
+    /// Such pushes that could not be sent (copy budget used up, stack unreadable, ring full,
+    /// or a file whose table userspace does not build while draining): their depth is
+    /// [`LABEL_DEPTH_UNKNOWN`](crate::LABEL_DEPTH_UNKNOWN) and the label shows above the leaf.
     pub const LABEL_DEPTH_LOST: u32 = 52;
     pub const COUNT: u32 = 53;
 
@@ -756,7 +758,13 @@ pub struct LabelDepthScratch {
 /// Bits of a label entry above the address: user addresses on x86-64 fit in 47 bits.
 pub const LABEL_DEPTH_SHIFT: u32 = 48;
 
-/// A label entry: `addr` plus the number of user frames at the push (0: unknown), capped.
+/// The depth of a label entry whose pusher's depth is not known and will not be (its record
+/// could not be sent): past any stack, so the label goes above the leaf. Depth 0 is "found
+/// from the push's `EVENT_LABEL_DEPTH` record".
+pub const LABEL_DEPTH_UNKNOWN: u64 = 0xffff;
+
+/// A label entry: `addr` plus the number of user frames at the push, capped (0 and
+/// [`LABEL_DEPTH_UNKNOWN`]: see there).
 pub const fn label_entry(addr: u64, depth: u64) -> u64 {
     let depth = if depth > 0xffff { 0xffff } else { depth };
     (addr & ((1 << LABEL_DEPTH_SHIFT) - 1)) | (depth << LABEL_DEPTH_SHIFT)

@@ -56,7 +56,12 @@ static TASK_SCRATCH: PerCpuArray<TaskRecord> = PerCpuArray::with_max_entries(1, 
 
 /// Per CPU: start of the current 100 ms window and the stack-copy bytes sent in it.
 #[map]
-static COPY_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+static COPY_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(2, 0);
+
+/// `COPY_BUDGET` slots: the sampler's, and label pushes' (a quarter of the sampler's bytes),
+/// so that neither starves the other while a process starts.
+pub(crate) const BUDGET_SAMPLER: u32 = 0;
+pub(crate) const BUDGET_LABELS: u32 = 1;
 
 /// `--bpf-timing`: the sampler's run time per sample (see `profiler_common::TIMING_BUCKETS`).
 #[map]
@@ -253,46 +258,65 @@ unsafe fn attach_stack_copy(
     let used = if used > MAX_USED { MAX_USED } else { used };
     // SAFETY: `frames + used` is within the scratch value, with room for the header (4
     // slots) and `STACK_COPY_MAX` bytes after it.
-    let n = unsafe { write_stack_copy(frames.add(used as usize), stack::SLOT_SAMPLER, now, cfg) };
-    if n > 0 {
-        *flags |= SAMPLE_STACK_COPY;
+    let at = unsafe { frames.add(used as usize) };
+    // SAFETY: as above.
+    match unsafe { write_stack_copy(at, stack::SLOT_SAMPLER, BUDGET_SAMPLER, now, cfg) } {
+        Ok(n) => {
+            *flags |= SAMPLE_STACK_COPY;
+            n
+        }
+        Err(c) => {
+            count(c);
+            0
+        }
     }
-    n
 }
 
 /// Writes where the last table walk of `slot` stopped (a [`StackCopyHeader`]) and a copy of
-/// the user stack from its rsp at `at`, within this CPU's copy budget (shared by the sampler
-/// and label pushes, which do not nest on one CPU); returns the bytes written (0: none).
+/// the user stack from its rsp at `at`, within this CPU's copy budget `budget`; returns the
+/// bytes written, or the counter saying why nothing was (`STACK_COPY_OVER_BUDGET`,
+/// `STACK_COPY_FAILED`).
 ///
 /// # Safety
 /// `at` must point to `STACK_COPY_HEADER_SIZE + STACK_COPY_MAX` writable bytes of a map value.
 #[inline(always)]
-pub(crate) unsafe fn write_stack_copy(at: *mut u64, slot: u32, now: u64, cfg: &Config) -> u64 {
-    let Some(budget) = COPY_BUDGET.get_ptr_mut(0) else { return 0 };
+pub(crate) unsafe fn write_stack_copy(
+    at: *mut u64,
+    slot: u32,
+    budget: u32,
+    now: u64,
+    cfg: &Config,
+) -> Result<u64, u32> {
+    let limit = if budget == BUDGET_SAMPLER {
+        u64::from(cfg.stack_copy_budget)
+    } else {
+        u64::from(cfg.stack_copy_budget / 4)
+    };
+    let Some(budget) = COPY_BUDGET.get_ptr_mut(budget) else {
+        return Err(counter::STACK_COPY_FAILED);
+    };
     // SAFETY: this CPU's budget slot; its users do not nest on one CPU.
     let budget = unsafe { &mut *budget };
     if now.wrapping_sub(budget[0]) >= 100_000_000 {
         budget[0] = now;
         budget[1] = 0;
     }
-    if budget[1] >= u64::from(cfg.stack_copy_budget) {
-        count(counter::STACK_COPY_OVER_BUDGET);
-        return 0;
+    if budget[1] >= limit {
+        return Err(counter::STACK_COPY_OVER_BUDGET);
     }
-    let Some(mut hdr) = stack::stopped_at(slot) else { return 0 };
+    let Some(mut hdr) = stack::stopped_at(slot) else { return Err(counter::STACK_COPY_FAILED) };
     // SAFETY: `at` has room for the header (4 slots) and `STACK_COPY_MAX` bytes after it.
     let copied = unsafe {
         let n = stack::copy_stack(at.add(STACK_COPY_HEADER_SIZE / 8).cast(), hdr.sp);
         if n == 0 {
-            count(counter::STACK_COPY_FAILED);
-            return 0;
+            return Err(counter::STACK_COPY_FAILED);
         }
         hdr.len = n;
         core::ptr::write_unaligned(at.cast::<StackCopyHeader>(), hdr);
         n
     };
     budget[1] += (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied);
-    (STACK_COPY_HEADER_SIZE as u64) + u64::from(copied)
+    Ok((STACK_COPY_HEADER_SIZE as u64) + u64::from(copied))
 }
 
 #[inline(always)]

@@ -18,13 +18,12 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    EVENT_LABEL_DEPTH, EVENT_USDT, EventHeader, LABEL_DEPTH_RECORD_FIXED, LABEL_MAX_DEPTH,
-    LabelDepthHeader, LabelDepthScratch, LabelSeenKey, LabelStack, MAX_STACK_DEPTH,
-    STACK_COPY_HEADER_SIZE, StackCopyHeader, USDT_ARG_CONST, USDT_ARG_DEREF, USDT_ARG_REG,
-    USDT_ARG_SIB, USDT_MAX_ARGS, USDT_MAX_SPECS, USDT_MAX_STRS, USDT_RECORD_FIXED,
-    USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH, USDT_STR_IS_NULL, USDT_STR_IS_TRUNCATED,
-    USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec, UsdtRecord, UsdtString, counter,
-    label_entry,
+    EVENT_LABEL_DEPTH, EVENT_USDT, EventHeader, LABEL_DEPTH_RECORD_FIXED, LABEL_DEPTH_UNKNOWN,
+    LABEL_MAX_DEPTH, LabelDepthHeader, LabelDepthScratch, LabelSeenKey, LabelStack,
+    MAX_STACK_DEPTH, USDT_ARG_CONST, USDT_ARG_DEREF, USDT_ARG_REG, USDT_ARG_SIB, USDT_MAX_ARGS,
+    USDT_MAX_SPECS, USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_ROLE_LABEL_POP, USDT_ROLE_LABEL_PUSH,
+    USDT_STR_IS_NULL, USDT_STR_IS_TRUNCATED, USDT_STR_IS_UNREADABLE, USDT_STR_MAX, UsdtArgSpec,
+    UsdtRecord, UsdtString, counter, label_entry,
 };
 
 use crate::{config, count, output, read_kernel_u64, run_loop, selected};
@@ -226,8 +225,7 @@ unsafe fn read_str(s: *mut UsdtString, ptr: u64) {
 #[inline(always)]
 fn label_push(ctx: &ProbeContext, tgid: u32, tid: u32, addr: u64, busy: *mut u32) {
     count(counter::LABEL_PUSHES);
-    let (depth, walked) = user_depth(ctx);
-    let id = label_entry(addr, depth);
+    let (mut depth, walked) = user_depth(ctx);
     let st = match LABELS.get_ptr_mut(tid) {
         Some(p) => p,
         None => {
@@ -243,31 +241,37 @@ fn label_push(ctx: &ProbeContext, tgid: u32, tid: u32, addr: u64, busy: *mut u32
         }
     };
     // SAFETY: map value pointer; only this thread writes its entry.
-    let index = unsafe {
-        let d = (*st).depth;
-        if (d as usize) < LABEL_MAX_DEPTH {
-            (*st).ids[d as usize] = id;
+    let index = unsafe { (*st).depth };
+    if let Some(frames) = walked {
+        // Depth 0 asks userspace for the depth its record gives; with no record sent, the
+        // depth of an earlier push at this index must not be taken for this one's.
+        let sent = (index as usize) < LABEL_MAX_DEPTH
+            && send_label_depth(tgid, tid, addr, index, frames, busy);
+        if !sent {
+            count(counter::LABEL_DEPTH_LOST);
+            depth = LABEL_DEPTH_UNKNOWN;
+        }
+    }
+    let id = label_entry(addr, depth);
+    // SAFETY: as above.
+    unsafe {
+        if (index as usize) < LABEL_MAX_DEPTH {
+            (*st).ids[index as usize] = id;
         } else {
             count(counter::LABEL_OVERFLOWS);
         }
-        (*st).depth = d.saturating_add(1);
-        d
-    };
-    if let Some(frames) = walked
-        && (index as usize) < LABEL_MAX_DEPTH
-    {
-        send_label_depth(tgid, tid, addr, index, frames, busy);
+        (*st).depth = index.saturating_add(1);
     }
 }
 
 /// User frames at the probe (the pushing function and its callers), walked as the sampler
-/// walks them, so the label lands right under the pusher in sampled stacks; 0 if unknown.
-/// A table walk that stopped for want of a table (a process that just started) gives depth
-/// 0 and the frames it walked: the label's depth is then found in userspace from a copy.
+/// walks them, so the label lands right under the pusher in sampled stacks. A table walk
+/// that stopped for want of a table (a process that just started) gives depth 0 and the
+/// frames it walked: the depth is then found in userspace from a copy of the stack.
 #[inline(always)]
 fn user_depth(ctx: &ProbeContext) -> (u64, Option<u64>) {
-    let Some(buf) = PUSH_STACK.get_ptr_mut(0) else { return (0, None) };
-    if crate::config().unwind_mode != profiler_common::UNWIND_MODE_FP {
+    let Some(buf) = PUSH_STACK.get_ptr_mut(0) else { return (LABEL_DEPTH_UNKNOWN, None) };
+    if crate::config_field!(unwind_mode) != profiler_common::UNWIND_MODE_FP {
         let regs = ctx.as_ptr() as *const aya_ebpf::bindings::pt_regs;
         // SAFETY: a uprobe's context is the user registers, read directly; `buf` has room
         // for MAX_STACK_DEPTH frames.
@@ -278,7 +282,8 @@ fn user_depth(ctx: &ProbeContext) -> (u64, Option<u64>) {
         if crate::stack::wants_copy(end) {
             // Counting the frames walked so far would put the label near the root.
             if crate::stack::copy_useless(crate::stack::SLOT_USDT) {
-                return (0, None);
+                count(counter::LABEL_DEPTH_LOST);
+                return (LABEL_DEPTH_UNKNOWN, None);
             }
             return (0, Some(n));
         }
@@ -287,15 +292,21 @@ fn user_depth(ctx: &ProbeContext) -> (u64, Option<u64>) {
     let size = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: `buf` is this CPU's scratch of exactly `size` bytes.
     let n = unsafe { bpf_get_stack(ctx.as_ptr(), buf.cast(), size, BPF_F_USER_STACK as u64) };
-    if n <= 0 { (0, None) } else { (n as u64 / 8, None) }
+    if n <= 0 { (LABEL_DEPTH_UNKNOWN, None) } else { (n as u64 / 8, None) }
 }
 
-/// Sends the pusher's stack from where the kernel's walk stopped (`EVENT_LABEL_DEPTH`); a
-/// record without a copy (budget used up, unreadable stack) tells userspace the depth stays
-/// unknown, so an earlier push's depth is not reused.
+/// Sends the pusher's stack from where the kernel's walk stopped (`EVENT_LABEL_DEPTH`), within
+/// the label pushes' copy budget; false when nothing was sent.
 #[inline(always)]
-fn send_label_depth(tgid: u32, tid: u32, label: u64, index: u32, frames: u64, busy: *mut u32) {
-    let Some(rec) = LABEL_DEPTH_SCRATCH.get_ptr_mut(0) else { return };
+fn send_label_depth(
+    tgid: u32,
+    tid: u32,
+    label: u64,
+    index: u32,
+    frames: u64,
+    busy: *mut u32,
+) -> bool {
+    let Some(rec) = LABEL_DEPTH_SCRATCH.get_ptr_mut(0) else { return false };
     let cfg = crate::config();
     // SAFETY: this CPU's scratch value, held by this hit (`USDT_BUSY`).
     unsafe {
@@ -313,20 +324,19 @@ fn send_label_depth(tgid: u32, tid: u32, label: u64, index: u32, frames: u64, bu
             frames: frames as u32,
         };
         let at = (*rec).copy.as_mut_ptr().cast::<u64>();
-        let mut n = crate::write_stack_copy(at, crate::stack::SLOT_USDT, now, &cfg);
-        if n == 0 {
-            core::ptr::write_unaligned(at.cast::<StackCopyHeader>(), StackCopyHeader::default());
-            n = STACK_COPY_HEADER_SIZE as u64;
-        }
+        let budget = crate::BUDGET_LABELS;
+        let Ok(n) = crate::write_stack_copy(at, crate::stack::SLOT_USDT, budget, now, &cfg) else {
+            return false;
+        };
+        // Another hit took the scratch while this one was preempted: the record is mixed.
         if busy.read_volatile() != tid {
-            // Another hit took the scratch while this one was preempted.
-            count(counter::LABEL_DEPTH_LOST);
-            return;
+            return false;
+        }
+        if !output(rec, LABEL_DEPTH_RECORD_FIXED as u64 + n, false) {
+            return false;
         }
         count(counter::LABEL_DEPTH_RECORDS);
-        if !output(rec, LABEL_DEPTH_RECORD_FIXED as u64 + n, false) {
-            count(counter::LABEL_DEPTH_LOST);
-        }
+        true
     }
 }
 

@@ -75,7 +75,8 @@ impl Sample {
 pub struct LabelRef {
     /// User address of the label string: the label's id within its process.
     pub addr: u64,
-    /// User frames at the push (the pusher and its callers); 0 if unknown.
+    /// User frames at the push (the pusher and its callers); 0 until the push's
+    /// [`LabelDepthEvent`] fills it in, `LABEL_DEPTH_UNKNOWN` if it never will.
     pub depth: u32,
 }
 

@@ -440,6 +440,7 @@ impl<S: SampleSink> Collector<S> {
                 p.space = Default::default();
                 p.mm = mm;
                 p.exe_module = None;
+                p.forget_label_depths();
                 p.space_source = SpaceSource::Kernel;
                 if vdso != 0
                     && let Some(len) = vdso_len()

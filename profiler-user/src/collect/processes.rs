@@ -71,6 +71,11 @@ impl ProcessInfo {
         self.label_depths.retain(|&(t, _), _| t != tid);
     }
 
+    /// A new image: its threads' label stacks start empty (the kernel drops them at exec).
+    pub fn forget_label_depths(&mut self) {
+        self.label_depths.clear();
+    }
+
     /// What a copy of the pusher's stack said of the depth of label `index` of thread `tid`
     /// (None: still unknown).
     pub fn set_label_depth(&mut self, tid: Tid, index: u32, label: u64, depth: Option<u32>) {

@@ -16,7 +16,8 @@ use std::{
 
 use profiler_common::{
     MAX_STACK_DEPTH, SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP,
-    STACK_COPY_BP_KNOWN, STACK_COPY_PC_IS_RETURN, UNWIND_END_COMPLETE, UNWIND_END_COUNT, counter,
+    STACK_COPY_BP_KNOWN, STACK_COPY_PC_IS_RETURN, UNWIND_END_COMPLETE, UNWIND_END_COUNT,
+    UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS, UNWIND_END_NO_TABLE, counter,
 };
 use profiler_unwind::{
     UnwindTable,
@@ -143,8 +144,10 @@ impl CopiedStacks {
     }
 
     /// How many user frames a stack had, from the `frames` the kernel walked (the last being
-    /// where it stopped, `copy.pc`) and the walk continued over `copy`; None unless that walk
-    /// reached the outermost frame.
+    /// where it stopped, `copy.pc`) and the walk continued over `copy`. A walk that ends
+    /// where a sample's would too (the outermost frame, code without CFI, the end of a frame
+    /// pointer chain) counts, as the kernel's depths do; None when it ended for want of
+    /// something a later sample would have (a table, a mapping, stack past the copy).
     pub fn depth(
         &mut self,
         frames: u32,
@@ -164,7 +167,9 @@ impl CopiedStacks {
         let fp = self.fp_fallback;
         let max = MAX_STACK_DEPTH.checked_sub(keep)?;
         let w = walk::walk(regs, stack, max, fp, |addr| self.rule(space, modules, addr));
-        (w.end == UNWIND_END_COMPLETE).then_some((keep + w.frames.len()) as u32)
+        let wanting =
+            matches!(w.end, UNWIND_END_NO_PROCESS | UNWIND_END_NO_MAPPING | UNWIND_END_NO_TABLE);
+        (!wanting && !w.beyond_copy).then_some((keep + w.frames.len()) as u32)
     }
 
     /// The rule covering `addr` in the process whose address space is `space`.
