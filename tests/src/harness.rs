@@ -162,6 +162,21 @@ unsafe extern "C" {
 }
 
 /// Runs rsprof-bpf to completion (e.g. with `-d` or `-- CMD`).
+/// Spawns `cmd`, whose program was just written. Another test thread forking while the file
+/// was open for writing leaves a child holding that fd until it execs: the exec then fails
+/// with ETXTBSY for a moment (the fork/exec race of multi-threaded programs), so it is retried.
+pub fn spawn_fresh(cmd: &mut Command) -> Child {
+    for _ in 0..100 {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                thread::sleep(Duration::from_millis(10));
+            }
+            r => return r.unwrap(),
+        }
+    }
+    panic!("{:?} stayed busy for a second", cmd.get_program());
+}
+
 pub fn run(args: &[&str]) -> Result<Finished> {
     let out = command()?.args(args).stdin(Stdio::null()).output().context("run rsprof-bpf")?;
     Ok(Finished {

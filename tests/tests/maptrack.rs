@@ -14,7 +14,7 @@ use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
-    harness::{Recording, output_path},
+    harness::{Recording, output_path, spawn_fresh},
     profile_query::{ThreadInfo, contains_path, markers, module_name, sample_stacks, threads},
 };
 
@@ -253,7 +253,7 @@ fn maptrack_deleted_executable_is_still_named() {
     let (profile, _, stderr) = record_all("deleted", || {
         // 1 s, so its first milliseconds (before its table lands, while the start-up tables
         // of the whole host are compiled) are a small share of its samples.
-        let mut c = Command::new(&copy).arg("1000").spawn().unwrap();
+        let mut c = spawn_fresh(Command::new(&copy).arg("1000"));
         pid = u64::from(c.id());
         // Gone from the file system while it runs, mostly after the profiler queued its table
         // (from the path) and before the table was compiled, which must then read the
@@ -308,7 +308,7 @@ fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
     std::fs::copy(&exe, &copy).unwrap();
     let mut pid = 0;
     let (profile, _, stderr) = record_all("unmounted", || {
-        let mut c = Command::new(&copy).arg("400").spawn().unwrap();
+        let mut c = spawn_fresh(Command::new(&copy).arg("400"));
         pid = u64::from(c.id());
         thread::sleep(Duration::from_millis(50));
         // Lazily: the running process keeps the file system alive, but no path reaches it.

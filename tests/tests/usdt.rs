@@ -14,7 +14,7 @@ use serde_json::Value;
 use tests::{
     fixtures,
     gecko_schema::validate,
-    harness::{Background, Recording, command, output_path, run},
+    harness::{Background, Recording, command, output_path, run, spawn_fresh},
     profile_query::{
         Marker, category, contains_path, frame_categories, function_name, markers, sample_stacks,
         threads, threads_of_pid,
@@ -702,21 +702,6 @@ fn late_maps_reads(stderr: &str) -> u64 {
     rest.split(' ').next().unwrap().parse().expect(line)
 }
 
-/// Runs a file just written. Another test thread forking while the copy was open for writing
-/// leaves a child holding that fd until it execs: the exec then fails with ETXTBSY for a
-/// moment (the known fork/exec race of multi-threaded programs), so it is retried.
-fn spawn_fresh(exe: &std::path::Path) -> std::process::Child {
-    for _ in 0..100 {
-        match Command::new(exe).spawn() {
-            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            r => return r.unwrap(),
-        }
-    }
-    panic!("{} stayed busy for a second", exe.display());
-}
-
 #[test]
 fn probes_fire_from_the_first_instruction_of_programs_built_during_the_recording() {
     let out = output_path("fresh", "json");
@@ -743,7 +728,7 @@ fn probes_fire_from_the_first_instruction_of_programs_built_during_the_recording
         let exe = output_path(&format!("usdt_first_{i}"), "bin");
         std::fs::copy(&built, &exe).unwrap();
         let t = Instant::now();
-        let mut child = spawn_fresh(&exe);
+        let mut child = spawn_fresh(&mut Command::new(&exe));
         pids.push(child.id().to_string());
         assert!(child.wait().unwrap().success());
         times.push(t.elapsed());
