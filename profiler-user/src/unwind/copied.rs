@@ -117,18 +117,7 @@ impl CopiedStacks {
             return;
         }
         let keep = s.user_stack.len() - 1;
-        let regs = Regs {
-            pc: copy.pc,
-            sp: copy.sp,
-            bp: copy.bp,
-            bp_known: copy.flags & STACK_COPY_BP_KNOWN != 0,
-            pc_is_return: copy.flags & STACK_COPY_PC_IS_RETURN != 0,
-        };
-        let stack = StackCopy { base: copy.sp, bytes: &copy.bytes };
-        let fp = self.fp_fallback;
-        let w = walk::walk(regs, stack, MAX_STACK_DEPTH - keep, fp, |addr| {
-            self.rule(space, modules, addr)
-        });
+        let w = self.walk_copy(&copy, MAX_STACK_DEPTH - keep, space, modules);
         s.user_stack.truncate(keep);
         s.user_stack.extend_from_slice(&w.frames);
         s.flags = (s.flags & !SAMPLE_UNWIND_MASK) | (w.end << SAMPLE_UNWIND_SHIFT);
@@ -156,6 +145,21 @@ impl CopiedStacks {
         modules: &ModuleTable,
     ) -> Option<u32> {
         let keep = (frames as usize).checked_sub(1)?;
+        let w = self.walk_copy(copy, MAX_STACK_DEPTH.checked_sub(keep)?, space, modules);
+        let wanting =
+            matches!(w.end, UNWIND_END_NO_PROCESS | UNWIND_END_NO_MAPPING | UNWIND_END_NO_TABLE);
+        (!wanting && !w.beyond_copy).then_some((keep + w.frames.len()) as u32)
+    }
+
+    /// The walk from where the kernel's stopped (`copy`'s registers) over the copied stack, up
+    /// to `max` frames, with the rules of the process whose address space is `space`.
+    fn walk_copy(
+        &mut self,
+        copy: &crate::bpf::decode::StackCopy,
+        max: usize,
+        space: &AddressSpace,
+        modules: &ModuleTable,
+    ) -> walk::Walk {
         let regs = Regs {
             pc: copy.pc,
             sp: copy.sp,
@@ -165,11 +169,7 @@ impl CopiedStacks {
         };
         let stack = StackCopy { base: copy.sp, bytes: &copy.bytes };
         let fp = self.fp_fallback;
-        let max = MAX_STACK_DEPTH.checked_sub(keep)?;
-        let w = walk::walk(regs, stack, max, fp, |addr| self.rule(space, modules, addr));
-        let wanting =
-            matches!(w.end, UNWIND_END_NO_PROCESS | UNWIND_END_NO_MAPPING | UNWIND_END_NO_TABLE);
-        (!wanting && !w.beyond_copy).then_some((keep + w.frames.len()) as u32)
+        walk::walk(regs, stack, max, fp, |addr| self.rule(space, modules, addr))
     }
 
     /// The rule covering `addr` in the process whose address space is `space`.
