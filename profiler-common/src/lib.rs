@@ -730,9 +730,10 @@ pub struct LabelStack {
 
 /// Sent by `rsprof:label_push` when the table walk of the pusher's stack stopped for want of a
 /// table (a process that just started, a library just mapped): the label entry is stored
-/// with depth 0 (unknown) and userspace finds the depth by continuing the walk over the copy
-/// that follows this header (a [`StackCopyHeader`] and its bytes; `len` 0 when no copy could
-/// be made), then places the label in the samples that carry that entry.
+/// with depth 0 and userspace finds the depth by continuing the walk over the copy that
+/// follows this header (a [`StackCopyHeader`] and its bytes), then places the label in the
+/// samples that carry that entry. A push whose copy cannot be made sends nothing and stores
+/// [`LABEL_DEPTH_UNKNOWN`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct LabelDepthHeader {

@@ -185,8 +185,7 @@ pub struct LabelDepthEvent {
     pub label: u64,
     pub index: u32,
     pub frames: u32,
-    /// None when the kernel could not copy the stack: the depth stays unknown.
-    pub copy: Option<StackCopy>,
+    pub copy: StackCopy,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -341,7 +340,7 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 label: u64_at(b, std::mem::offset_of!(LabelDepthHeader, label)),
                 index: u32_at(b, std::mem::offset_of!(LabelDepthHeader, index)),
                 frames: u32_at(b, std::mem::offset_of!(LabelDepthHeader, frames)),
-                copy: (!copy.bytes.is_empty()).then_some(copy),
+                copy,
             }))
         }
         EVENT_FORK | EVENT_EXEC | EVENT_EXIT => {
@@ -573,15 +572,14 @@ mod tests {
         b.extend([7u8; 8]);
         let KernelEvent::LabelDepth(e) = decode(&b).unwrap() else { panic!() };
         assert_eq!((e.pid, e.tid, e.label, e.index, e.frames), (Pid(5), Tid(6), 0x5000, 2, 3));
-        let c = e.copy.expect("copy decoded");
+        let c = e.copy;
         assert_eq!((c.pc, c.sp, c.bytes.len()), (0x401, 0x7ff0, 8));
         assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
-        // No copy could be made: the depth stays unknown.
-        let empty = StackCopyHeader::default();
-        let mut b = bytes_of(&h, LABEL_DEPTH_RECORD_FIXED);
-        b.extend_from_slice(&bytes_of(&empty, STACK_COPY_HEADER_SIZE));
-        let KernelEvent::LabelDepth(e) = decode(&b).unwrap() else { panic!() };
-        assert_eq!(e.copy, None);
+        // A record cut before its copy's header is rejected too.
+        assert!(matches!(
+            decode(&b[..LABEL_DEPTH_RECORD_FIXED + 4]),
+            Err(RecordError::Short { .. })
+        ));
     }
 
     #[test]

@@ -233,8 +233,7 @@ impl<S: SampleSink> Collector<S> {
     fn on_label_depth(&mut self, l: LabelDepthEvent) {
         self.known(l.pid);
         let Some(p) = self.processes.processes.get_mut(&l.pid) else { return };
-        let depth =
-            l.copy.as_ref().and_then(|c| self.copies.depth(l.frames, c, &p.space, &self.modules));
+        let depth = self.copies.depth(l.frames, &l.copy, &p.space, &self.modules);
         if depth.is_some() {
             self.stats.label_depths_found += 1;
         } else {

@@ -105,9 +105,9 @@ pub fn read_space_once(
 
 /// Where each label (outermost first) goes among `n` user frames listed root first: before
 /// frame `place`, i.e. right under the `depth` frames that were on the stack when it was
-/// pushed. An unknown depth (0, `LABEL_DEPTH_UNKNOWN`), one deeper than this stack, or a stack cut at the walk's
-/// limit (it keeps the leaf end, so counting from the root is off) puts the label just above
-/// the leaf; places never decrease, so labels keep their push order.
+/// pushed. An unknown depth (0, `LABEL_DEPTH_UNKNOWN`), one deeper than this stack, or a
+/// stack cut at the walk's limit (it keeps the leaf end, so counting from the root is off)
+/// puts the label just above the leaf; places never decrease, so labels keep their push order.
 fn label_places(labels: &[LabelRef], n: usize) -> Vec<usize> {
     if n >= profiler_common::MAX_STACK_DEPTH {
         return vec![n; labels.len()];
