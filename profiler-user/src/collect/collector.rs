@@ -15,10 +15,11 @@ use crate::{
         outbox::Outbox,
         processes::{ProcessInfo, ProcessTable, SpaceSource},
         stack::{self, kernel_frames, read_space_once},
+        stack_cache::StackCache,
     },
     model::{
         address::FrameAddr,
-        ids::{CgroupId, LabelId, Pid, ThreadKey, Tid},
+        ids::{CgroupId, LabelId, Pid, StackId, ThreadKey, Tid},
         time::MonoNs,
     },
     store::{SampleSink, codec::StoredSample},
@@ -83,6 +84,7 @@ pub struct Collector<S> {
     /// Finishes user stack walks the kernel stopped for want of a table (stack copies).
     pub copies: CopiedStacks,
     frames: Vec<FrameAddr>,
+    pub stack_cache: StackCache,
     /// Processes forgotten since the module table was last swept, and when that was.
     forgotten_since_sweep: u64,
     last_sweep: MonoNs,
@@ -109,6 +111,7 @@ impl<S: SampleSink> Collector<S> {
             label_samples: Default::default(),
             copies: CopiedStacks::default(),
             frames: Vec::with_capacity(256),
+            stack_cache: StackCache::default(),
             forgotten_since_sweep: 0,
             last_sweep: MonoNs(0),
             last_thread_census: MonoNs(0),
@@ -266,17 +269,19 @@ impl<S: SampleSink> Collector<S> {
             self.stats.last_sample = Some(s.time);
             self.count_label(&s);
         }
-        let (key, cpu_delta_ns) = match s.thread() {
+        let (key, cpu_delta_ns, stack) = match s.thread() {
             key @ ThreadKey::Idle { .. } => {
                 // The idle tasks are no process; their runtime is idle time, not work.
                 self.stats.idle_samples += 1;
                 self.frames.clear();
                 self.frames.extend(kernel_frames(&s.kernel_stack));
-                (key, 0)
+                (key, 0, self.store.intern_stack(&self.frames))
             }
-            key => (key, self.observe_task(&s)),
+            key => {
+                let (cpu_delta_ns, stack) = self.observe_task(&s);
+                (key, cpu_delta_ns, stack)
+            }
         };
-        let stack = self.store.intern_stack(&self.frames);
         let sample = StoredSample { time_ns: s.time.0, cpu_delta_ns, stack, off_cpu: s.off_cpu };
         self.store.push_sample(key, sample);
         let released = self.store.take_released_pids();
@@ -352,10 +357,10 @@ impl<S: SampleSink> Collector<S> {
         self.forgotten_since_sweep = 0;
     }
 
-    /// Updates what is known of a sampled task's process and thread, normalizes its stack
-    /// into `frames`, and returns its CPU time since its previous sample (0 for off-CPU time,
-    /// which carries no CPU time reading).
-    fn observe_task(&mut self, s: &Sample) -> u64 {
+    /// Updates what is known of a sampled task's process and thread, stores its stack, and
+    /// returns its CPU time since its previous sample (0 for off-CPU time, which carries no
+    /// CPU time reading) and its stack.
+    fn observe_task(&mut self, s: &Sample) -> (u64, Option<StackId>) {
         known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats, &mut self.outbox);
         let main_thread = s.tid.0 == s.pid.0;
         let cgroup_paths = &mut self.processes.cgroup_paths;
@@ -366,21 +371,40 @@ impl<S: SampleSink> Collector<S> {
             p.meta.name.clone_from(&s.comm);
         }
         let cpu_delta = if s.off_cpu.is_some() { 0 } else { p.cpu_delta(s.tid, s.cpu_time_ns) };
-        let r = stack::normalize(s, p, &mut self.frames);
-        self.stats.unmapped_frames += r.unmapped;
         if s.off_cpu.is_none()
             && crate::model::address::UserStackEnd::from_flags(s.flags)
                 == crate::model::address::UserStackEnd::NoTable
         {
             self.outbox.table_wanted(s.pid);
         }
+        // Label frames depend on more than the addresses (the labels, their depths).
+        let cacheable = s.labels.is_empty();
+        let flags = u64::from(s.flags) | u64::from(s.off_cpu.is_some()) << 32;
+        if cacheable
+            && let Some((stack, unmapped)) = self.stack_cache.lookup(
+                p.space.version(),
+                flags,
+                &s.kernel_stack,
+                &s.user_stack,
+                &mut self.store,
+            )
+        {
+            self.stats.unmapped_frames += unmapped;
+            return (cpu_delta, stack);
+        }
+        let r = stack::normalize(s, p, &mut self.frames);
+        self.stats.unmapped_frames += r.unmapped;
         if s.off_cpu.is_some()
             && s.flags & profiler_common::OFF_CPU_STACK_NOT_CAPTURED != 0
             && self.frames.is_empty()
         {
             self.frames.push(FrameAddr::OffCpuNotCaptured);
         }
-        cpu_delta
+        let stack = self.store.intern_stack(&self.frames);
+        if cacheable {
+            self.stack_cache.insert(stack, r.unmapped, self.store.stack_stamp());
+        }
+        (cpu_delta, stack)
     }
 
     /// Only for the summary's top labels: a program pushing computed strings must not grow
@@ -531,7 +555,7 @@ fn vdso_len() -> Option<u64> {
 mod tests {
     use super::*;
     use crate::{
-        bpf::decode::MappedPath,
+        bpf::decode::{LabelRef, MappedPath},
         model::ids::Tid,
         store::{ChunkedStore, chunks::ChunkedBuffer},
     };
@@ -574,6 +598,138 @@ mod tests {
             }));
         }
         c.handle(task(MonoNs(time.0 + 5_000_000), pid.0, TaskKind::Exit));
+    }
+
+    fn sample(time: u64, pid: u32, user_stack: Vec<u64>, labels: Vec<LabelRef>) -> KernelEvent {
+        KernelEvent::Sample(Sample {
+            time: MonoNs(time),
+            cpu: 0,
+            pid: Pid(pid),
+            tid: Tid(pid),
+            cgroup_id: 0,
+            cpu_time_ns: time,
+            comm: "cached".into(),
+            flags: profiler_common::SAMPLE_USER_MODE,
+            kernel_stack: Vec::new(),
+            user_stack,
+            labels,
+            off_cpu: None,
+            stack_copy: None,
+        })
+    }
+
+    fn map_lib(c: &mut Collector<ChunkedStore>, time: u64, pid: u32, inode: u64) {
+        let path =
+            MappedPath { path: format!("/nonexistent/rsprof/lib{inode}.so"), complete: true };
+        let kind = MapKind::File { offset: 0, dev: 1, inode, path };
+        let (pid, tid) = (Pid(pid), Tid(pid));
+        let (start, end) = (TEXT, TEXT + 0x1000);
+        c.handle(KernelEvent::Map(MapEvent {
+            time: MonoNs(time),
+            pid,
+            tid,
+            mm: 1,
+            start,
+            end,
+            kind,
+        }));
+    }
+
+    /// Every stored sample's time and frames, root first.
+    fn stored_stacks(c: &Collector<ChunkedStore>) -> Vec<(u64, Vec<FrameAddr>)> {
+        let snap = c.store.snapshot();
+        let mut out = Vec::new();
+        crate::store::snapshot::read_events(
+            &snap,
+            |e| {
+                if let crate::store::codec::StoredEvent::Sample(_, s) = e {
+                    let mut frames = Vec::new();
+                    let mut cur = s.stack;
+                    while let Some(id) = cur {
+                        let (parent, frame) = snap.stacks[id.0 as usize].expect("live node");
+                        frames.push(frame);
+                        cur = parent;
+                    }
+                    frames.reverse();
+                    out.push((s.time_ns, frames));
+                }
+            },
+            |e| panic!("{e}"),
+        );
+        out
+    }
+
+    /// A repeated raw stack is served from the stack cache with the id it was stored as; after
+    /// the process maps another file over the same addresses, the same raw stack is
+    /// normalized again and names the new file; samples under a label are never cached.
+    #[test]
+    fn repeated_stacks_are_cached_until_the_address_space_changes() {
+        let mut c = Collector::new(ChunkedStore::new(8 << 20));
+        c.initial_scan_done();
+        let pid = PID_BASE + 1;
+        let exec = TaskKind::Exec { argv: vec!["cached".into()], truncated: false, mm: 1, vdso: 0 };
+        c.handle(task(MonoNs(1), pid, exec));
+        map_lib(&mut c, 2, pid, 1);
+        let raw = vec![TEXT + 0x10, TEXT + 0x21];
+        c.handle(sample(10, pid, raw.clone(), Vec::new()));
+        c.handle(sample(11, pid, raw.clone(), Vec::new()));
+        assert_eq!(c.stack_cache.hits, 1, "the second sample reuses the first one's stack");
+        map_lib(&mut c, 12, pid, 2);
+        c.handle(sample(13, pid, raw.clone(), Vec::new()));
+        assert_eq!(c.stack_cache.hits, 1, "a changed address space is a miss");
+        let label = LabelRef { addr: 0x5000, depth: 1 };
+        c.handle(sample(14, pid, raw.clone(), vec![label]));
+        c.handle(sample(15, pid, raw.clone(), vec![label]));
+        assert_eq!(c.stack_cache.hits, 1, "labelled samples are not cached");
+        let stacks: Vec<_> = stored_stacks(&c).into_iter().map(|(_, f)| f).collect();
+        assert_eq!(stacks.len(), 5);
+        let module_of = |frames: &[FrameAddr]| match frames[0] {
+            FrameAddr::User { module, offset } => {
+                assert_eq!(offset, 0x20, "a caller's return address minus one");
+                c.modules.get(module).name.clone()
+            }
+            f => panic!("root frame {f:?}"),
+        };
+        assert_eq!(stacks[0], stacks[1]);
+        assert_eq!(module_of(&stacks[0]), "lib1.so");
+        assert_eq!(module_of(&stacks[2]), "lib2.so");
+        assert_eq!(stacks[2].len(), 2);
+        assert!(matches!(stacks[4][1], FrameAddr::Label { .. }), "{:?}", stacks[4]);
+    }
+
+    /// Through chunk recycling that prunes stack nodes (and so may reuse their ids), a
+    /// cached stack is never served stale: every stored sample has its own frames.
+    #[test]
+    fn cached_stacks_stay_right_while_the_store_prunes() {
+        let store =
+            ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(16 << 10, 4 << 10), 1 << 30);
+        let mut c = Collector::new(store);
+        c.initial_scan_done();
+        let pid = PID_BASE + 2;
+        let exec = TaskKind::Exec { argv: vec!["cached".into()], truncated: false, mm: 1, vdso: 0 };
+        c.handle(task(MonoNs(1), pid, exec));
+        map_lib(&mut c, 2, pid, 3);
+        let n = 20_000u64;
+        for t in 0..n {
+            // Half the samples repeat one stack; the others are new each time, so chunks
+            // fill, recycle and prune.
+            let leaf = if t % 2 == 0 { 0x10 } else { 0x100 + t % 0xe00 };
+            c.handle(sample(10 + t, pid, vec![TEXT + leaf, TEXT + 0x21], Vec::new()));
+        }
+        assert!(c.store.stats.pruned_stack_nodes > 0, "stack nodes were pruned");
+        assert!(c.stack_cache.hits > n / 4, "{} hits", c.stack_cache.hits);
+        let stacks = stored_stacks(&c);
+        assert!(stacks.len() > 100);
+        for (time, frames) in &stacks {
+            let [FrameAddr::User { offset: root, .. }, FrameAddr::User { offset: leaf, .. }] =
+                frames[..]
+            else {
+                panic!("{frames:?}")
+            };
+            let t = time - 10;
+            assert_eq!(root, 0x20);
+            assert_eq!(leaf, if t % 2 == 0 { 0x10 } else { 0x100 + t % 0xe00 }, "sample {t}");
+        }
     }
 
     /// Processes come and go for 60 s (each with its own library, half of them never sampled):

@@ -1,7 +1,8 @@
 //! Turns decoded kernel records into stored events and process metadata: `collector`
 //! dispatches, `processes` is the process and thread table, `modules` maps user addresses to
-//! (file, offset) while the process is alive, `stack` normalizes a sample's stack, and
-//! `outbox` holds what other parts act on after each drain.
+//! (file, offset) while the process is alive, `stack` normalizes a sample's stack,
+//! `stack_cache` skips that for a stack seen moments before, and `outbox` holds what other
+//! parts act on after each drain.
 
 pub mod buildid;
 pub mod collector;
@@ -10,3 +11,4 @@ pub mod modules;
 pub mod outbox;
 pub mod processes;
 pub mod stack;
+pub mod stack_cache;

@@ -543,12 +543,34 @@ pub struct Mapping {
 }
 
 /// The executable mappings of one process image, sorted by address.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct AddressSpace {
     mappings: Vec<Mapping>,
+    /// Names these mappings (see [`AddressSpace::version`]).
+    version: u64,
+}
+
+/// Versions are unique across all address spaces: a new space and every change takes the next.
+fn next_version() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Default for AddressSpace {
+    fn default() -> Self {
+        Self { mappings: Vec::new(), version: next_version() }
+    }
 }
 
 impl AddressSpace {
+    /// Two spaces with the same version hold the same mappings (a clone keeps it; a new space
+    /// and every change get a new one), so what was worked out from one space's mappings (a
+    /// normalized stack) holds for as long as the version does.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
     /// The modules mapped (with repeats).
     pub fn modules(&self) -> impl Iterator<Item = ModuleId> + '_ {
         self.mappings.iter().map(|m| m.module)
@@ -576,6 +598,7 @@ impl AddressSpace {
     /// Maps `m` over whatever was at its range, as mmap does.
     pub fn insert(&mut self, m: Mapping) {
         self.remove(m.start, m.end);
+        self.version = next_version();
         let i = self.mappings.partition_point(|x| x.start < m.start);
         self.mappings.insert(i, m);
     }
@@ -585,6 +608,7 @@ impl AddressSpace {
         if start >= end {
             return;
         }
+        self.version = next_version();
         let mut kept = Vec::with_capacity(self.mappings.len() + 1);
         for m in self.mappings.drain(..) {
             if m.end <= start || m.start >= end {
@@ -615,7 +639,7 @@ pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpa
         })
         .collect();
     mappings.sort_by_key(|m| m.start);
-    AddressSpace { mappings }
+    AddressSpace { mappings, version: next_version() }
 }
 
 /// Reads the live address space of `pid`.

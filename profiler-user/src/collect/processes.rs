@@ -36,7 +36,7 @@ pub struct ProcessInfo {
     /// Names, argv, times, threads and label texts, as the profile shows them.
     pub meta: ProcessMeta,
     /// `sum_exec_runtime` of each thread at its previous sample, for CPU deltas.
-    last_cpu_time_ns: HashMap<Tid, u64>,
+    last_cpu_time_ns: HashMap<Tid, u64, foldhash::fast::RandomState>,
     /// Executable mappings of the current image, kept current by the kernel's mapping records.
     pub space: AddressSpace,
     /// The kernel address space (`mm_struct`) `space` describes; 0 when not known yet (read

@@ -48,7 +48,8 @@ pub struct ProcessMeta {
     pub argv_truncated: bool,
     pub start: Option<MonoNs>,
     pub end: Option<MonoNs>,
-    pub threads: HashMap<Tid, ThreadMeta>,
+    /// Looked up for every sample: a fast hash (pids and tids are no secret to protect).
+    pub threads: HashMap<Tid, ThreadMeta, foldhash::fast::RandomState>,
     /// The container or systemd service it runs in (from its cgroup), if any.
     pub container: Option<Identity>,
     /// `rsprof:label_push` texts.

@@ -119,12 +119,13 @@ fn put(out: &mut Vec<u8>, v: u64) {
 #[derive(Debug, Default)]
 pub struct ChunkTimes {
     base_ns: u64,
-    last: HashMap<ThreadKey, u64>,
+    /// Looked up for every event: a fast hash (the keys are no secret to protect).
+    last: HashMap<ThreadKey, u64, foldhash::fast::RandomState>,
 }
 
 impl ChunkTimes {
     pub fn new(base_ns: u64) -> Self {
-        Self { base_ns, last: HashMap::new() }
+        Self { base_ns, last: HashMap::default() }
     }
 
     fn delta(&mut self, thread: ThreadKey, time_ns: u64) -> u64 {

@@ -71,6 +71,20 @@ pub trait SampleSink {
     fn holds_thread(&self, pid: Pid, tid: Tid) -> bool;
     /// Adds the modules stored stacks refer to.
     fn referenced_modules(&self, out: &mut HashSet<ModuleId>);
+    /// When stacks are interned: a stack id handed out under an older `epoch` may have been
+    /// pruned and its id reused; one handed out in an older `generation` of the same epoch is
+    /// still valid but must be [`touched`](SampleSink::touch_stack) before it is reused.
+    fn stack_stamp(&self) -> StackStamp;
+    /// Marks the nodes of `id` (valid in the current epoch) used now, as interning its frames
+    /// again would: lets a caller that keeps its own map from samples to stack ids reuse one.
+    fn touch_stack(&mut self, id: StackId);
+}
+
+/// See [`SampleSink::stack_stamp`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackStamp {
+    pub epoch: u64,
+    pub generation: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -96,10 +110,12 @@ pub struct ChunkedStore {
     recent_stacks: RecentStacks,
     strings: PrunableInterner<String>,
     /// Last chunk holding an event of each process.
-    pid_last_chunk: HashMap<Pid, u64>,
+    pid_last_chunk: HashMap<Pid, u64, foldhash::fast::RandomState>,
     released: Vec<Pid>,
     /// The same for each thread (a long-lived process starts and ends many).
-    thread_last_chunk: HashMap<(Pid, Tid), u64>,
+    thread_last_chunk: HashMap<(Pid, Tid), u64, foldhash::fast::RandomState>,
+    /// Counts prunings of stack nodes (see [`SampleSink::stack_stamp`]).
+    stack_epoch: u64,
     released_threads: Vec<(Pid, Tid)>,
     table_budget: usize,
     scratch: Vec<u8>,
@@ -133,9 +149,10 @@ impl ChunkedStore {
             stacks: PrunableInterner::default(),
             recent_stacks: RecentStacks::default(),
             strings: PrunableInterner::default(),
-            pid_last_chunk: HashMap::new(),
+            pid_last_chunk: HashMap::default(),
             released: Vec::new(),
-            thread_last_chunk: HashMap::new(),
+            thread_last_chunk: HashMap::default(),
+            stack_epoch: 0,
             released_threads: Vec::new(),
             table_budget,
             scratch: Vec::with_capacity(256),
@@ -316,6 +333,7 @@ impl ChunkedStore {
         let pruned = self.stacks.prune(r.seq);
         if pruned > 0 {
             self.recent_stacks.clear();
+            self.stack_epoch += 1;
         }
         self.stats.pruned_stack_nodes += pruned as u64;
         self.stats.pruned_strings += self.strings.prune(r.seq) as u64;
@@ -342,15 +360,12 @@ impl SampleSink for ChunkedStore {
         if let Some((leaf, seen)) = self.recent_stacks.get_mut(frames) {
             // Alive: nothing was pruned since it was cached. Its nodes are used in this
             // generation too (what interning each frame would have recorded).
+            let leaf = *leaf;
             if *seen != g {
                 *seen = g;
-                let mut cur = Some(*leaf);
-                while let Some(id) = cur {
-                    self.stacks.touch(id.0, g);
-                    cur = self.stacks.get(id.0).and_then(|n| n.0);
-                }
+                self.touch_stack(leaf);
             }
-            return Some(*leaf);
+            return Some(leaf);
         }
         let mut parent = None;
         for &f in frames {
@@ -401,6 +416,19 @@ impl SampleSink for ChunkedStore {
             if let FrameAddr::User { module, .. } = f {
                 out.insert(*module);
             }
+        }
+    }
+
+    fn stack_stamp(&self) -> StackStamp {
+        StackStamp { epoch: self.stack_epoch, generation: self.generation() }
+    }
+
+    fn touch_stack(&mut self, id: StackId) {
+        let g = self.generation();
+        let mut cur = Some(id);
+        while let Some(id) = cur {
+            self.stacks.touch(id.0, g);
+            cur = self.stacks.get(id.0).and_then(|n| n.0);
         }
     }
 }

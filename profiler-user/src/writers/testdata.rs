@@ -103,7 +103,7 @@ pub fn processes() -> ProcessesMeta {
         name: "app".into(),
         exe: "/opt/app/bin/app".into(),
         argv: vec!["app".into(), "--serve".into(), "port 80".into()],
-        threads: HashMap::from([(Tid(100), thread("app")), (Tid(101), thread("worker;1"))]),
+        threads: [(Tid(100), thread("app")), (Tid(101), thread("worker;1"))].into_iter().collect(),
         container: Some(Identity {
             runtime: Runtime::Docker,
             id: "3f2a9c1b0d4e".into(),
