@@ -18,7 +18,7 @@ use crate::model::{
     time::MonoNs,
 };
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sample {
     pub time: MonoNs,
     pub cpu: u32,
@@ -236,8 +236,16 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
 
 /// A kernel `comm`: NUL-terminated, not necessarily UTF-8.
 pub fn comm_string(raw: &[u8]) -> String {
+    let mut s = String::new();
+    set_comm(&mut s, raw);
+    s
+}
+
+/// `comm_string` into an existing string, reusing its buffer.
+fn set_comm(s: &mut String, raw: &[u8]) {
     let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-    String::from_utf8_lossy(&raw[..end]).into_owned()
+    s.clear();
+    s.push_str(&String::from_utf8_lossy(&raw[..end]));
 }
 
 const HDR: usize = size_of::<EventHeader>();
@@ -246,56 +254,28 @@ fn header(b: &[u8]) -> (u32, u32, u64, u32, u32) {
     (u32_at(b, 0), u32_at(b, 4), u64_at(b, 8), u32_at(b, 16), u32_at(b, 20))
 }
 
-pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
+/// Decodes a sample or off-CPU record into `s`, reusing its buffers: one such record
+/// arrives per sample, and a fresh [`Sample`] would allocate its stacks and name each time.
+/// Ok(false) for any other record (see [`decode`]), leaving `s` as it was.
+pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError> {
     if b.len() < HDR {
         return Err(RecordError::Short { kind: 0, len: b.len() });
     }
     let (kind, cpu, time_ns, pid, tid) = header(b);
     let short = RecordError::Short { kind, len: b.len() };
-    match kind {
+    // Checked before anything is written to `s`, so a bad record leaves no half sample.
+    let (fixed, kn, un, ln, o_comm) = match kind {
         EVENT_SAMPLE => {
             if b.len() < SAMPLE_RECORD_FIXED {
                 return Err(short);
             }
-            let o_cg = std::mem::offset_of!(SampleHeader, cgroup_id);
-            let o_cpu = std::mem::offset_of!(SampleHeader, cpu_time_ns);
-            let o_comm = std::mem::offset_of!(SampleHeader, comm);
-            let o_kf = std::mem::offset_of!(SampleHeader, kernel_frames);
-            let o_uf = std::mem::offset_of!(SampleHeader, user_frames);
-            let o_fl = std::mem::offset_of!(SampleHeader, flags);
-            let kn = u16_at(b, o_kf) as usize;
-            let un = u16_at(b, o_uf) as usize;
+            let kn = u16_at(b, std::mem::offset_of!(SampleHeader, kernel_frames)) as usize;
+            let un = u16_at(b, std::mem::offset_of!(SampleHeader, user_frames)) as usize;
             let ln = u32_at(b, std::mem::offset_of!(SampleHeader, label_count)) as usize;
             if ln > LABEL_MAX_DEPTH || b.len() < SAMPLE_RECORD_FIXED + (kn + un + ln) * 8 {
                 return Err(short);
             }
-            let frame = |i: usize| u64_at(b, SAMPLE_RECORD_FIXED + i * 8);
-            let flags = u32_at(b, o_fl);
-            let mut stack_copy = None;
-            if flags & SAMPLE_STACK_COPY != 0 {
-                let at = SAMPLE_RECORD_FIXED + (kn + un + ln) * 8;
-                stack_copy = Some(Box::new(stack_copy_at(b, at).ok_or(short)?));
-            }
-            Ok(KernelEvent::Sample(Sample {
-                time: MonoNs(time_ns),
-                cpu,
-                pid: Pid(pid),
-                tid: Tid(tid),
-                cgroup_id: u64_at(b, o_cg),
-                cpu_time_ns: u64_at(b, o_cpu),
-                comm: comm_string(&b[o_comm..o_comm + 16]),
-                flags,
-                kernel_stack: (0..kn).map(frame).collect(),
-                user_stack: (kn..kn + un).map(frame).collect(),
-                labels: (kn + un..kn + un + ln)
-                    .map(|i| {
-                        let (addr, depth) = profiler_common::split_label_entry(frame(i));
-                        LabelRef { addr, depth }
-                    })
-                    .collect(),
-                off_cpu: None,
-                stack_copy,
-            }))
+            (SAMPLE_RECORD_FIXED, kn, un, ln, std::mem::offset_of!(SampleHeader, comm))
         }
         EVENT_OFF_CPU => {
             if b.len() < OFF_CPU_RECORD_FIXED {
@@ -309,28 +289,63 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
             {
                 return Err(short);
             }
-            let frame = |i: usize| u64_at(b, OFF_CPU_RECORD_FIXED + i * 8);
-            let o_comm = std::mem::offset_of!(OffCpuHeader, comm);
-            Ok(KernelEvent::Sample(Sample {
-                time: MonoNs(time_ns),
-                cpu,
-                pid: Pid(pid),
-                tid: Tid(tid),
-                cgroup_id: u64_at(b, std::mem::offset_of!(OffCpuHeader, cgroup_id)),
-                cpu_time_ns: 0,
-                comm: comm_string(&b[o_comm..o_comm + 16]),
-                flags: u32_at(b, std::mem::offset_of!(OffCpuHeader, flags)),
-                kernel_stack: (0..kn).map(frame).collect(),
-                user_stack: (kn..kn + un).map(frame).collect(),
-                labels: Vec::new(),
-                off_cpu: Some(OffCpu {
-                    weight_ns: u64_at(b, std::mem::offset_of!(OffCpuHeader, weight_ns)),
-                    block_ns: u64_at(b, std::mem::offset_of!(OffCpuHeader, block_ns)),
-                    blocks: u32_at(b, std::mem::offset_of!(OffCpuHeader, blocks)),
-                    state: u32_at(b, std::mem::offset_of!(OffCpuHeader, state)),
-                }),
-                stack_copy: None,
-            }))
+            (OFF_CPU_RECORD_FIXED, kn, un, 0, std::mem::offset_of!(OffCpuHeader, comm))
+        }
+        _ => return Ok(false),
+    };
+    let frame = |i: usize| u64_at(b, fixed + i * 8);
+    let mut stack_copy = None;
+    let (cgroup_id, cpu_time_ns, flags, off_cpu) = if kind == EVENT_SAMPLE {
+        let flags = u32_at(b, std::mem::offset_of!(SampleHeader, flags));
+        if flags & SAMPLE_STACK_COPY != 0 {
+            let at = SAMPLE_RECORD_FIXED + (kn + un + ln) * 8;
+            stack_copy = Some(Box::new(stack_copy_at(b, at).ok_or(short)?));
+        }
+        let cgroup_id = u64_at(b, std::mem::offset_of!(SampleHeader, cgroup_id));
+        (cgroup_id, u64_at(b, std::mem::offset_of!(SampleHeader, cpu_time_ns)), flags, None)
+    } else {
+        let off_cpu = OffCpu {
+            weight_ns: u64_at(b, std::mem::offset_of!(OffCpuHeader, weight_ns)),
+            block_ns: u64_at(b, std::mem::offset_of!(OffCpuHeader, block_ns)),
+            blocks: u32_at(b, std::mem::offset_of!(OffCpuHeader, blocks)),
+            state: u32_at(b, std::mem::offset_of!(OffCpuHeader, state)),
+        };
+        let cgroup_id = u64_at(b, std::mem::offset_of!(OffCpuHeader, cgroup_id));
+        (cgroup_id, 0, u32_at(b, std::mem::offset_of!(OffCpuHeader, flags)), Some(off_cpu))
+    };
+    s.time = MonoNs(time_ns);
+    s.cpu = cpu;
+    s.pid = Pid(pid);
+    s.tid = Tid(tid);
+    s.cgroup_id = cgroup_id;
+    s.cpu_time_ns = cpu_time_ns;
+    set_comm(&mut s.comm, &b[o_comm..o_comm + 16]);
+    s.flags = flags;
+    s.kernel_stack.clear();
+    s.kernel_stack.extend((0..kn).map(frame));
+    s.user_stack.clear();
+    s.user_stack.extend((kn..kn + un).map(frame));
+    s.labels.clear();
+    s.labels.extend((kn + un..kn + un + ln).map(|i| {
+        let (addr, depth) = profiler_common::split_label_entry(frame(i));
+        LabelRef { addr, depth }
+    }));
+    s.off_cpu = off_cpu;
+    s.stack_copy = stack_copy;
+    Ok(true)
+}
+
+pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
+    if b.len() < HDR {
+        return Err(RecordError::Short { kind: 0, len: b.len() });
+    }
+    let (kind, cpu, time_ns, pid, tid) = header(b);
+    let short = RecordError::Short { kind, len: b.len() };
+    match kind {
+        EVENT_SAMPLE | EVENT_OFF_CPU => {
+            let mut s = Sample::default();
+            decode_sample_into(b, &mut s)?;
+            Ok(KernelEvent::Sample(s))
         }
         EVENT_LABEL_DEPTH => {
             let copy = stack_copy_at(b, LABEL_DEPTH_RECORD_FIXED).ok_or(short)?;
@@ -492,8 +507,8 @@ mod tests {
         c
     }
 
-    #[test]
-    fn decodes_sample_with_both_stacks() {
+    /// A sample record: 2 kernel frames, 3 user frames, 2 labels.
+    fn sample_with_labels() -> Vec<u8> {
         let mut r = SampleRecord {
             sample: SampleHeader {
                 header: EventHeader { kind: EVENT_SAMPLE, cpu: 1, time_ns: 42, pid: 10, tid: 11 },
@@ -510,7 +525,12 @@ mod tests {
         };
         let (l1, l2) = (label_entry(0x7000, 2), label_entry(0x8000, 3));
         r.frames[..7].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403, l1, l2]);
-        let b = bytes_of(&r, SAMPLE_RECORD_FIXED + 7 * 8);
+        bytes_of(&r, SAMPLE_RECORD_FIXED + 7 * 8)
+    }
+
+    #[test]
+    fn decodes_sample_with_both_stacks() {
+        let b = sample_with_labels();
         let KernelEvent::Sample(s) = decode(&b).unwrap() else { panic!() };
         assert_eq!((s.pid, s.tid, s.cpu, s.time), (Pid(10), Tid(11), 1, MonoNs(42)));
         assert_eq!(s.thread(), ThreadKey::Task { pid: Pid(10), tid: Tid(11) });
@@ -582,8 +602,8 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn decodes_offcpu_record() {
+    /// An off-CPU record: 2 kernel frames, 1 user frame.
+    fn off_cpu_record() -> Vec<u8> {
         let mut r = profiler_common::OffCpuRecord {
             off: OffCpuHeader {
                 header: EventHeader { kind: EVENT_OFF_CPU, cpu: 1, time_ns: 50, pid: 10, tid: 12 },
@@ -613,7 +633,12 @@ mod tests {
             },
         };
         r.frames[..3].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401]);
-        let b = bytes_of(&r, OFF_CPU_RECORD_FIXED + 3 * 8);
+        bytes_of(&r, OFF_CPU_RECORD_FIXED + 3 * 8)
+    }
+
+    #[test]
+    fn decodes_offcpu_record() {
+        let b = off_cpu_record();
         let KernelEvent::Sample(s) = decode(&b).unwrap() else { panic!() };
         assert_eq!(
             (s.pid, s.tid, s.time, s.comm.as_str()),
@@ -626,6 +651,38 @@ mod tests {
             Some(OffCpu { weight_ns: 3_000_000, block_ns: 400_000, blocks: 9, state: 1 })
         );
         assert!(decode(&b[..b.len() - 1]).is_err());
+    }
+
+    /// Records decoded into one reused `Sample` come out as they do decoded alone: nothing of
+    /// the previous record (labels, off-CPU data, longer stacks) is left; a bad record and a
+    /// record of another kind leave it as it was.
+    #[test]
+    fn decoding_into_a_reused_sample_leaves_nothing_of_the_last() {
+        let alone = |b: &[u8]| match decode(b).unwrap() {
+            KernelEvent::Sample(s) => s,
+            e => panic!("{e:?}"),
+        };
+        let mut s = Sample::default();
+        for b in [sample_with_labels(), off_cpu_record(), sample_with_labels()] {
+            assert!(decode_sample_into(&b, &mut s).unwrap());
+            assert_eq!(s, alone(&b));
+        }
+        let before = s.clone();
+        let b = off_cpu_record();
+        assert!(decode_sample_into(&b[..b.len() - 1], &mut s).is_err());
+        let exit = TaskRecord {
+            header: EventHeader { kind: EVENT_EXIT, cpu: 0, time_ns: 5, pid: 3, tid: 3 },
+            parent_pid: 0,
+            parent_tid: 0,
+            mm: 0,
+            vdso: 0,
+            comm: comm("ls"),
+            cmdline_len: 0,
+            cmdline_truncated: 0,
+            cmdline: [0; CMDLINE_MAX],
+        };
+        assert!(!decode_sample_into(&bytes_of(&exit, TASK_RECORD_FIXED), &mut s).unwrap());
+        assert_eq!(s, before);
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub struct Collector<S> {
     /// Finishes user stack walks the kernel stopped for want of a table (stack copies).
     pub copies: CopiedStacks,
     frames: Vec<FrameAddr>,
+    /// Reused for every sample record (see `handle_record`).
+    sample: Sample,
     pub stack_cache: StackCache,
     /// Processes forgotten since the module table was last swept, and when that was.
     forgotten_since_sweep: u64,
@@ -111,6 +113,7 @@ impl<S: SampleSink> Collector<S> {
             label_samples: Default::default(),
             copies: CopiedStacks::default(),
             frames: Vec::with_capacity(256),
+            sample: Sample::default(),
             stack_cache: StackCache::default(),
             forgotten_since_sweep: 0,
             last_sweep: MonoNs(0),
@@ -127,21 +130,26 @@ impl<S: SampleSink> Collector<S> {
 
     /// Handles one raw ring-buffer record; a record that does not decode is counted.
     pub fn handle_record(&mut self, bytes: &[u8]) -> Result<(), RecordError> {
-        match decode::decode(bytes) {
-            Ok(ev) => {
-                self.handle(ev);
+        // Samples, nearly every record, are decoded into one reused `Sample`.
+        let mut s = std::mem::take(&mut self.sample);
+        let r = match decode::decode_sample_into(bytes, &mut s) {
+            Ok(true) => {
+                self.on_sample(&mut s);
                 Ok(())
             }
-            Err(e) => {
-                self.stats.decode_errors += 1;
-                Err(e)
-            }
+            Ok(false) => decode::decode(bytes).map(|ev| self.handle(ev)),
+            Err(e) => Err(e),
+        };
+        self.sample = s;
+        if r.is_err() {
+            self.stats.decode_errors += 1;
         }
+        r
     }
 
     pub fn handle(&mut self, ev: KernelEvent) {
         match ev {
-            KernelEvent::Sample(s) => self.on_sample(s),
+            KernelEvent::Sample(mut s) => self.on_sample(&mut s),
             KernelEvent::Task(t) => self.on_task(t),
             KernelEvent::Usdt(u) => self.outbox.usdt_hit(u),
             KernelEvent::Map(m) => self.on_map(m),
@@ -245,7 +253,7 @@ impl<S: SampleSink> Collector<S> {
         p.set_label_depth(l.tid, l.index, l.label, depth);
     }
 
-    fn on_sample(&mut self, mut s: Sample) {
+    fn on_sample(&mut self, s: &mut Sample) {
         if s.labels.iter().any(|l| l.depth == 0)
             && let Some(p) = self.processes.processes.get(&s.pid)
         {
@@ -256,7 +264,7 @@ impl<S: SampleSink> Collector<S> {
             // space is what the kernel's walk lacked.
             self.known(s.pid);
             if let Some(p) = self.processes.processes.get(&s.pid) {
-                self.copies.complete(&mut s, &p.space, &self.modules);
+                self.copies.complete(s, &p.space, &self.modules);
             }
         }
         if let Some(o) = s.off_cpu {
@@ -267,7 +275,7 @@ impl<S: SampleSink> Collector<S> {
             self.stats.samples += 1;
             self.stats.first_sample.get_or_insert(s.time);
             self.stats.last_sample = Some(s.time);
-            self.count_label(&s);
+            self.count_label(s);
         }
         let (key, cpu_delta_ns, stack) = match s.thread() {
             key @ ThreadKey::Idle { .. } => {
@@ -278,7 +286,7 @@ impl<S: SampleSink> Collector<S> {
                 (key, 0, self.store.intern_stack(&self.frames))
             }
             key => {
-                let (cpu_delta_ns, stack) = self.observe_task(&s);
+                let (cpu_delta_ns, stack) = self.observe_task(s);
                 (key, cpu_delta_ns, stack)
             }
         };

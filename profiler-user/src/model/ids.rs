@@ -3,11 +3,11 @@
 use std::fmt;
 
 /// A process id (the kernel's thread-group id), in the initial pid namespace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Pid(pub u32);
 
 /// A thread id (the kernel's task pid), in the initial pid namespace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tid(pub u32);
 
 impl fmt::Display for Pid {
