@@ -9,22 +9,41 @@
 //! [version](crate::collect::modules::AddressSpace::version), so the version is part of the
 //! key; the store's [`StackStamp`] says when a remembered id may have been pruned.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, hash::BuildHasher};
 
 use crate::{
     model::ids::StackId,
     store::{SampleSink, StackStamp},
 };
 
-/// Bounds the map: at ~30 addresses a key, well under a MiB. It is emptied when full.
-const MAX_ENTRIES: usize = 2048;
+/// Bounds the map: at ~30 addresses a key, about a MiB. It is emptied when full.
+const MAX_ENTRIES: usize = 4096;
+/// Slots of the filter of keys missed once (a power of two).
+const SEEN_SLOTS: usize = 4096;
 
-#[derive(Default)]
 pub struct StackCache {
     map: HashMap<Box<[u64]>, Entry, foldhash::fast::RandomState>,
+    /// Hashes of keys missed once, by hash: a key enters the map at its second miss, so a
+    /// workload whose stacks rarely repeat (an interpreter's varied leaf addresses) does not
+    /// pay for copying every key into a map that would be emptied before it was hit.
+    seen: Box<[u64]>,
     /// The key of the last lookup, for the insert that follows a miss.
     key: Vec<u64>,
+    /// The last lookup missed a key seen before: [`StackCache::insert`] keeps it.
+    keep: bool,
     pub hits: u64,
+}
+
+impl Default for StackCache {
+    fn default() -> Self {
+        Self {
+            map: HashMap::default(),
+            seen: vec![0; SEEN_SLOTS].into_boxed_slice(),
+            key: Vec::new(),
+            keep: false,
+            hits: 0,
+        }
+    }
 }
 
 struct Entry {
@@ -50,9 +69,16 @@ impl StackCache {
         self.key.extend([space_version, flags, kernel.len() as u64]);
         self.key.extend_from_slice(kernel);
         self.key.extend_from_slice(user);
-        let e = self.map.get_mut(self.key.as_slice())?;
+        let Some(e) = self.map.get_mut(self.key.as_slice()) else {
+            let h = self.map.hasher().hash_one(self.key.as_slice()) | 1;
+            let slot = &mut self.seen[h as usize & (SEEN_SLOTS - 1)];
+            self.keep = *slot == h;
+            *slot = h;
+            return None;
+        };
         let now = store.stack_stamp();
         if e.stamp.epoch != now.epoch {
+            self.keep = true;
             return None;
         }
         if e.stamp.generation != now.generation {
@@ -66,8 +92,11 @@ impl StackCache {
     }
 
     /// Remembers what the raw stack of the last [`lookup`](Self::lookup) (a miss) was stored
-    /// as, at `stamp` (taken after interning it).
+    /// as, at `stamp` (taken after interning it), if that stack was missed before.
     pub fn insert(&mut self, stack: Option<StackId>, unmapped: u64, stamp: StackStamp) {
+        if !std::mem::take(&mut self.keep) {
+            return;
+        }
         if self.map.len() >= MAX_ENTRIES {
             self.map.clear();
         }
