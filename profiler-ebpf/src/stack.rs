@@ -31,8 +31,9 @@ use profiler_common::{
     UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
     UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
     UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS,
-    UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED,
-    UnwindMapping, UnwindProcess, UnwindRow, counter,
+    UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP, UNWIND_PAGE_SHIFT, UNWIND_PAGE_STEPS,
+    UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindMapping, UnwindProcess, UnwindRow,
+    counter,
 };
 
 use crate::{config, count, run_loop};
@@ -42,7 +43,7 @@ use crate::{config, count, run_loop};
 #[map]
 static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Executable mappings per thread-group id. Not preallocated: a value is 8 KiB.
+/// Executable mappings per thread-group id. Not preallocated: a value is 12 KiB.
 #[map]
 static UNWIND_PROCS: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
@@ -426,7 +427,7 @@ unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u3
     if file_addr > u32::MAX as u64 {
         return Err(UNWIND_END_NO_CFI);
     }
-    let Some(row) = find_row(m.first, m.count, file_addr as u32) else {
+    let Some(row) = find_row(m, file_addr as u32) else {
         if crate::config_field!(unwind_mode) == UNWIND_MODE_DWARF_FP {
             return unsafe { frame_pointer_step(st) };
         }
@@ -582,19 +583,31 @@ fn find_mapping<'p>(
     (m.start <= addr && addr < m.end).then_some(m)
 }
 
-/// The row of `first..first + count` covering `addr` (the last with `pc <= addr`), if it is
-/// not a gap (`UNWIND_CFA_NONE` is returned as a row; the caller tells it apart).
+/// The row of `m`'s table covering `addr` (the last with `pc <= addr`), if it is not a gap
+/// (`UNWIND_CFA_NONE` is returned as a row; the caller tells it apart). The page index
+/// narrows the search to the rows of `addr`'s page (see `UNWIND_PAGE_SHIFT`).
 #[inline(always)]
-fn find_row(first: u32, count: u32, addr: u32) -> Option<UnwindRow> {
-    // Userspace keeps tables below 2^24 rows, so 24 halvings always suffice.
-    let (mut lo, mut n) = (first, count);
-    for _ in 0..24 {
+fn find_row(m: &UnwindMapping, addr: u32) -> Option<UnwindRow> {
+    let (first, count) = (m.first, m.count);
+    let page = addr >> UNWIND_PAGE_SHIFT;
+    if page < m.page_base {
+        return None;
+    }
+    // Past the last page the last row is in force: its page's search finds it.
+    let p = (page - m.page_base).min(m.pages.wrapping_sub(1));
+    // Rows `lo..=hi` hold the answer: the one in force at the page's start up to the one in
+    // force at the next page's start (the index ends with an entry holding the last row).
+    let index = first.wrapping_add(count).wrapping_add(p);
+    let mut lo = UNWIND_ROWS.get(index)?.pc;
+    let hi = UNWIND_ROWS.get(index.wrapping_add(1))?.pc;
+    let mut n = hi.wrapping_sub(lo).wrapping_add(1);
+    for _ in 0..UNWIND_PAGE_STEPS {
         if n <= 1 {
             break;
         }
         let half = n / 2;
-        let mid = lo + half;
-        let row = UNWIND_ROWS.get(mid)?;
+        let mid = lo.wrapping_add(half);
+        let row = UNWIND_ROWS.get(first.wrapping_add(mid))?;
         if row.pc <= addr {
             lo = mid;
             n -= half;
@@ -602,7 +615,7 @@ fn find_row(first: u32, count: u32, addr: u32) -> Option<UnwindRow> {
             n = half;
         }
     }
-    let row = *UNWIND_ROWS.get(lo)?;
+    let row = *UNWIND_ROWS.get(first.wrapping_add(lo))?;
     (row.pc <= addr).then_some(row)
 }
 

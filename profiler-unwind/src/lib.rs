@@ -38,7 +38,9 @@
 //! return address minus one, so a call at the very end of a function finds that function's
 //! row), gives up if `addr` does not fit in `u32`, and binary-searches the last row with
 //! `row.pc <= addr`. No such row, or `UNWIND_CFA_NONE`, means "no unwind info".
-//! [`UnwindTable::lookup`] is the reference implementation of that search. Otherwise:
+//! [`UnwindTable::lookup`] is the reference implementation of that search, and
+//! [`PageIndex::lookup`] of the one the walker does through the page index the kernel's copy
+//! of a table carries ([`UnwindTable::page_index`]). Otherwise:
 //! `cfa = base + cfa_offset`; `ra = *(cfa - 8)`; `rbp = *(cfa + rbp_offset)` if the rbp
 //! rule is `CFA_OFFSET`; `rsp = cfa`.
 //!
@@ -55,7 +57,7 @@ pub use elf::{DebugLinks, debug_links};
 use std::fmt;
 
 pub use profiler_common::UnwindRow;
-use profiler_common::{UNWIND_CFA_END, UNWIND_CFA_NONE};
+use profiler_common::{UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_PAGE_SHIFT, UNWIND_PAGE_STEPS};
 
 /// Why a file could not be compiled.
 #[derive(Debug)]
@@ -292,6 +294,14 @@ impl UnwindTable {
         total
     }
 
+    /// The page index the kernel's copy of the table carries after its rows (see
+    /// `profiler_common::UNWIND_PAGE_SHIFT`): for each page from the first row's to the last
+    /// row's, the index of the row in force at the page's start (0 before the first row),
+    /// then the last row's index.
+    pub fn page_index(&self) -> PageIndex {
+        PageIndex::of(&self.rows)
+    }
+
     /// The row whose rule applies at the file-relative virtual address `addr`, or `None`
     /// when no CFI covers it. Reference for the BPF binary search.
     pub fn lookup(&self, addr: u64) -> Option<UnwindRow> {
@@ -300,5 +310,62 @@ impl UnwindTable {
         let after = self.rows.partition_point(|row| row.pc <= addr);
         let row = *self.rows.get(after.checked_sub(1)?)?;
         (row.cfa_kind() != UNWIND_CFA_NONE).then_some(row)
+    }
+}
+
+/// A table's page index, as the kernel's rows array holds it after the table's rows: entry
+/// `p` (in its `pc`) is the index of the row in force at the start of page `base + p`; one
+/// more entry at the end holds the last row's index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageIndex {
+    pub base: u32,
+    pub entries: Vec<UnwindRow>,
+}
+
+impl PageIndex {
+    /// The index of `rows` (sorted by strictly increasing `pc`).
+    pub fn of(rows: &[UnwindRow]) -> PageIndex {
+        let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+            return PageIndex { base: 0, entries: Vec::new() };
+        };
+        let base = first.pc >> UNWIND_PAGE_SHIFT;
+        let pages = (last.pc >> UNWIND_PAGE_SHIFT) - base + 1;
+        let mut entries = Vec::with_capacity(pages as usize);
+        let mut row = 0usize;
+        for p in 0..pages {
+            let start = (base + p) << UNWIND_PAGE_SHIFT;
+            while row + 1 < rows.len() && rows[row + 1].pc <= start {
+                row += 1;
+            }
+            entries.push(UnwindRow { pc: row as u32, ..UnwindRow::default() });
+        }
+        // The end of the last page's rows: the last row.
+        entries.push(UnwindRow { pc: rows.len() as u32 - 1, ..UnwindRow::default() });
+        PageIndex { base, entries }
+    }
+
+    /// The search the BPF walker does (`find_row` in profiler-ebpf), step for step, with its
+    /// bounded number of halvings: the row in force at `addr`, gaps included
+    /// (`UNWIND_CFA_NONE` rows are returned), `None` before the first row.
+    pub fn lookup(&self, rows: &[UnwindRow], addr: u32) -> Option<UnwindRow> {
+        let page = addr >> UNWIND_PAGE_SHIFT;
+        let pages = self.entries.len().checked_sub(1)?;
+        let p = (page.checked_sub(self.base)? as usize).min(pages.checked_sub(1)?);
+        let (mut lo, hi) = (self.entries[p].pc, self.entries[p + 1].pc);
+        let mut n = hi.wrapping_sub(lo).wrapping_add(1);
+        for _ in 0..UNWIND_PAGE_STEPS {
+            if n <= 1 {
+                break;
+            }
+            let half = n / 2;
+            if rows.get(lo.wrapping_add(half) as usize)?.pc <= addr {
+                lo += half;
+                n -= half;
+            } else {
+                n = half;
+            }
+        }
+        let row = *rows.get(lo as usize)?;
+        (row.pc <= addr).then_some(row)
     }
 }

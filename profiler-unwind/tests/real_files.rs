@@ -2,7 +2,7 @@
 
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 use profiler_common::*;
-use profiler_unwind::{CfiSections, Error, UnwindTable};
+use profiler_unwind::{CfiSections, Error, PageIndex, UnwindTable};
 
 const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
 const PYTHON: &str = "/usr/bin/python3.11";
@@ -567,5 +567,61 @@ fn every_fde_compiles_or_is_counted_with_its_reason() {
         assert_eq!(count("rbp"), u.rbp, "{path}");
         // One rule per signal FDE, not its rows; otherwise readelf's rows are gimli's.
         assert_eq!(rows - signal_fdes, stats.cfi_rows, "{path}: rows, readelf vs compiled");
+    }
+}
+
+/// The row in force at `addr` by a plain search of all rows (gaps included).
+fn in_force(rows: &[UnwindRow], addr: u32) -> Option<UnwindRow> {
+    let after = rows.partition_point(|r| r.pc <= addr);
+    rows.get(after.checked_sub(1)?).copied()
+}
+
+/// The walker's search through the page index, with its bounded halvings, finds the row a
+/// search of the whole table finds: at every row's start and the bytes around it, and every
+/// few bytes across the file's code, below the first row and past the last.
+#[test]
+fn page_index_search_agrees_with_a_search_of_all_rows() {
+    for path in [LIBC, PYTHON, LD_SO] {
+        let (_, table) = compile(path);
+        let rows = table.rows();
+        let index = table.page_index();
+        let (first, last) = (rows[0].pc, rows[rows.len() - 1].pc);
+        let pages = (last >> UNWIND_PAGE_SHIFT) - (first >> UNWIND_PAGE_SHIFT) + 1;
+        assert_eq!(index.entries.len() as u32, pages + 1, "{path}");
+        let mut checked = 0u64;
+        let mut check = |addr: u32| {
+            assert_eq!(index.lookup(rows, addr), in_force(rows, addr), "{path} at {addr:#x}");
+            checked += 1;
+        };
+        for r in rows {
+            for a in [r.pc.wrapping_sub(1), r.pc, r.pc + 1] {
+                check(a);
+            }
+        }
+        for a in (first.saturating_sub(4096)..last + 4096).step_by(7) {
+            check(a);
+        }
+        check(0);
+        check(u32::MAX);
+        assert!(checked > 20_000, "{path}: {checked} addresses checked");
+        // The most rows one search sees stays within the walker's bound.
+        let most = index.entries.windows(2).map(|w| w[1].pc - w[0].pc + 1).max().unwrap_or(1);
+        assert!(most <= 1 << UNWIND_PAGE_STEPS, "{path}: {most} rows in one page");
+    }
+}
+
+/// The densest table possible, a row at every byte of a page, is still searched exactly
+/// within the walker's bound of halvings.
+#[test]
+fn page_index_search_handles_a_row_at_every_byte() {
+    let page = 1u32 << UNWIND_PAGE_SHIFT;
+    let rows: Vec<UnwindRow> = (0..3 * page)
+        .map(|i| UnwindRow::new(5 * page + i, UNWIND_CFA_RSP, (i % 500) as u16 + 8, 0, 0))
+        .chain([UnwindRow::new(8 * page + 100, UNWIND_CFA_NONE, 0, 0, 0)])
+        .collect();
+    let index = PageIndex::of(&rows);
+    assert_eq!((index.base, index.entries.len()), (5, 5));
+    for addr in 0..10 * page {
+        assert_eq!(index.lookup(&rows, addr), in_force(&rows, addr), "at {addr:#x}");
     }
 }

@@ -48,8 +48,12 @@ type FileIdentity = (u64, u64, i64, u64);
 #[derive(Clone, Copy, Debug)]
 enum FileTable {
     Loaded {
+        /// Entries of the rows array it holds: its rows, then their page index.
         first: u32,
         count: u32,
+        /// Of them, rows; the page index's first entry is for page `page_base`.
+        rows: u32,
+        page_base: u32,
         /// Which load of the file (one evicted and loaded again is a new load).
         serial: u64,
     },
@@ -279,7 +283,7 @@ impl UnwindLoader {
             }
         }
         match d.table {
-            FileTable::Loaded { first, count, serial } => {
+            FileTable::Loaded { first, count, serial, .. } => {
                 self.stats.tables_loaded += 1;
                 self.stats.rows_loaded += u64::from(d.rows);
                 let table = worker::Evicted { identity: d.identity, serial, first, count };
@@ -485,7 +489,7 @@ impl UnwindLoader {
             FileState::Done(t, l) => (t, l),
         };
         match table {
-            FileTable::Loaded { first, count, .. } => {
+            FileTable::Loaded { first, count, rows, page_base, .. } => {
                 // The executable segment holding this mapping's file offset gives the bias.
                 // The kernel maps from the page holding p_offset, which lld does not align
                 // (Rust's default linker: p_offset 0x17130 mapped from offset 0x17000).
@@ -498,7 +502,10 @@ impl UnwindLoader {
                     Some(&(vaddr, _, off)) => {
                         e.bias = start.wrapping_sub(vaddr.wrapping_add(offset).wrapping_sub(off));
                         e.first = first;
-                        e.count = count;
+                        e.count = rows;
+                        e.page_base = page_base;
+                        // The index's last entry ends the last page's rows.
+                        e.pages = count - rows - 1;
                         return (e, Some(identity));
                     }
                     None => e.flags = UNWIND_MAPPING_NO_CFI,
@@ -557,7 +564,7 @@ impl UnwindLoader {
         let mib = |rows: u64| (rows * row) as f64 / 1048576.0;
         let _ = writeln!(
             out,
-            "unwind tables: {} files loaded, {} rows ({:.1} MiB in use at the end of {:.1} MiB, \
+            "unwind tables: {} files loaded, {} rows with their page indexes ({:.1} MiB in use at the end of {:.1} MiB, \
              --unwind-table-mb); {} evicted when full ({} rows, {:.1} MiB; files no process \
              mapped any more; {} just before a process mapped the file again); {} files without CFI, {} \
              not loaded (table full, nothing evictable: {:.1} MiB more needed), {} unreadable, \

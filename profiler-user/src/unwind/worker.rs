@@ -81,6 +81,7 @@ pub struct Done {
     /// Tables evicted to make room for this one (their rows now hold other tables).
     pub evicted: Vec<Evicted>,
     pub layout: Option<Arc<ElfLayout>>,
+    /// Entries of the rows array the table takes (or would take): rows and page index.
     pub rows: u32,
     pub compile: Duration,
     pub copy: Duration,
@@ -386,8 +387,10 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
             return done;
         }
     };
+    // The rows, then their page index (see `profiler_common::UNWIND_PAGE_SHIFT`).
     let rows = table.rows();
-    let count = rows.len() as u32;
+    let index = table.page_index();
+    let count = (rows.len() + index.entries.len()) as u32;
     done.rows = count;
     let Some((first, serial, evicted)) = shared.alloc(count) else {
         done.table = FileTable::Full;
@@ -396,13 +399,18 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     let started = Instant::now();
     // No process entry names the evicted rows (see `Shared::release`): overwriting is safe.
     done.evicted = evicted;
-    if let Err(e) = shared.rows.write(first, rows) {
+    let written = shared
+        .rows
+        .write(first, rows)
+        .and_then(|()| shared.rows.write(first + rows.len() as u32, &index.entries));
+    if let Err(e) = written {
         shared.tables.lock().unwrap().free.free(first, count);
         done.error = Some(format!("{e:#}"));
         return done;
     }
     done.copy = started.elapsed();
-    done.table = FileTable::Loaded { first, count, serial };
+    done.table =
+        FileTable::Loaded { first, count, rows: rows.len() as u32, page_base: index.base, serial };
     done
 }
 
