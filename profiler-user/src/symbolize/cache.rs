@@ -1,11 +1,11 @@
 //! What a long-lived symbolizer keeps between calls, bounded so an agent's memory stays flat:
-//! the frames of each address it named, by (file identity, offset), and the files blazesym
-//! holds parsed. Both are keyed by what the file is (device, inode, size, mtime, build-id),
+//! the frames of each address it named, by (file identity, offset), or of each function for
+//! files named from their symbol tables alone, and the files blazesym holds parsed. Both are keyed by what the file is (device, inode, size, mtime, build-id),
 //! never by its path or module id alone: a library replaced on disk, or a module id reused
 //! for another file, must not get the old file's names.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     hash::{Hash, Hasher as _},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
@@ -15,7 +15,7 @@ use std::{
 use crate::model::stacks::{Frame, FrameKind};
 
 /// A file's identity: changes when the file at a path is replaced or rewritten.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FileId {
     dev: u64,
     ino: u64,
@@ -58,10 +58,15 @@ pub enum Key {
     File(FileId, u64),
     /// A kernel address (kallsyms).
     Kernel(u64),
+    /// A function of a file, by its first file offset (see [`FrameCache::insert_function`]).
+    Function(FileId, u64),
 }
 
 struct Entry {
     frames: Vec<CachedFrame>,
+    /// `Key::Function`: the last offset known to get these frames (from the function's start
+    /// on, every offset up to it does).
+    verified_end: u64,
     /// Window (call) that last used it.
     used: u64,
     /// Estimated heap bytes, counted against the bound.
@@ -152,6 +157,8 @@ pub struct CacheStats {
 /// `max_bytes` (then down to 7/8 of them, so eviction is not paid every call).
 pub struct FrameCache {
     map: HashMap<Key, Entry>,
+    /// The `Key::Function` entries' (file, start), ordered to find the one before an offset.
+    functions: BTreeSet<(FileId, u64)>,
     strings: Strings,
     /// Estimated heap bytes of the entries (their strings are in `strings`).
     bytes: usize,
@@ -165,6 +172,7 @@ impl FrameCache {
     pub fn new(max_entries: usize, max_bytes: usize) -> Self {
         Self {
             map: HashMap::new(),
+            functions: BTreeSet::new(),
             strings: Strings::default(),
             bytes: 0,
             max_entries,
@@ -194,6 +202,46 @@ impl FrameCache {
         }
     }
 
+    /// The frames of `offset` of `file` if a function entry covers it: the function starting
+    /// nearest below it, named at `offset` or at a later offset before.
+    pub fn get_function(&mut self, file: FileId, offset: u64) -> Option<Vec<Frame>> {
+        let &(f, start) = self.functions.range(..=(file, offset)).next_back()?;
+        let e = self.map.get_mut(&Key::Function(file, start)).filter(|_| f == file)?;
+        if offset > e.verified_end {
+            return None;
+        }
+        e.used = self.window;
+        self.stats.hits += 1;
+        Some(e.frames.iter().map(CachedFrame::to_frame).collect())
+    }
+
+    /// Remembers that `offset` of `file` is in the function starting at `start`, named
+    /// `frames` from the file's symbol tables (no line, no inlined frame: the same for every
+    /// address of the function). blazesym names an address after the symbol with the largest
+    /// start at or below it, so no symbol starts in `start..=offset`: every offset there gets
+    /// these frames. An entry per function rather than per address: a busy program keeps
+    /// landing on addresses not named before, which per address made the cache grow for hours.
+    /// Another name at the same start (an alias of another size) is kept per address instead.
+    pub fn insert_function(&mut self, file: FileId, offset: u64, start: u64, frames: &[Frame]) {
+        let key = Key::Function(file, start);
+        if let Some(e) = self.map.get_mut(&key) {
+            let same = e.frames.len() == frames.len()
+                && e.frames.iter().zip(frames).all(|(c, f)| *c.function == *f.function);
+            if same {
+                e.verified_end = e.verified_end.max(offset);
+                e.used = self.window;
+            } else {
+                self.insert(Key::File(file, offset), frames);
+            }
+            return;
+        }
+        self.insert(key, frames);
+        if let Some(e) = self.map.get_mut(&key) {
+            e.verified_end = offset;
+        }
+        self.functions.insert((file, start));
+    }
+
     pub fn insert(&mut self, key: Key, frames: &[Frame]) {
         let frames: Vec<CachedFrame> = frames
             .iter()
@@ -207,9 +255,10 @@ impl FrameCache {
                 inlined: f.inlined,
             })
             .collect();
-        let bytes = entry_bytes(&frames);
+        let bytes = entry_bytes(&key, &frames);
         self.bytes += bytes;
-        if let Some(old) = self.map.insert(key, Entry { frames, used: self.window, bytes }) {
+        let entry = Entry { frames, verified_end: 0, used: self.window, bytes };
+        if let Some(old) = self.map.insert(key, entry) {
             self.bytes -= old.bytes;
             self.strings.release(old.frames);
         }
@@ -232,6 +281,9 @@ impl FrameCache {
             if let Some(e) = self.map.remove(&k) {
                 self.bytes -= e.bytes;
                 self.strings.release(e.frames);
+                if let Key::Function(file, start) = k {
+                    self.functions.remove(&(file, start));
+                }
                 n += 1;
             }
         }
@@ -253,9 +305,14 @@ impl FrameCache {
     }
 }
 
-/// Heap bytes of one entry but its shared strings: its frames and the map's slot.
-fn entry_bytes(frames: &[CachedFrame]) -> usize {
-    size_of::<Key>() + size_of::<Entry>() + 8 + size_of_val(frames)
+/// Heap bytes of one entry but its shared strings: its frames, the map's slot, and a function
+/// entry's place in the ordered set.
+fn entry_bytes(key: &Key, frames: &[CachedFrame]) -> usize {
+    let ordered = match key {
+        Key::Function(..) => size_of::<(FileId, u64)>(),
+        _ => 0,
+    };
+    size_of::<Key>() + size_of::<Entry>() + 8 + size_of_val(frames) + ordered
 }
 
 /// The files a blazesym `Symbolizer` holds parsed (by the path it was given), so they can be
@@ -456,6 +513,44 @@ pub(crate) mod tests {
         c2.insert(Key::File(id, 0), &frame(&long));
         c2.trim();
         assert_eq!((c2.len(), c2.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn function_entries_name_the_offsets_known_to_be_theirs() {
+        let dir = TempDir::new("symcache-functions");
+        let id = FileId::of(&temp_file(dir.path(), "a", b"x"), None).unwrap();
+        let other = FileId::of(&temp_file(dir.path(), "b", b"y"), None).unwrap();
+        let mut c = FrameCache::new(usize::MAX, usize::MAX);
+        c.next_window();
+        // `outer` named at 0x110: 0x100..=0x110 are its.
+        c.insert_function(id, 0x110, 0x100, &frame("outer"));
+        let name = |c: &mut FrameCache, f, o| c.get_function(f, o).map(|v| v[0].function.clone());
+        assert_eq!(name(&mut c, id, 0x100).as_deref(), Some("outer"));
+        assert_eq!(name(&mut c, id, 0x110).as_deref(), Some("outer"));
+        // Past the last offset named, before the start, another file: asked again.
+        assert_eq!(name(&mut c, id, 0x111), None);
+        assert_eq!(name(&mut c, id, 0xff), None);
+        assert_eq!(name(&mut c, other, 0x105), None);
+        // Named later further in: the range grows; one entry still.
+        c.insert_function(id, 0x180, 0x100, &frame("outer"));
+        assert_eq!(name(&mut c, id, 0x150).as_deref(), Some("outer"));
+        assert_eq!(c.len(), 1);
+        // A symbol starting inside (blazesym names 0x125 after it): from its start on, only
+        // what it was named at is its, and nothing past it is taken for `outer`'s.
+        c.insert_function(id, 0x125, 0x120, &frame("inner"));
+        assert_eq!(name(&mut c, id, 0x122).as_deref(), Some("inner"));
+        assert_eq!(name(&mut c, id, 0x130), None);
+        assert_eq!(name(&mut c, id, 0x11f).as_deref(), Some("outer"));
+        // Another name at the same start is held for its offset alone.
+        c.insert_function(id, 0x108, 0x100, &frame("alias"));
+        assert_eq!(name(&mut c, id, 0x108).as_deref(), Some("outer"));
+        assert_eq!(c.get(&Key::File(id, 0x108)).unwrap()[0].function, "alias");
+        // Evicted, a function entry names nothing any more.
+        let mut small = FrameCache::new(0, usize::MAX);
+        small.next_window();
+        small.insert_function(id, 0x10, 0x0, &frame("f"));
+        small.trim();
+        assert_eq!((small.len(), small.get_function(id, 0x8)), (0, None));
     }
 
     #[test]

@@ -333,7 +333,12 @@ fn serve(
             missing.push(a);
             continue;
         };
-        match names.get(&k) {
+        let found = match (names.get(&k), k) {
+            (Some(frames), _) => Some(frames),
+            (None, cache::Key::File(file, offset)) => names.get_function(file, offset),
+            (None, _) => None,
+        };
+        match found {
             Some(mut frames) => {
                 // One file may be mapped under several names (links, other mount namespaces).
                 if let FrameAddr::User { module, .. } = a {
@@ -381,8 +386,12 @@ fn serve(
             FrameAddr::User { module, .. } => unchanged.contains(&module),
             _ => true,
         };
-        if keep && let Some(k) = key(a, &mut file_of) {
-            names.insert(k, &frames);
+        match (keep, key(a, &mut file_of), worker.function_starts.get(&a)) {
+            (true, Some(cache::Key::File(file, offset)), Some(&start)) => {
+                names.insert_function(file, offset, start, &frames)
+            }
+            (true, Some(k), _) => names.insert(k, &frames),
+            _ => {}
         }
         out.insert(a, frames);
     }
@@ -392,6 +401,9 @@ fn serve(
 struct SymbolizerThread {
     /// For files.
     sym: Symbolizer,
+    /// Of the file addresses in `out` named from symbol tables alone (no line, no inlined
+    /// frame), the file offset where their function starts (see `FrameCache::insert_function`).
+    function_starts: HashMap<FrameAddr, u64>,
     /// For kernel addresses: its parsed kallsyms (a few MiB) is worth keeping, reading
     /// /proc/kallsyms again costs ~100 ms of CPU.
     ksym: Symbolizer,
@@ -411,6 +423,7 @@ impl SymbolizerThread {
     fn new() -> Self {
         Self {
             sym: new_symbolizer(),
+            function_starts: HashMap::new(),
             ksym: new_symbolizer(),
             out: HashMap::new(),
             errors: Default::default(),
@@ -419,6 +432,7 @@ impl SymbolizerThread {
 
     /// Names `addrs` into `self.out`; returns what failed on the way.
     fn run(&mut self, addrs: &[FrameAddr], modules: &[ModuleSource]) -> SymbolizeErrors {
+        self.function_starts.clear();
         let mut kernel = Vec::new();
         let mut by_module: HashMap<ModuleId, Vec<u64>> = HashMap::new();
         for &a in addrs {
@@ -525,6 +539,13 @@ impl SymbolizerThread {
         for (i, &offset) in offsets.iter().enumerate() {
             let frames = match results.as_ref().map(|r| &r[i]) {
                 Some(Symbolized::Sym(s)) => {
+                    if s.code_info.is_none()
+                        && s.inlined.is_empty()
+                        && s.size.is_some_and(|n| n > 0)
+                        && let Some(start) = offset.checked_sub(s.offset as u64)
+                    {
+                        self.function_starts.insert(FrameAddr::User { module, offset }, start);
+                    }
                     // blazesym reports the innermost location on the symbol and, for each
                     // inlined function, the call site in its caller: shift them so each frame
                     // carries the line executing in that function.
@@ -701,6 +722,53 @@ mod tests {
         let third = service.symbolize(vec![a], vec![source(&lib)]).unwrap().0;
         assert_eq!(third, second);
         assert_eq!(service.stats().cached, 1);
+    }
+
+    /// Names held per function give every address the name naming it alone gives: thousands
+    /// of addresses across the code of a library named from its symbol tables (libstdc++,
+    /// no debug file installed: its functions, the gaps and aliases between them), asked in
+    /// an order that reaches functions from their middle first, then asked again.
+    #[test]
+    fn service_names_from_function_entries_as_blazesym_names_each_address() {
+        use object::{Object as _, ObjectSection as _};
+        let path = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libstdc++.so.6");
+        let data = std::fs::read(path)
+            .unwrap_or_else(|e| panic!("{}: {e} (Debian package libstdc++6)", path.display()));
+        let file = object::File::parse(&*data).unwrap();
+        let (text, _) = file.section_by_name(".text").unwrap().file_range().unwrap();
+        drop(file);
+        let dir = cache::tests::TempDir::new("symservice-functions");
+        let lib = dir.path().join("lib.so");
+        replace_with(path, &lib);
+        let addrs: Vec<FrameAddr> = (text..text + 600_000)
+            .step_by(37)
+            .map(|offset| FrameAddr::User { module: ModuleId(0), offset })
+            .collect();
+        let alone = symbolize(addrs.clone(), vec![source(&lib)]).unwrap().0;
+        let service = Service::start().unwrap();
+        // Every 7th address, from 7 starting points: later windows fill in around earlier ones.
+        for phase in [3, 6, 0, 5, 1, 4, 2] {
+            let ask: Vec<FrameAddr> = addrs.iter().skip(phase).step_by(7).copied().collect();
+            let out = service.symbolize(ask.clone(), vec![source(&lib)]).unwrap().0;
+            for a in ask {
+                assert_eq!(function(&out, a), function(&alone, a), "{a:?}");
+            }
+        }
+        // Named addresses share their function's entry; the unnamed are held one by one.
+        let unnamed = addrs.iter().filter(|a| function(&alone, **a).starts_with("0x")).count();
+        let named = (addrs.len() - unnamed) as u64;
+        let st = service.stats();
+        assert!(named > 5_000, "{named} of {} addresses named", addrs.len());
+        assert!(
+            st.entries < unnamed as u64 + named / 4,
+            "{} entries for {named} named and {unnamed} unnamed addresses",
+            st.entries,
+        );
+        let out = service.symbolize(addrs.clone(), vec![source(&lib)]).unwrap().0;
+        for &a in &addrs {
+            assert_eq!(function(&out, a), function(&alone, a), "{a:?}");
+        }
+        assert_eq!(service.stats().cached - st.cached, addrs.len() as u64, "all from the cache");
     }
 
     #[test]
