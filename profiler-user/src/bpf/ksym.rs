@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 use aya::maps::{Array, MapData};
 use profiler_common::ksym::{BATCH, KsymBatch, NAME_BYTES};
 
-use crate::symbolize::KernelNames;
+use crate::symbolize::{KernelNames, KernelSymbol};
 
 pub struct KernelNamer {
     prog: OwnedFd,
@@ -68,7 +68,7 @@ impl KernelNamer {
 }
 
 impl KernelNames for KernelNamer {
-    fn name(&mut self, addrs: &[u64]) -> Result<Vec<Option<String>>> {
+    fn name(&mut self, addrs: &[u64]) -> Result<Vec<Option<KernelSymbol>>> {
         let mut out = Vec::with_capacity(addrs.len());
         for chunk in addrs.chunks(BATCH) {
             let mut batch = KsymBatch { addrs: [0; BATCH], names: [[0; NAME_BYTES]; BATCH] };
@@ -82,16 +82,21 @@ impl KernelNames for KernelNamer {
     }
 }
 
-/// The function name in a `%pS` text (`name+0xoff/0xsize [module]`); None for an address
-/// outside every symbol (printed as bare hex), a failed format, or a text cut short.
-fn parse_symbol(text: &[u8]) -> Option<String> {
+/// The symbol in a `%pS` text (`name+0xoff/0xsize [module]`); None for an address outside
+/// every symbol (printed as bare hex), a failed format, or a text cut short.
+fn parse_symbol(text: &[u8]) -> Option<KernelSymbol> {
     let end = text.iter().position(|&b| b == 0)?;
     let text = std::str::from_utf8(&text[..end]).ok()?;
     if text.is_empty() || text.starts_with("0x") {
         return None;
     }
-    let (name, _) = text.split_once('+')?;
-    Some(name.to_owned())
+    let (name, rest) = text.split_once('+')?;
+    let span = rest.split(' ').next().unwrap_or(rest);
+    let hex = |h: &str| u64::from_str_radix(h.strip_prefix("0x")?, 16).ok();
+    // The span only serves caching: a name without one is still the name.
+    let (offset, size) =
+        span.split_once('/').and_then(|(o, s)| Some((hex(o)?, hex(s)?))).unwrap_or((0, 0));
+    Some(KernelSymbol { name: name.to_owned(), offset, size })
 }
 
 #[cfg(test)]
@@ -106,14 +111,16 @@ mod tests {
 
     #[test]
     fn parses_percent_ps_texts() {
+        let sym = |name: &str, offset, size| Some(KernelSymbol { name: name.into(), offset, size });
         assert_eq!(
-            parse_symbol(&field("do_syscall_64+0x71/0x1a0")).as_deref(),
-            Some("do_syscall_64")
+            parse_symbol(&field("do_syscall_64+0x71/0x1a0")),
+            sym("do_syscall_64", 0x71, 0x1a0)
         );
         assert_eq!(
-            parse_symbol(&field("nf_hook_slow+0x3e/0xb0 [nf_conntrack]")).as_deref(),
-            Some("nf_hook_slow")
+            parse_symbol(&field("nf_hook_slow+0x3e/0xb0 [nf_conntrack]")),
+            sym("nf_hook_slow", 0x3e, 0xb0)
         );
+        assert_eq!(parse_symbol(&field("odd+0x3e")), sym("odd", 0, 0));
         assert_eq!(parse_symbol(&field("0xffffffffc0001234")), None);
         assert_eq!(parse_symbol(&field("")), None);
         // Cut short: no NUL, so not trusted.

@@ -27,6 +27,10 @@ pub struct FileId {
 }
 
 impl FileId {
+    /// Stands for the kernel in `Key::Function` (no file has inode 0).
+    pub const KERNEL: FileId =
+        FileId { dev: 0, ino: 0, size: 0, mtime_s: 0, mtime_ns: 0, build_id: 0 };
+
     /// The identity of the file `path` names now (as blazesym will open it); `None` when it
     /// cannot be stat'ed.
     pub fn of(path: &Path, build_id: Option<&str>) -> Option<Self> {
@@ -215,7 +219,8 @@ impl FrameCache {
         Some(e.frames.iter().map(CachedFrame::to_frame).collect())
     }
 
-    /// Remembers that `offset` of `file` is in the function starting at `start`, named
+    /// Remembers that `offset` of `file` (the kernel: `FileId::KERNEL`) is in the function
+    /// starting at `start`, and so is every offset between, named
     /// `frames` from the file's symbol tables (no line, no inlined frame: the same for every
     /// address of the function). blazesym names an address after the symbol with the largest
     /// start at or below it, so no symbol starts in `start..=offset`: every offset there gets
@@ -545,6 +550,16 @@ pub(crate) mod tests {
         c.insert_function(id, 0x108, 0x100, &frame("alias"));
         assert_eq!(name(&mut c, id, 0x108).as_deref(), Some("outer"));
         assert_eq!(c.get(&Key::File(id, 0x108)).unwrap()[0].function, "alias");
+        // A kernel symbol: its whole span is known at once.
+        c.insert_function(
+            FileId::KERNEL,
+            0xffff_0000_0000_01ff,
+            0xffff_0000_0000_0100,
+            &frame("k"),
+        );
+        assert_eq!(name(&mut c, FileId::KERNEL, 0xffff_0000_0000_0150).as_deref(), Some("k"));
+        assert_eq!(name(&mut c, FileId::KERNEL, 0xffff_0000_0000_0200), None);
+        assert_eq!(name(&mut c, id, 0x105).as_deref(), Some("outer"));
         // Evicted, a function entry names nothing any more.
         let mut small = FrameCache::new(0, usize::MAX);
         small.next_window();

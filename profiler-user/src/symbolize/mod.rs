@@ -85,10 +85,20 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
         .collect()
 }
 
-/// Names kernel addresses without reading /proc/kallsyms (see `bpf::ksym`): one name per
+/// Names kernel addresses without reading /proc/kallsyms (see `bpf::ksym`): one symbol per
 /// address, None where it has none.
 pub trait KernelNames: Send {
-    fn name(&mut self, addrs: &[u64]) -> Result<Vec<Option<String>>>;
+    fn name(&mut self, addrs: &[u64]) -> Result<Vec<Option<KernelSymbol>>>;
+}
+
+/// The kallsyms symbol holding a kernel address: its name, and the address's offset in it and
+/// its size (kallsyms's own: up to the next symbol, so every address of
+/// `addr - offset .. addr - offset + size` has this name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSymbol {
+    pub name: String,
+    pub offset: u64,
+    pub size: u64,
 }
 
 /// The process's kernel namer, set once its BPF object is loaded; kernel addresses are named
@@ -101,7 +111,7 @@ pub fn use_kernel_names(names: Box<dyn KernelNames>) {
 }
 
 /// Names `addrs` with the kernel namer, if there is one and it works: None otherwise.
-fn kernel_names(addrs: &[u64]) -> Option<Vec<Option<String>>> {
+fn kernel_names(addrs: &[u64]) -> Option<Vec<Option<KernelSymbol>>> {
     let mut namer = KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner());
     match namer.as_mut()?.name(addrs) {
         Ok(names) => Some(names),
@@ -336,6 +346,7 @@ fn serve(
         let found = match (names.get(&k), k) {
             (Some(frames), _) => Some(frames),
             (None, cache::Key::File(file, offset)) => names.get_function(file, offset),
+            (None, cache::Key::Kernel(addr)) => names.get_function(cache::FileId::KERNEL, addr),
             (None, _) => None,
         };
         match found {
@@ -387,8 +398,11 @@ fn serve(
             _ => true,
         };
         match (keep, key(a, &mut file_of), worker.function_starts.get(&a)) {
-            (true, Some(cache::Key::File(file, offset)), Some(&start)) => {
-                names.insert_function(file, offset, start, &frames)
+            (true, Some(cache::Key::File(file, _)), Some(&(start, last))) => {
+                names.insert_function(file, last, start, &frames)
+            }
+            (true, Some(cache::Key::Kernel(_)), Some(&(start, last))) => {
+                names.insert_function(cache::FileId::KERNEL, last, start, &frames)
             }
             (true, Some(k), _) => names.insert(k, &frames),
             _ => {}
@@ -401,9 +415,11 @@ fn serve(
 struct SymbolizerThread {
     /// For files.
     sym: Symbolizer,
-    /// Of the file addresses in `out` named from symbol tables alone (no line, no inlined
-    /// frame), the file offset where their function starts (see `FrameCache::insert_function`).
-    function_starts: HashMap<FrameAddr, u64>,
+    /// Of the addresses in `out` named from symbol tables alone (no line, no inlined frame),
+    /// where their function starts and the last address known to be in it (see
+    /// `FrameCache::insert_function`): for a file, the offset asked; for the kernel, the
+    /// symbol's end.
+    function_starts: HashMap<FrameAddr, (u64, u64)>,
     /// For kernel addresses: its parsed kallsyms (a few MiB) is worth keeping, reading
     /// /proc/kallsyms again costs ~100 ms of CPU.
     ksym: Symbolizer,
@@ -483,8 +499,14 @@ impl SymbolizerThread {
             left.clear();
             for (&addr, name) in addrs.iter().zip(names) {
                 match name {
-                    Some(function) => {
-                        self.out.insert(FrameAddr::Kernel(addr), vec![kernel_frame(function)]);
+                    Some(sym) => {
+                        if let Some(start) = addr.checked_sub(sym.offset)
+                            && sym.offset < sym.size
+                        {
+                            let last = start + (sym.size - 1);
+                            self.function_starts.insert(FrameAddr::Kernel(addr), (start, last));
+                        }
+                        self.out.insert(FrameAddr::Kernel(addr), vec![kernel_frame(sym.name)]);
                     }
                     // Cut short or unknown: kallsyms decides.
                     None => left.push(addr),
@@ -544,7 +566,8 @@ impl SymbolizerThread {
                         && s.size.is_some_and(|n| n > 0)
                         && let Some(start) = offset.checked_sub(s.offset as u64)
                     {
-                        self.function_starts.insert(FrameAddr::User { module, offset }, start);
+                        self.function_starts
+                            .insert(FrameAddr::User { module, offset }, (start, offset));
                     }
                     // blazesym reports the innermost location on the symbol and, for each
                     // inlined function, the call site in its caller: shift them so each frame
