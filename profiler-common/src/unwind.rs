@@ -16,10 +16,11 @@
 
 /// Bytes of addresses per page index entry.
 pub const UNWIND_PAGE_SHIFT: u32 = 10;
-/// Halvings that find a row within one page: a search covers the row in force at the page's
-/// start through the one in force at the next page's start. Rows have distinct `pc`s, so at
-/// most 1024 start in a page; when none starts at the page's start, the row in force there
-/// starts before it and at most 1023 start inside. Either way at most 1024 = 2^10 rows.
+/// Halvings that find a row within one page. A search covers the row in force at the page's
+/// start through the one in force at the next page's start. Rows have distinct `pc`s, so that
+/// is at most 1,025 rows: one at the page's start, 1,023 inside, one at the next page's
+/// start, which is then never the answer. 10 halvings leave two candidates only on the path
+/// that always moves up, which ends on the one below that last row: the answer.
 pub const UNWIND_PAGE_STEPS: u32 = 10;
 
 /// No unwind information covers this address (a gap between functions, or past the end).

@@ -91,11 +91,17 @@ fn parse_symbol(text: &[u8]) -> Option<KernelSymbol> {
         return None;
     }
     let (name, rest) = text.split_once('+')?;
-    let span = rest.split(' ').next().unwrap_or(rest);
+    let (span, module) = rest.split_once(' ').unwrap_or((rest, ""));
     let hex = |h: &str| u64::from_str_radix(h.strip_prefix("0x")?, 16).ok();
-    // The span only serves caching: a name without one is still the name.
-    let (offset, size) =
-        span.split_once('/').and_then(|(o, s)| Some((hex(o)?, hex(s)?))).unwrap_or((0, 0));
+    // The span only serves caching, so a name without one is still the name. Only the core
+    // kernel's: a module or BPF program unloaded and another loaded at its addresses would
+    // make a cached span name the newcomer's code.
+    let (offset, size) = span
+        .split_once('/')
+        .and_then(|(o, s)| Some((hex(o)?, hex(s)?)))
+        .filter(|_| module.is_empty() && !name.starts_with("bpf_prog_"))
+        .filter(|_| !name.starts_with("bpf_trampoline_"))
+        .unwrap_or((0, 0));
     Some(KernelSymbol { name: name.to_owned(), offset, size })
 }
 
@@ -118,9 +124,13 @@ mod tests {
         );
         assert_eq!(
             parse_symbol(&field("nf_hook_slow+0x3e/0xb0 [nf_conntrack]")),
-            sym("nf_hook_slow", 0x3e, 0xb0)
+            sym("nf_hook_slow", 0, 0)
         );
         assert_eq!(parse_symbol(&field("odd+0x3e")), sym("odd", 0, 0));
+        assert_eq!(
+            parse_symbol(&field("bpf_prog_6deef7357e7b4530_on_cpu+0x12/0x345")),
+            sym("bpf_prog_6deef7357e7b4530_on_cpu", 0, 0)
+        );
         assert_eq!(parse_symbol(&field("0xffffffffc0001234")), None);
         assert_eq!(parse_symbol(&field("")), None);
         // Cut short: no NUL, so not trusted.

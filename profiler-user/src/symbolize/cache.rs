@@ -206,27 +206,44 @@ impl FrameCache {
         }
     }
 
-    /// The frames of `offset` of `file` if a function entry covers it: the function starting
-    /// nearest below it, named at `offset` or at a later offset before.
-    pub fn get_function(&mut self, file: FileId, offset: u64) -> Option<Vec<Frame>> {
-        let &(f, start) = self.functions.range(..=(file, offset)).next_back()?;
-        let e = self.map.get_mut(&Key::Function(file, start)).filter(|_| f == file)?;
-        if offset > e.verified_end {
+    /// The frames of `key`: its own entry, else (a file offset or a kernel address) the
+    /// function entry covering it.
+    pub fn lookup(&mut self, key: &Key) -> Option<Vec<Frame>> {
+        let function = match *key {
+            Key::File(file, offset) => Some((file, offset)),
+            Key::Kernel(addr) => Some((FileId::KERNEL, addr)),
+            Key::Function(..) => None,
+        };
+        let found = match self.map.contains_key(key) {
+            true => Some(*key),
+            false => function.and_then(|(file, offset)| self.function_key(file, offset)),
+        };
+        let Some(e) = found.and_then(|k| self.map.get_mut(&k)) else {
+            self.stats.misses += 1;
             return None;
-        }
+        };
         e.used = self.window;
         self.stats.hits += 1;
         Some(e.frames.iter().map(CachedFrame::to_frame).collect())
     }
 
+    /// The function entry covering `offset` of `file`: the function starting nearest below
+    /// it, named at `offset` or at a later offset before.
+    fn function_key(&self, file: FileId, offset: u64) -> Option<Key> {
+        let &(f, start) = self.functions.range(..=(file, offset)).next_back()?;
+        let key = Key::Function(file, start);
+        let e = self.map.get(&key).filter(|_| f == file)?;
+        (offset <= e.verified_end).then_some(key)
+    }
+
     /// Remembers that `offset` of `file` (the kernel: `FileId::KERNEL`) is in the function
-    /// starting at `start`, and so is every offset between, named
-    /// `frames` from the file's symbol tables (no line, no inlined frame: the same for every
-    /// address of the function). blazesym names an address after the symbol with the largest
-    /// start at or below it, so no symbol starts in `start..=offset`: every offset there gets
-    /// these frames. An entry per function rather than per address: a busy program keeps
-    /// landing on addresses not named before, which per address made the cache grow for hours.
-    /// Another name at the same start (an alias of another size) is kept per address instead.
+    /// starting at `start`, and so is every offset between. Callers know it: within one ELF
+    /// symbol table blazesym names an address after the symbols with the largest start at or
+    /// below it, so for a file named from its `.dynsym` alone (no `.symtab`, no DWARF, see
+    /// `symbolize::dynsym_only`) no symbol starts in `start..=offset`; kallsyms gives a kernel
+    /// symbol's whole span. An entry per function rather than per address: a busy program
+    /// keeps landing on addresses not named before, which per address made the cache grow for
+    /// hours. Another name at the same start is kept for its offset alone.
     pub fn insert_function(&mut self, file: FileId, offset: u64, start: u64, frames: &[Frame]) {
         let key = Key::Function(file, start);
         if let Some(e) = self.map.get_mut(&key) {
@@ -529,7 +546,8 @@ pub(crate) mod tests {
         c.next_window();
         // `outer` named at 0x110: 0x100..=0x110 are its.
         c.insert_function(id, 0x110, 0x100, &frame("outer"));
-        let name = |c: &mut FrameCache, f, o| c.get_function(f, o).map(|v| v[0].function.clone());
+        let name =
+            |c: &mut FrameCache, f, o| c.lookup(&Key::File(f, o)).map(|v| v[0].function.clone());
         assert_eq!(name(&mut c, id, 0x100).as_deref(), Some("outer"));
         assert_eq!(name(&mut c, id, 0x110).as_deref(), Some("outer"));
         // Past the last offset named, before the start, another file: asked again.
@@ -548,8 +566,8 @@ pub(crate) mod tests {
         assert_eq!(name(&mut c, id, 0x11f).as_deref(), Some("outer"));
         // Another name at the same start is held for its offset alone.
         c.insert_function(id, 0x108, 0x100, &frame("alias"));
-        assert_eq!(name(&mut c, id, 0x108).as_deref(), Some("outer"));
-        assert_eq!(c.get(&Key::File(id, 0x108)).unwrap()[0].function, "alias");
+        assert_eq!(name(&mut c, id, 0x108).as_deref(), Some("alias"));
+        assert_eq!(name(&mut c, id, 0x107).as_deref(), Some("outer"));
         // A kernel symbol: its whole span is known at once.
         c.insert_function(
             FileId::KERNEL,
@@ -565,7 +583,7 @@ pub(crate) mod tests {
         small.next_window();
         small.insert_function(id, 0x10, 0x0, &frame("f"));
         small.trim();
-        assert_eq!((small.len(), small.get_function(id, 0x8)), (0, None));
+        assert_eq!((small.len(), small.lookup(&Key::File(id, 0x8))), (0, None));
     }
 
     #[test]

@@ -343,13 +343,7 @@ fn serve(
             missing.push(a);
             continue;
         };
-        let found = match (names.get(&k), k) {
-            (Some(frames), _) => Some(frames),
-            (None, cache::Key::File(file, offset)) => names.get_function(file, offset),
-            (None, cache::Key::Kernel(addr)) => names.get_function(cache::FileId::KERNEL, addr),
-            (None, _) => None,
-        };
-        match found {
+        match names.lookup(&k) {
             Some(mut frames) => {
                 // One file may be mapped under several names (links, other mount namespaces).
                 if let FrameAddr::User { module, .. } = a {
@@ -412,9 +406,14 @@ fn serve(
     (out, errors)
 }
 
+/// A file's (device, inode, size, mtime s, mtime ns): changes when it is replaced.
+type FileStamp = (u64, u64, u64, i64, i64);
+
 struct SymbolizerThread {
     /// For files.
     sym: Symbolizer,
+    /// Files checked by `dynsym_only`, with their (dev, inode, size, mtime) then.
+    dynsym_only: HashMap<PathBuf, (FileStamp, bool)>,
     /// Of the addresses in `out` named from symbol tables alone (no line, no inlined frame),
     /// where their function starts and the last address known to be in it (see
     /// `FrameCache::insert_function`): for a file, the offset asked; for the kernel, the
@@ -440,6 +439,7 @@ impl SymbolizerThread {
         Self {
             sym: new_symbolizer(),
             function_starts: HashMap::new(),
+            dynsym_only: HashMap::new(),
             ksym: new_symbolizer(),
             out: HashMap::new(),
             errors: Default::default(),
@@ -539,7 +539,26 @@ impl SymbolizerThread {
         }
     }
 
+    /// Whether `path` is named from its `.dynsym` alone (see `dynsym_only`), cached per file.
+    fn dynsym_only(&mut self, path: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let Ok(meta) = std::fs::metadata(path) else { return false };
+        let stamp = (meta.dev(), meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec());
+        if let Some(&(s, only)) = self.dynsym_only.get(path)
+            && s == stamp
+        {
+            return only;
+        }
+        let only = dynsym_only(path);
+        if self.dynsym_only.len() >= 4096 {
+            self.dynsym_only.clear();
+        }
+        self.dynsym_only.insert(path.to_owned(), (stamp, only));
+        only
+    }
+
     fn user(&mut self, module: ModuleId, m: &ModuleSource, offsets: &[u64]) {
+        let by_function = m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
         let results = match &m.open_path {
             Some(p) => {
                 match self.sym.symbolize(&Source::Elf(Elf::new(p)), Input::FileOffset(offsets)) {
@@ -561,7 +580,8 @@ impl SymbolizerThread {
         for (i, &offset) in offsets.iter().enumerate() {
             let frames = match results.as_ref().map(|r| &r[i]) {
                 Some(Symbolized::Sym(s)) => {
-                    if s.code_info.is_none()
+                    if by_function
+                        && s.code_info.is_none()
                         && s.inlined.is_empty()
                         && s.size.is_some_and(|n| n > 0)
                         && let Some(start) = offset.checked_sub(s.offset as u64)
@@ -596,6 +616,57 @@ impl SymbolizerThread {
             self.out.insert(FrameAddr::User { module, offset }, frames);
         }
     }
+}
+
+/// Whether blazesym names the ELF file at `path` from its `.dynsym` alone: it has no
+/// `.symtab` (blazesym falls back from it to `.dynsym` where a `.symtab` symbol starts between
+/// a `.dynsym` function's start and the address), no DWARF, and no separate debug file where
+/// blazesym looks for one (by build-id, or by `.gnu_debuglink` in the debug directories, in the
+/// file's own directory and in the debug directories' copies of its ancestors). Only then does
+/// a name hold for every address from its function's start up to one named after it. Any
+/// doubt says no: names are then held per address, as before.
+fn dynsym_only(path: &std::path::Path) -> bool {
+    use object::Object as _;
+    const DEBUG_DIRS: [&str; 2] = ["/usr/lib/debug", "/lib/debug"];
+    let Ok(file) = std::fs::File::open(path) else { return false };
+    // SAFETY: a read-only private mapping; a file truncated meanwhile faults only this read
+    // of its headers, as it would fault the processes running it.
+    let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else { return false };
+    let Ok(elf) = object::File::parse(&*data) else { return false };
+    if elf.section_by_name(".symtab").is_some()
+        || elf.section_by_name(".debug_info").is_some()
+        || elf.section_by_name(".zdebug_info").is_some()
+    {
+        return false;
+    }
+    let Ok(links) = profiler_unwind::debug_links(&data) else { return false };
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(id) = links.build_id.as_deref().filter(|id| id.len() >= 2) {
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        for dir in DEBUG_DIRS {
+            candidates.push(
+                PathBuf::from(dir)
+                    .join(".build-id")
+                    .join(&hex[..2])
+                    .join(format!("{}.debug", &hex[2..])),
+            );
+        }
+    }
+    let Ok(real) = std::fs::canonicalize(path) else { return false };
+    if let Some((name, _)) = &links.gnu_debuglink {
+        let Ok(name) = std::str::from_utf8(name) else { return false };
+        let dir = real.parent().unwrap_or(std::path::Path::new("/"));
+        candidates.extend([dir.join(name), dir.join(".debug").join(name)]);
+        let relative = dir.strip_prefix("/").unwrap_or(dir);
+        for root in DEBUG_DIRS {
+            candidates.push(PathBuf::from(root).join(name));
+            for ancestor in relative.ancestors() {
+                candidates.push(PathBuf::from(root).join(ancestor).join(name));
+            }
+        }
+    }
+    // The file itself may be named by its own link; any other candidate may be a debug file.
+    !candidates.iter().any(|c| c.exists() && *c != real && c != path)
 }
 
 /// A frame that could not be named keeps its module and address.
@@ -792,6 +863,25 @@ mod tests {
             assert_eq!(function(&out, a), function(&alone, a), "{a:?}");
         }
         assert_eq!(service.stats().cached - st.cached, addrs.len() as u64, "all from the cache");
+    }
+
+    /// Function entries only for files named from their `.dynsym` alone: libstdc++ (no debug
+    /// file installed here), but not a copy of it next to a file of its `.gnu_debuglink`
+    /// name, nor this test binary (it has a `.symtab`).
+    #[test]
+    fn only_files_named_from_their_dynsym_alone_get_function_entries() {
+        let libstdcxx = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libstdc++.so.6");
+        assert!(dynsym_only(libstdcxx), "{}", libstdcxx.display());
+        let data = std::fs::read(libstdcxx).unwrap();
+        let (link, _) = profiler_unwind::debug_links(&data).unwrap().gnu_debuglink.unwrap();
+        let dir = cache::tests::TempDir::new("symservice-dynsym");
+        let copy = dir.path().join("libstdc++.so.6");
+        std::fs::write(&copy, &data).unwrap();
+        assert!(dynsym_only(&copy));
+        std::fs::write(dir.path().join(std::str::from_utf8(&link).unwrap()), b"debug").unwrap();
+        assert!(!dynsym_only(&copy), "a debug file next to it");
+        assert!(!dynsym_only(&std::env::current_exe().unwrap()), "this test has a .symtab");
+        assert!(!dynsym_only(std::path::Path::new("/nonexistent")));
     }
 
     #[test]
