@@ -192,20 +192,6 @@ impl FrameCache {
         self.window
     }
 
-    pub fn get(&mut self, key: &Key) -> Option<Vec<Frame>> {
-        match self.map.get_mut(key) {
-            Some(e) => {
-                e.used = self.window;
-                self.stats.hits += 1;
-                Some(e.frames.iter().map(CachedFrame::to_frame).collect())
-            }
-            None => {
-                self.stats.misses += 1;
-                None
-            }
-        }
-    }
-
     /// The frames of `key`: its own entry, else (a file offset or a kernel address) the
     /// function entry covering it.
     pub fn lookup(&mut self, key: &Key) -> Option<Vec<Frame>> {
@@ -480,19 +466,19 @@ pub(crate) mod tests {
         for w in 0..50u64 {
             c.next_window();
             // Offset 0 is used every window: it must never be the one evicted.
-            if c.get(&Key::File(id, 0)).is_none() {
+            if c.lookup(&Key::File(id, 0)).is_none() {
                 assert_eq!(w, 0, "the hot entry was evicted in window {w}");
                 c.insert(Key::File(id, 0), &frame("hot"));
             }
             for i in 0..20 {
                 let k = Key::File(id, 1 + w * 20 + i);
-                assert!(c.get(&k).is_none());
+                assert!(c.lookup(&k).is_none());
                 c.insert(k, &frame("cold"));
             }
             c.trim();
             assert!(c.len() <= 100, "{} entries after window {w}", c.len());
         }
-        assert_eq!(c.get(&Key::File(id, 0)).unwrap()[0].function, "hot");
+        assert_eq!(c.lookup(&Key::File(id, 0)).unwrap()[0].function, "hot");
         // Every entry made is held or was counted evicted.
         assert_eq!(c.stats.evicted + c.len() as u64, 1 + 50 * 20);
         assert_eq!(c.stats.hits, 49 + 1);
@@ -528,7 +514,7 @@ pub(crate) mod tests {
         }
         // 100 addresses of one function: its 4000-byte name is held once.
         assert!(c.bytes() < 2 * 4000 + 100 * 200, "{} bytes", c.bytes());
-        assert_eq!(c.get(&Key::File(id, 7)).unwrap(), frame(&long));
+        assert_eq!(c.lookup(&Key::File(id, 7)).unwrap(), frame(&long));
         // Evicting every entry (a bound of 0 entries) frees the name too.
         let mut c2 = FrameCache::new(0, usize::MAX);
         c2.next_window();
@@ -601,7 +587,7 @@ pub(crate) mod tests {
         let mut c = FrameCache::new(10, usize::MAX);
         c.next_window();
         c.insert(Key::File(first, 0x10), &frame("old"));
-        assert!(c.get(&Key::File(second, 0x10)).is_none());
+        assert!(c.lookup(&Key::File(second, 0x10)).is_none());
     }
 
     #[test]

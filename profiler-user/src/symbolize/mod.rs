@@ -143,7 +143,7 @@ pub fn symbolize(
     thread::Builder::new()
         .name("symbolizer".into())
         .spawn(move || {
-            let mut worker = SymbolizerThread::new();
+            let mut worker = SymbolizerThread::new(false);
             let errors = worker.run(&addrs, &modules);
             let _ = tx.send((worker.out, errors));
         })
@@ -247,7 +247,7 @@ impl Service {
         thread::Builder::new()
             .name("symbolizer".into())
             .spawn(move || {
-                let mut worker = SymbolizerThread::new();
+                let mut worker = SymbolizerThread::new(true);
                 let mut total = ServiceStats::default();
                 let mut evicted_since_rebuild = 0;
                 for req in rx {
@@ -406,14 +406,13 @@ fn serve(
     (out, errors)
 }
 
-/// A file's (device, inode, size, mtime s, mtime ns): changes when it is replaced.
-type FileStamp = (u64, u64, u64, i64, i64);
-
 struct SymbolizerThread {
     /// For files.
     sym: Symbolizer,
-    /// Files checked by `dynsym_only`, with their (dev, inode, size, mtime) then.
-    dynsym_only: HashMap<PathBuf, (FileStamp, bool)>,
+    /// Whether to fill `function_starts` (for a `Service`'s cache; a one-off call has none).
+    function_entries: bool,
+    /// Files checked by `dynsym_only`, with their identity then.
+    dynsym_only: HashMap<PathBuf, (cache::FileId, bool)>,
     /// Of the addresses in `out` named from symbol tables alone (no line, no inlined frame),
     /// where their function starts and the last address known to be in it (see
     /// `FrameCache::insert_function`): for a file, the offset asked; for the kernel, the
@@ -435,9 +434,10 @@ fn new_symbolizer() -> Symbolizer {
 }
 
 impl SymbolizerThread {
-    fn new() -> Self {
+    fn new(function_entries: bool) -> Self {
         Self {
             sym: new_symbolizer(),
+            function_entries,
             function_starts: HashMap::new(),
             dynsym_only: HashMap::new(),
             ksym: new_symbolizer(),
@@ -500,7 +500,8 @@ impl SymbolizerThread {
             for (&addr, name) in addrs.iter().zip(names) {
                 match name {
                     Some(sym) => {
-                        if let Some(start) = addr.checked_sub(sym.offset)
+                        if self.function_entries
+                            && let Some(start) = addr.checked_sub(sym.offset)
                             && sym.offset < sym.size
                         {
                             let last = start + (sym.size - 1);
@@ -541,9 +542,7 @@ impl SymbolizerThread {
 
     /// Whether `path` is named from its `.dynsym` alone (see `dynsym_only`), cached per file.
     fn dynsym_only(&mut self, path: &std::path::Path) -> bool {
-        use std::os::unix::fs::MetadataExt as _;
-        let Ok(meta) = std::fs::metadata(path) else { return false };
-        let stamp = (meta.dev(), meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec());
+        let Some(stamp) = cache::FileId::of(path, None) else { return false };
         if let Some(&(s, only)) = self.dynsym_only.get(path)
             && s == stamp
         {
@@ -558,7 +557,8 @@ impl SymbolizerThread {
     }
 
     fn user(&mut self, module: ModuleId, m: &ModuleSource, offsets: &[u64]) {
-        let by_function = m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
+        let by_function =
+            self.function_entries && m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
         let results = match &m.open_path {
             Some(p) => {
                 match self.sym.symbolize(&Source::Elf(Elf::new(p)), Input::FileOffset(offsets)) {
@@ -642,14 +642,8 @@ fn dynsym_only(path: &std::path::Path) -> bool {
     let Ok(links) = profiler_unwind::debug_links(&data) else { return false };
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(id) = links.build_id.as_deref().filter(|id| id.len() >= 2) {
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         for dir in DEBUG_DIRS {
-            candidates.push(
-                PathBuf::from(dir)
-                    .join(".build-id")
-                    .join(&hex[..2])
-                    .join(format!("{}.debug", &hex[2..])),
-            );
+            candidates.push(crate::unwind::build_id_path(std::path::Path::new(dir), id));
         }
     }
     let Ok(real) = std::fs::canonicalize(path) else { return false };

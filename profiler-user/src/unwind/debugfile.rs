@@ -63,13 +63,18 @@ pub struct Lookup {
     pub rejected: Vec<String>,
 }
 
+/// `<root>/.build-id/xx/rest.debug` for a build-id of at least 2 bytes.
+pub fn build_id_path(root: &Path, id: &[u8]) -> PathBuf {
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    root.join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..]))
+}
+
 /// Looks for the debug file of the file mapped at `mapped_path` (its path as the process sees
 /// it: `.gnu_debuglink` is relative to its directory).
 pub fn find(root: &Path, mapped_path: &str, links: &DebugLinks) -> Lookup {
     let mut lookup = Lookup::default();
     if let Some(id) = links.build_id.as_deref().filter(|id| id.len() >= 2) {
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        let path = root.join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..]));
+        let path = build_id_path(root, id);
         if path.exists() {
             match read_debug_frame(&path, Some(id)) {
                 Ok(debug_frame) => {

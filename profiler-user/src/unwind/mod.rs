@@ -11,6 +11,7 @@
 
 mod alloc;
 mod debugfile;
+pub use debugfile::build_id_path;
 mod rows;
 mod worker;
 
