@@ -709,6 +709,61 @@ mod tests {
         assert!(matches!(stacks[8][1], FrameAddr::Label { .. }), "{:?}", stacks[8]);
     }
 
+    /// A hot set of stacks stays cached while a stream of other stacks, each seen twice and
+    /// so kept too, fills the cache again and again (an interpreter's loop: a few thousand
+    /// stacks in constant use and a long tail). When the current generation fills, keys still
+    /// in use come back from the older one; emptying the cache when full lost them all.
+    #[test]
+    fn a_hot_set_stays_cached_while_a_tail_fills_the_cache() {
+        let mut c = Collector::new(ChunkedStore::new(64 << 20));
+        c.initial_scan_done();
+        let pid = PID_BASE + 3;
+        let exec = TaskKind::Exec { argv: vec!["hot".into()], truncated: false, mm: 1, vdso: 0 };
+        c.handle(task(MonoNs(1), pid, exec));
+        map_lib(&mut c, 2, pid, 4);
+        let (hot, tail) = (3_000u64, 1_000u64);
+        let mut t = 10;
+        let mut want = Vec::new();
+        for round in 0..20u64 {
+            let before = c.stack_cache.hits;
+            let mut push = |c: &mut Collector<ChunkedStore>, leaf: u64, root: u64| {
+                c.handle(sample(t, pid, vec![TEXT + leaf, TEXT + root], Vec::new()));
+                want.push([root - 1, leaf]);
+                t += 1;
+            };
+            for i in 0..hot {
+                push(&mut c, 0x10 + i % 1000, 0x800 + i / 1000);
+            }
+            for i in 0..2 * tail {
+                // Each round's own tail stacks, each twice.
+                push(&mut c, 0x10 + (i / 2) % 1000, 0x900 + round * 8 + (i / 2) / 1000);
+            }
+            let hits = c.stack_cache.hits - before;
+            if round >= 12 {
+                // The hot set, and the second sighting of none of the tail (kept at it).
+                assert_eq!(hits, hot, "round {round}");
+            }
+        }
+        let bound = 2 * crate::collect::stack_cache::GENERATION_ENTRIES;
+        assert!(c.stack_cache.len() <= bound, "bounded: {}", c.stack_cache.len());
+        let got: Vec<Vec<u64>> = stored_stacks(&c)
+            .into_iter()
+            .map(|(_, frames)| {
+                frames
+                    .iter()
+                    .map(|f| match f {
+                        FrameAddr::User { offset, .. } => *offset,
+                        f => panic!("{f:?}"),
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(got.len(), want.len());
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g[..], w[..], "sample {k}");
+        }
+    }
+
     /// Through chunk recycling that prunes stack nodes (and so may reuse their ids), a
     /// cached stack is never served stale: every stored sample has its own frames.
     #[test]

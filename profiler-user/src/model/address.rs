@@ -1,11 +1,13 @@
 //! Normalized code addresses: what a stack frame is between collection and symbolization.
 
+use std::hash::{Hash, Hasher};
+
 use super::ids::{LabelId, ModuleId, Pid};
 
 /// A return address or instruction pointer, normalized so it means the same thing after the
 /// process that ran it is gone. Callers' return addresses are stored minus one (the call
 /// instruction), so they symbolize to the calling line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FrameAddr {
     Kernel(u64),
     /// Offset into the module's file.
@@ -30,6 +32,37 @@ pub enum FrameAddr {
         end: UserStackEnd,
         module: Option<ModuleId>,
     },
+}
+
+/// Every frame of a new stack is hashed (interning its prefix-tree node), so the two common
+/// kinds write one word, where the derived hash wrote the variant and each field apart. Equal
+/// frames still hash equal; kinds whose words coincide only share a bucket.
+impl Hash for FrameAddr {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match *self {
+            FrameAddr::Kernel(addr) => state.write_u64(addr),
+            // Offsets fit in 40 bits (a 1 TiB file), module ids in the remaining 24 for the
+            // first 16 million files; beyond either, words may coincide, which is allowed.
+            FrameAddr::User { module, offset } => {
+                state.write_u64(offset ^ u64::from(module.0).rotate_right(24))
+            }
+            FrameAddr::Unmapped(addr) => {
+                state.write_u8(2);
+                state.write_u64(addr);
+            }
+            FrameAddr::Label { pid, label } => {
+                state.write_u8(3);
+                pid.hash(state);
+                label.hash(state);
+            }
+            FrameAddr::OffCpuNotCaptured => state.write_u8(4),
+            FrameAddr::Truncated { end, module } => {
+                state.write_u8(5);
+                end.hash(state);
+                module.hash(state);
+            }
+        }
+    }
 }
 
 /// How the walk of a sample's user stack ended (`profiler_common::UNWIND_END_*`).
