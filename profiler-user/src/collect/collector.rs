@@ -740,8 +740,12 @@ mod tests {
             }
             let hits = c.stack_cache.hits - before;
             if round >= 12 {
-                // The hot set, and the second sighting of none of the tail (kept at it).
-                assert_eq!(hits, hot, "round {round}");
+                // The hot set, and the second sighting of none of the tail (kept at it). Not
+                // all of it: the seen filter's hash has a random seed, and tail keys can wipe a
+                // hot key's marks for a few rounds more (one key in some runs). Emptying the
+                // cache when full served at most 1,151 of them in a round here, a one-slot
+                // filter 1,438.
+                assert!(hits >= hot * 98 / 100 && hits <= hot, "round {round}: {hits} hits");
             }
         }
         let bound = 2 * crate::collect::stack_cache::GENERATION_ENTRIES;
