@@ -12,8 +12,13 @@
 //! Each tool is started, and measured once it samples (rsprof-bpf: its "sampling" line; perf: 1.5
 //! s after start), so start-up is left out: its CPU time (utime + stime from /proc/PID/stat) over
 //! `--seconds`, its RSS every second (VmRSS), and its peak RSS (VmHWM, start-up included). Then
-//! it gets SIGINT and writes its output (not measured). Forks per second on the host (from
-//! /proc/stat) show how hard the exec storm ran.
+//! it gets SIGINT and writes its output. Forks per second on the host (from /proc/stat) show how
+//! hard the exec storm ran.
+//!
+//! Also what each tool cost to give a profile one can read, from start to exit (wait4): rsprof-bpf
+//! writes a symbolized Gecko profile as it exits; perf record post-processes its file as it exits
+//! (build ids) and leaves the call stacks to `perf script`, which is run on its output and
+//! measured too.
 
 use std::{
     fmt::Write as _,
@@ -30,6 +35,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     bench::{Reaper, busy_loops, online_cpus, profiler_binary, status_kib},
+    bench_unwind::reap,
     display, step, workspace_root,
 };
 
@@ -80,6 +86,10 @@ struct Run {
     rss_max_kib: u64,
     hwm_kib: u64,
     forks_per_s: f64,
+    /// utime + stime from start to exit (start-up and writing the output included), and for
+    /// perf its `perf script` run on the output.
+    whole: f64,
+    post: Option<f64>,
 }
 
 /// utime + stime of `pid`, seconds.
@@ -149,14 +159,17 @@ struct Watch {
 }
 
 /// Measures `tools` (already sampling) over the same `seconds`, then stops each with SIGINT.
+/// Each tool comes with its output file and when it was started.
 fn measure(
     scenario: &'static str,
     freq: u64,
-    tools: Vec<(&'static str, Child)>,
+    tools: Vec<(&'static str, Child, PathBuf, Instant)>,
     seconds: u64,
 ) -> anyhow::Result<Vec<Run>> {
     let mut watches = Vec::new();
-    for (tool, child) in tools {
+    let mut outputs = Vec::new();
+    for (tool, child, output, started) in tools {
+        outputs.push((output, started));
         let cpu0 = cpu_secs(child.id()).with_context(|| format!("{tool} exited"))?;
         watches.push(Watch { tool, child, cpu0, rss: Vec::new() });
     }
@@ -172,19 +185,28 @@ fn measure(
     let window = t0.elapsed().as_secs_f64();
     let forks_per_s = (forks_since_boot() - forks0) as f64 / window;
     let mut runs = Vec::new();
-    for (mut w, cpu1) in watches.into_iter().zip(cpu1) {
+    for ((w, cpu1), (output, started)) in watches.into_iter().zip(cpu1).zip(outputs) {
         let pid = w.child.id();
         let cpu1 = cpu1.with_context(|| format!("{} exited", w.tool))?;
         let hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
         // SAFETY: signalling our own child.
         unsafe { libc::kill(pid as i32, libc::SIGINT) };
-        let status = w.child.wait()?;
-        // perf ends by re-raising the SIGINT it got.
-        use std::os::unix::process::ExitStatusExt as _;
-        if !status.success() && status.signal() != Some(libc::SIGINT) {
-            bail!("{} exited with {status}", w.tool);
-        }
+        // perf ends by re-raising the SIGINT it got, which reap accepts.
+        let whole = reap(pid as libc::pid_t, started).with_context(|| w.tool.to_owned())?.cpu;
+        drop(w.child); // reaped above
+        let post = if w.tool == "perf" {
+            let mut cmd = Command::new("perf");
+            cmd.args(["script", "-i"]).arg(&output).stdout(Stdio::null()).stderr(Stdio::null());
+            let child = cmd.spawn().context("start perf script")?;
+            let u = reap(child.id() as libc::pid_t, Instant::now()).context("perf script")?;
+            drop(child);
+            Some(u.cpu)
+        } else {
+            None
+        };
         runs.push(Run {
+            whole,
+            post,
             scenario,
             freq,
             tool: w.tool,
@@ -243,19 +265,21 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
                 for tool in group {
                     let f = freq.to_string();
                     let mut cmd;
+                    let output;
                     if tool == "perf" {
+                        output = dir.join(format!("perf-{freq}.data"));
                         cmd = Command::new("perf");
-                        cmd.args(["record", "-a", "-g", "-q", "-F", &f, "-o"])
-                            .arg(dir.join(format!("perf-{freq}.data")));
+                        cmd.args(["record", "-a", "-g", "-q", "-F", &f, "-o"]).arg(&output);
                     } else {
+                        output = dir.join(format!("cost-{freq}.json.gz"));
                         cmd = Command::new(&rsprof);
-                        cmd.args(["--all", "-F", &f, "-o"])
-                            .arg(dir.join(format!("cost-{freq}.json.gz")));
+                        cmd.args(["--all", "-F", &f, "-o"]).arg(&output);
                     }
+                    let started = Instant::now();
                     match start_tool(cmd, tool == "rsprof-bpf") {
-                        Ok(child) => tools.push((tool, child)),
+                        Ok(child) => tools.push((tool, child, output, started)),
                         Err(e) => {
-                            for (_, mut c) in tools {
+                            for (_, mut c, _, _) in tools {
                                 let _ = c.kill();
                                 let _ = c.wait();
                             }
@@ -298,7 +322,10 @@ fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
         "`{cmd}`, run {} on {} CPUs ({}). Each tool measured for {} s once it samples \
          (`rsprof-bpf --all -F HZ` vs `perf record -a -g -F HZ`), {}; busy = one busy loop per \
          CPU; exec storm = a shell running `/bin/true` in a loop as well. CPU = the tool's utime + stime over the \
-         window; RSS sampled every second; peak = VmHWM (start-up included). The machine is \
+         window; RSS sampled every second; peak = VmHWM (start-up included). To a profile = \
+         CPU from start to exit (wait4: start-up, and writing the output after SIGINT, \
+         included), for perf plus `perf script` on its output (perf record leaves the call \
+         stacks to it; rsprof-bpf has written a symbolized profile by then). The machine is \
          shared with other work: compare the two tools within a scenario.\n",
         crate::bench::utc_now(),
         online_cpus(),
@@ -312,13 +339,17 @@ fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
     );
     let _ = writeln!(
         s,
-        "| scenario | Hz | tool | forks/s on the host | CPU s | % of one core | RSS first / last / max MiB | peak RSS MiB |"
+        "| scenario | Hz | tool | forks/s on the host | CPU s | % of one core | RSS first / last / max MiB | peak RSS MiB | to a profile: CPU s |"
     );
-    let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for r in runs {
+        let whole = match r.post {
+            Some(post) => format!("{:.2} + {post:.2} = {:.2}", r.whole, r.whole + post),
+            None => format!("{:.2}", r.whole),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2}% | {:.1} / {:.1} / {:.1} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2}% | {:.1} / {:.1} / {:.1} | {:.1} | {whole} |",
             r.scenario,
             r.freq,
             r.tool,

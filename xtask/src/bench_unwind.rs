@@ -329,17 +329,17 @@ fn spawn_tool(mut cmd: Command, marker: Option<&'static str>) -> anyhow::Result<
     Ok(ToolProc { pid: child.id() as libc::pid_t, what, text, ready, _child: child })
 }
 
-struct Usage {
-    cpu: f64,
-    rss_kib: u64,
-    wall: f64,
+pub(crate) struct Usage {
+    pub(crate) cpu: f64,
+    pub(crate) rss_kib: u64,
+    pub(crate) wall: f64,
 }
 
 /// Waits for `pid` (our child) with a timeout; its CPU time from wait4, its peak RSS from
 /// `VmHWM`, read every 20 ms while it lives. Not wait4's `ru_maxrss`: Linux carries the
 /// high-water mark of the address space a child had before exec (a copy of ours) into it, so
 /// every tool started after this process grew showed our RSS instead of its own.
-fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
+pub(crate) fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
     let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
     let mut hwm_kib = 0;
     loop {
