@@ -102,14 +102,21 @@ impl StackCache {
         let hash = self.hasher.hash_one(self.key.as_slice());
         self.hash = hash;
         let key = self.key.as_slice();
-        if self.map.table.find(hash, |e| *e.key == *key).is_none()
-            && let Ok(found) = self.older.table.find_entry(hash, |e| *e.key == *key)
-        {
-            let (e, _) = found.remove();
-            self.older.words -= e.key.len();
-            insert(&mut self.map, &mut self.older, e);
-        }
-        let Some(e) = self.map.table.find_mut(hash, |e| *e.key == *key) else {
+        let eq = |e: &Entry| *e.key == *key;
+        // The key is compared once: by the probe that finds its bucket, or by the one in
+        // `older` that moves it back.
+        let index = match self.map.table.find_bucket_index(hash, eq) {
+            Some(i) => Some(i),
+            None => match self.older.table.find_entry(hash, eq) {
+                Ok(found) => {
+                    let (e, _) = found.remove();
+                    self.older.words -= e.key.len();
+                    Some(insert(&mut self.map, &mut self.older, e))
+                }
+                Err(_) => None,
+            },
+        };
+        let Some(e) = index.and_then(|i| self.map.table.get_bucket_mut(i)) else {
             let mark = hash | 1;
             let slots =
                 [hash as usize & (SEEN_SLOTS - 1), (hash >> 32) as usize & (SEEN_SLOTS - 1)];
@@ -157,17 +164,21 @@ impl StackCache {
     }
 }
 
-/// Into the current generation, which first becomes `older` if it is full.
-fn insert(map: &mut Generation, older: &mut Generation, e: Entry) {
+/// Into the current generation, which first becomes `older` if it is full; returns its
+/// bucket there.
+fn insert(map: &mut Generation, older: &mut Generation, e: Entry) -> usize {
     if map.table.len() >= GENERATION_ENTRIES || map.words >= GENERATION_WORDS {
         *older = std::mem::take(map);
     }
     // A key missed because of its old epoch is still there: replaced.
     match map.table.find_entry(e.hash, |old| old.key == e.key) {
-        Ok(mut found) => *found.get_mut() = e,
+        Ok(mut found) => {
+            *found.get_mut() = e;
+            found.bucket_index()
+        }
         Err(_) => {
             map.words += e.key.len();
-            map.table.insert_unique(e.hash, e, |e| e.hash);
+            map.table.insert_unique(e.hash, e, |e| e.hash).bucket_index()
         }
     }
 }
