@@ -159,17 +159,17 @@ struct Watch {
 }
 
 /// Measures `tools` (already sampling) over the same `seconds`, then stops each with SIGINT.
-/// Each tool comes with its output file and when it was started.
+/// Each tool comes with its output file.
 fn measure(
     scenario: &'static str,
     freq: u64,
-    tools: Vec<(&'static str, Child, PathBuf, Instant)>,
+    tools: Vec<(&'static str, Child, PathBuf)>,
     seconds: u64,
 ) -> anyhow::Result<Vec<Run>> {
     let mut watches = Vec::new();
     let mut outputs = Vec::new();
-    for (tool, child, output, started) in tools {
-        outputs.push((output, started));
+    for (tool, child, output) in tools {
+        outputs.push(output);
         let cpu0 = cpu_secs(child.id()).with_context(|| format!("{tool} exited"))?;
         watches.push(Watch { tool, child, cpu0, rss: Vec::new() });
     }
@@ -185,14 +185,16 @@ fn measure(
     let window = t0.elapsed().as_secs_f64();
     let forks_per_s = (forks_since_boot() - forks0) as f64 / window;
     let mut runs = Vec::new();
-    for ((w, cpu1), (output, started)) in watches.into_iter().zip(cpu1).zip(outputs) {
+    for ((w, cpu1), output) in watches.into_iter().zip(cpu1).zip(outputs) {
         let pid = w.child.id();
         let cpu1 = cpu1.with_context(|| format!("{} exited", w.tool))?;
         let hwm_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
         // SAFETY: signalling our own child.
         unsafe { libc::kill(pid as i32, libc::SIGINT) };
         // perf ends by re-raising the SIGINT it got, which reap accepts.
-        let whole = reap(pid as libc::pid_t, started).with_context(|| w.tool.to_owned())?.cpu;
+        // wait4's CPU covers the whole life; reap's wall time is not used here.
+        let whole =
+            reap(pid as libc::pid_t, Instant::now()).with_context(|| w.tool.to_owned())?.cpu;
         drop(w.child); // reaped above
         let post = if w.tool == "perf" {
             let mut cmd = Command::new("perf");
@@ -275,11 +277,10 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
                         cmd = Command::new(&rsprof);
                         cmd.args(["--all", "-F", &f, "-o"]).arg(&output);
                     }
-                    let started = Instant::now();
                     match start_tool(cmd, tool == "rsprof-bpf") {
-                        Ok(child) => tools.push((tool, child, output, started)),
+                        Ok(child) => tools.push((tool, child, output)),
                         Err(e) => {
-                            for (_, mut c, _, _) in tools {
+                            for (_, mut c, _) in tools {
                                 let _ = c.kill();
                                 let _ = c.wait();
                             }
