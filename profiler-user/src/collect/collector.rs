@@ -626,6 +626,17 @@ mod tests {
         })
     }
 
+    /// A collector over `store` past its initial scan, with process `pid` exec'd at time 1 and
+    /// a library of inode `inode` mapped at `TEXT` at time 2.
+    fn with_mapped_process(store: ChunkedStore, pid: u32, inode: u64) -> Collector<ChunkedStore> {
+        let mut c = Collector::new(store);
+        c.initial_scan_done();
+        let exec = TaskKind::Exec { argv: vec!["cached".into()], truncated: false, mm: 1, vdso: 0 };
+        c.handle(task(MonoNs(1), pid, exec));
+        map_lib(&mut c, 2, pid, inode);
+        c
+    }
+
     fn map_lib(c: &mut Collector<ChunkedStore>, time: u64, pid: u32, inode: u64) {
         let path =
             MappedPath { path: format!("/nonexistent/rsprof/lib{inode}.so"), complete: true };
@@ -672,12 +683,8 @@ mod tests {
     /// normalized again and names the new file; samples under a label are never cached.
     #[test]
     fn repeated_stacks_are_cached_until_the_address_space_changes() {
-        let mut c = Collector::new(ChunkedStore::new(8 << 20));
-        c.initial_scan_done();
         let pid = PID_BASE + 1;
-        let exec = TaskKind::Exec { argv: vec!["cached".into()], truncated: false, mm: 1, vdso: 0 };
-        c.handle(task(MonoNs(1), pid, exec));
-        map_lib(&mut c, 2, pid, 1);
+        let mut c = with_mapped_process(ChunkedStore::new(8 << 20), pid, 1);
         let raw = vec![TEXT + 0x10, TEXT + 0x21];
         // Cached at its second sighting, served from the third.
         for t in 10..13 {
@@ -715,12 +722,8 @@ mod tests {
     /// in use come back from the older one; emptying the cache when full lost them all.
     #[test]
     fn a_hot_set_stays_cached_while_a_tail_fills_the_cache() {
-        let mut c = Collector::new(ChunkedStore::new(64 << 20));
-        c.initial_scan_done();
         let pid = PID_BASE + 3;
-        let exec = TaskKind::Exec { argv: vec!["hot".into()], truncated: false, mm: 1, vdso: 0 };
-        c.handle(task(MonoNs(1), pid, exec));
-        map_lib(&mut c, 2, pid, 4);
+        let mut c = with_mapped_process(ChunkedStore::new(64 << 20), pid, 4);
         let (hot, tail) = (3_000u64, 1_000u64);
         let mut t = 10;
         let mut want = Vec::new();
@@ -774,12 +777,8 @@ mod tests {
     fn cached_stacks_stay_right_while_the_store_prunes() {
         let store =
             ChunkedStore::with_buffer(ChunkedBuffer::with_chunk_size(16 << 10, 4 << 10), 1 << 30);
-        let mut c = Collector::new(store);
-        c.initial_scan_done();
         let pid = PID_BASE + 2;
-        let exec = TaskKind::Exec { argv: vec!["cached".into()], truncated: false, mm: 1, vdso: 0 };
-        c.handle(task(MonoNs(1), pid, exec));
-        map_lib(&mut c, 2, pid, 3);
+        let mut c = with_mapped_process(store, pid, 3);
         let n = 20_000u64;
         for t in 0..n {
             // Half the samples repeat one stack; the others are new each time, so chunks
