@@ -19,14 +19,15 @@
 //!   file part, so functions still merge across lines. Line and column also go into the frame
 //!   table's `line`/`column` columns, which is where the front-end reads frame lines from.
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{HashMap as StdHashMap, hash_map::Entry};
 
 /// Looked up for every sample (millions in a fleet query): a fast hasher rather than SipHash,
 /// which resists flooding that the profiler's own ids cannot cause.
 type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 use std::io::{self, Write};
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::{Value, json, value::RawValue};
 
 use crate::model::{
     ids::{Pid, StackId, Tid},
@@ -280,7 +281,8 @@ impl ThreadTables {
         if self.marker_count > 0 {
             self.markers.push(b',');
         }
-        let row = json!([name, start_ms, end_ms, phase, category, data]);
+        // A tuple is written as the row's array, without cloning `data` into a new tree.
+        let row = (name, start_ms, end_ms, phase, category, data);
         let _ = serde_json::to_writer(&mut self.markers, &row);
         self.marker_count += 1;
     }
@@ -409,6 +411,7 @@ pub fn write_gecko<W: Write>(
     // Without a GeckoMain thread the front-end keeps process tracks in file order, so put
     // the busiest processes first, as it would do by activity.
     processes.sort_by_key(|p| (std::cmp::Reverse(p.busy_samples()), p.pid));
+    let mut shared = Shared::new(meta)?;
     w.write_all(b"{\"meta\":")?;
     serde_json::to_writer(&mut w, &root_meta)?;
     w.write_all(b",\"libs\":[],\"threads\":[],\"processes\":[")?;
@@ -416,48 +419,118 @@ pub fn write_gecko<W: Write>(
         if i > 0 {
             w.write_all(b",")?;
         }
-        write_process(&mut w, meta, tree, p)?;
+        write_process(&mut w, &mut shared, tree, p)?;
     }
     w.write_all(b"],\"pages\":[],\"pausedRanges\":[],\"sources\":")?;
-    serde_json::to_writer(&mut w, &sources())?;
+    w.write_all(shared.sources.get().as_bytes())?;
     w.write_all(b"}")?;
     w.flush()
 }
 
-fn write_process<W: Write>(
+/// What every process or thread repeats, serialized once. An exec storm's profile holds tens
+/// of thousands of short-lived processes; building, writing and freeing these trees for each
+/// of them was most of the time spent writing it.
+struct Shared<'t> {
+    start_time_ms: f64,
+    categories: Box<RawValue>,
+    marker_schema: Box<RawValue>,
+    sources: Box<RawValue>,
+    frame_schema: Box<RawValue>,
+    stack_schema: Box<RawValue>,
+    sample_schema: Box<RawValue>,
+    marker_columns: Box<RawValue>,
+    /// `libs` entries by module name.
+    libs: HashMap<&'t str, Box<RawValue>>,
+}
+
+impl<'t> Shared<'t> {
+    fn new(meta: &GeckoMeta) -> io::Result<Self> {
+        Ok(Self {
+            start_time_ms: meta.start_time_ms,
+            categories: to_raw_value(&categories())?,
+            marker_schema: to_raw_value(&meta.marker_schema)?,
+            sources: to_raw_value(&sources())?,
+            frame_schema: to_raw_value(&schema_json(FRAME_SCHEMA))?,
+            stack_schema: to_raw_value(&schema_json(STACK_SCHEMA))?,
+            sample_schema: to_raw_value(&schema_json(SAMPLE_SCHEMA))?,
+            marker_columns: to_raw_value(&schema_json(MARKER_SCHEMA))?,
+            libs: HashMap::default(),
+        })
+    }
+}
+
+/// A sub-process's `meta`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ProcessMeta<'a> {
+    version: u32,
+    /// Same startTime as the root, so no time shifting happens on import.
+    start_time: f64,
+    shutdown_time: Option<f64>,
+    categories: &'a RawValue,
+    marker_schema: &'a RawValue,
+}
+
+/// A thread's fields before its tables.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ThreadHead<'a> {
+    name: &'a str,
+    process_type: &'static str,
+    process_name: &'a str,
+    pid: u32,
+    tid: u32,
+    /// Ignored by the front-end (it only knows "GeckoMain"); kept for other readers.
+    is_main_thread: bool,
+    register_time: f64,
+    unregister_time: Option<f64>,
+}
+
+fn write_process<'t, W: Write>(
     w: &mut W,
-    meta: &GeckoMeta,
-    tree: &SymbolizedStacks,
+    shared: &mut Shared<'t>,
+    tree: &'t SymbolizedStacks,
     mut p: GeckoProcess,
 ) -> io::Result<()> {
-    // Same startTime as the root, so no time shifting happens on import.
-    let sub_meta = json!({
-        "version": GECKO_VERSION,
-        "startTime": meta.start_time_ms,
-        "shutdownTime": p.end_time_ms,
-        "categories": categories(),
-        "markerSchema": meta.marker_schema,
-    });
+    let sub_meta = ProcessMeta {
+        version: GECKO_VERSION,
+        start_time: shared.start_time_ms,
+        shutdown_time: p.end_time_ms,
+        categories: &shared.categories,
+        marker_schema: &shared.marker_schema,
+    };
     w.write_all(b"{\"meta\":")?;
     serde_json::to_writer(&mut *w, &sub_meta)?;
-    w.write_all(b",\"libs\":")?;
-    serde_json::to_writer(&mut *w, &process_libs(tree, &p))?;
-    w.write_all(b",\"threads\":[")?;
+    w.write_all(b",\"libs\":[")?;
+    for (i, name) in process_libs(tree, &p).into_iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        let entry = match shared.libs.entry(name) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let id = tree.module_build_ids.get(name).map(String::as_str);
+                e.insert(to_raw_value(&super::libs::lib_entry(name, id))?)
+            }
+        };
+        w.write_all(entry.get().as_bytes())?;
+    }
+    w.write_all(b"],\"threads\":[")?;
     p.threads.sort_by_key(|t| (!t.is_main, t.tid));
     for (i, t) in p.threads.into_iter().enumerate() {
         if i > 0 {
             w.write_all(b",")?;
         }
-        write_thread(w, tree, p.pid, &p.name, t)?;
+        write_thread(w, shared, tree, p.pid, &p.name, t)?;
     }
     w.write_all(b"],\"processes\":[],\"pages\":[],\"pausedRanges\":[],\"sources\":")?;
-    serde_json::to_writer(&mut *w, &sources())?;
+    w.write_all(shared.sources.get().as_bytes())?;
     w.write_all(b"}")
 }
 
-/// The files `p`'s native user frames are in, by name, with their build-ids where known
-/// (pseudo-modules such as `[unknown]` and `[anon]` only with one, i.e. the vDSO).
-fn process_libs(tree: &SymbolizedStacks, p: &GeckoProcess) -> Vec<Value> {
+/// The names of the files `p`'s native user frames are in, in order, that get a `libs` entry:
+/// pseudo-modules such as `[unknown]` and `[anon]` only with a build-id, i.e. the vDSO.
+fn process_libs<'t>(tree: &'t SymbolizedStacks, p: &GeckoProcess) -> Vec<&'t str> {
     let mut names = std::collections::BTreeSet::new();
     for t in &p.threads {
         for &(_, fi, _) in &t.tables.frames {
@@ -469,10 +542,7 @@ fn process_libs(tree: &SymbolizedStacks, p: &GeckoProcess) -> Vec<Value> {
     }
     names
         .into_iter()
-        .filter_map(|name| {
-            let id = tree.module_build_ids.get(name).map(String::as_str);
-            (id.is_some() || !name.starts_with('[')).then(|| super::libs::lib_entry(name, id))
-        })
+        .filter(|name| tree.module_build_ids.contains_key(*name) || !name.starts_with('['))
         .collect()
 }
 
@@ -480,24 +550,28 @@ fn schema_json(cols: &[&str]) -> Value {
     Value::Object(cols.iter().enumerate().map(|(i, c)| ((*c).to_owned(), json!(i))).collect())
 }
 
+fn to_raw_value<T: Serialize + ?Sized>(v: &T) -> io::Result<Box<RawValue>> {
+    serde_json::value::to_raw_value(v).map_err(io::Error::other)
+}
+
 fn write_thread<W: Write>(
     w: &mut W,
+    shared: &Shared<'_>,
     tree: &SymbolizedStacks,
     pid: Pid,
     process_name: &str,
     t: GeckoThread,
 ) -> io::Result<()> {
-    let head = json!({
-        "name": t.name,
-        "processType": "default",
-        "processName": process_name,
-        "pid": pid.0,
-        "tid": t.tid.0,
-        // Ignored by the front-end (it only knows "GeckoMain"); kept for other readers.
-        "isMainThread": t.is_main,
-        "registerTime": t.register_time_ms,
-        "unregisterTime": t.unregister_time_ms,
-    });
+    let head = ThreadHead {
+        name: &t.name,
+        process_type: "default",
+        process_name,
+        pid: pid.0,
+        tid: t.tid.0,
+        is_main_thread: t.is_main,
+        register_time: t.register_time_ms,
+        unregister_time: t.unregister_time_ms,
+    };
     let head = serde_json::to_string(&head)?;
     // Reopen the header object to append the tables.
     w.write_all(&head.as_bytes()[..head.len() - 1])?;
@@ -520,7 +594,7 @@ fn write_thread<W: Write>(
     }
     w.write_all(b"]")?;
     w.write_all(b",\"frameTable\":{\"schema\":")?;
-    serde_json::to_writer(&mut *w, &schema_json(FRAME_SCHEMA))?;
+    w.write_all(shared.frame_schema.get().as_bytes())?;
     w.write_all(b",\"data\":")?;
     w.write_all(b"[")?;
     for (i, &(loc, f, category)) in tables.frames.iter().enumerate() {
@@ -533,11 +607,11 @@ fn write_thread<W: Write>(
     }
     w.write_all(b"]")?;
     w.write_all(b"},\"stackTable\":{\"schema\":")?;
-    serde_json::to_writer(&mut *w, &schema_json(STACK_SCHEMA))?;
+    w.write_all(shared.stack_schema.get().as_bytes())?;
     w.write_all(b",\"data\":")?;
     serde_json::to_writer(&mut *w, &tables.stacks)?;
     w.write_all(b"},\"samples\":{\"schema\":")?;
-    serde_json::to_writer(&mut *w, &schema_json(SAMPLE_SCHEMA))?;
+    w.write_all(shared.sample_schema.get().as_bytes())?;
     w.write_all(b",\"data\":[")?;
     for (i, r) in tables.samples.iter().enumerate() {
         if i > 0 {
@@ -548,7 +622,7 @@ fn write_thread<W: Write>(
         serde_json::to_writer(&mut *w, &(stack, r.time_ms, 0, cpu))?;
     }
     w.write_all(b"]},\"markers\":{\"schema\":")?;
-    serde_json::to_writer(&mut *w, &schema_json(MARKER_SCHEMA))?;
+    w.write_all(shared.marker_columns.get().as_bytes())?;
     w.write_all(b",\"data\":[")?;
     w.write_all(&tables.markers)?;
     w.write_all(b"]}}")
