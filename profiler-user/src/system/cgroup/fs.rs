@@ -163,6 +163,11 @@ impl PathCache {
         self.paths.insert(id, Some(path.to_owned()));
     }
 
+    /// The path of `id` if already known (no read, no walk).
+    pub fn known(&self, id: u64) -> Option<&str> {
+        self.paths.get(&id)?.as_deref()
+    }
+
     pub fn lookup(&mut self, id: u64) -> Option<String> {
         if let Some(p) = self.paths.get(&id) {
             return p.clone();

@@ -1,6 +1,9 @@
 //! Which cgroup (and so which container) each profiled process is in. Samples carry the task's
-//! cgroup id; the path behind it is read from `/proc/PID/cgroup` the first time a process is
-//! seen and again only when its main thread shows up in a different cgroup.
+//! cgroup id. The path behind an id is read from `/proc/PID/cgroup` the first time the id is
+//! seen, then remembered: cgroup ids are not reused while the host runs, so every later process
+//! in that cgroup (an exec storm starts a thousand a second in one) needs no read. A process is
+//! looked at again only when its main thread shows up in a different cgroup. (A cgroup renamed
+//! after its path was read keeps its old path here.)
 
 use crate::{
     model::ids::{CgroupId, Pid},
@@ -30,6 +33,11 @@ impl ProcessCgroup {
             return;
         }
         self.id = cgroup_id;
+        if let Some(p) = cache.known(cgroup_id.0) {
+            self.path = Some(p.to_owned());
+            self.identity = container::parse(p);
+            return;
+        }
         let from_proc = std::fs::read_to_string(format!("/proc/{}/cgroup", pid.0))
             .ok()
             .and_then(|t| container::v2_path_from_proc(&t).map(str::to_owned));
