@@ -473,17 +473,14 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
 
 /// Joins path components sent leaf first (`libc.so.6\0lib\0usr\0`) into `/usr/lib/libc.so.6`.
 fn mapped_path(raw: &[u8], complete: bool) -> MappedPath {
-    let parts: Vec<String> = raw
-        .split(|&c| c == 0)
-        .filter(|p| !p.is_empty())
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .collect();
-    let mut path = String::new();
-    for (i, p) in parts.iter().rev().enumerate() {
+    // One allocation: an exec storm sends thousands of these a second.
+    let mut path = String::with_capacity(raw.len() + 1);
+    let parts = raw.split(|&c| c == 0).filter(|p| !p.is_empty());
+    for (i, p) in parts.rev().enumerate() {
         if complete || i > 0 {
             path.push('/');
         }
-        path.push_str(p);
+        path.push_str(&String::from_utf8_lossy(p));
     }
     if path.is_empty() && complete {
         path.push('/');
@@ -710,6 +707,15 @@ mod tests {
                 vdso: 0x7fff_0000
             }
         );
+    }
+
+    #[test]
+    fn mapped_path_joins_components_root_first() {
+        assert_eq!(mapped_path(b"", true).path, "/");
+        assert_eq!(mapped_path(b"", false).path, "");
+        // Empty components are skipped; bytes that are not UTF-8 are replaced, not dropped.
+        assert_eq!(mapped_path(b"a\xff\0\0d\0", true).path, "/d/a\u{fffd}");
+        assert_eq!(mapped_path(b"a\0d", false).path, "d/a");
     }
 
     #[test]
