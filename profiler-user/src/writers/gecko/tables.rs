@@ -441,6 +441,8 @@ struct Shared<'t> {
     marker_columns: Box<RawValue>,
     /// `libs` entries by module name.
     libs: HashMap<&'t str, Box<RawValue>>,
+    /// Location strings as JSON, by frame, formatted once however many threads name the frame.
+    locations: Vec<Option<Box<RawValue>>>,
 }
 
 impl<'t> Shared<'t> {
@@ -455,7 +457,22 @@ impl<'t> Shared<'t> {
             sample_schema: to_raw_value(&schema_json(SAMPLE_SCHEMA))?,
             marker_columns: to_raw_value(&schema_json(MARKER_SCHEMA))?,
             libs: HashMap::default(),
+            locations: Vec::new(),
         })
+    }
+
+    fn location(&mut self, tree: &SymbolizedStacks, f: FrameIndex) -> io::Result<&RawValue> {
+        let i = f.0 as usize;
+        if i >= self.locations.len() {
+            self.locations.resize(tree.frames.len().max(i + 1), None);
+        }
+        if self.locations[i].is_none() {
+            let loc = tree.frame(f).map_or_else(String::new, |f| {
+                location(&f.function, &f.module, f.file.as_deref(), f.line, f.column)
+            });
+            self.locations[i] = Some(to_raw_value(&loc)?);
+        }
+        Ok(self.locations[i].as_deref().expect("just set"))
     }
 }
 
@@ -556,7 +573,7 @@ fn to_raw_value<T: Serialize + ?Sized>(v: &T) -> io::Result<Box<RawValue>> {
 
 fn write_thread<W: Write>(
     w: &mut W,
-    shared: &Shared<'_>,
+    shared: &mut Shared<'_>,
     tree: &SymbolizedStacks,
     pid: Pid,
     process_name: &str,
@@ -584,12 +601,7 @@ fn write_thread<W: Write>(
         }
         match s {
             StrRef::Own(s) => serde_json::to_writer(&mut *w, s)?,
-            StrRef::Frame(f) => {
-                let loc = tree.frame(*f).map_or_else(String::new, |f| {
-                    location(&f.function, &f.module, f.file.as_deref(), f.line, f.column)
-                });
-                serde_json::to_writer(&mut *w, &loc)?
-            }
+            StrRef::Frame(f) => w.write_all(shared.location(tree, *f)?.get().as_bytes())?,
         }
     }
     w.write_all(b"]")?;
