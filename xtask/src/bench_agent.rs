@@ -52,8 +52,9 @@ pub struct BenchAgentArgs {
     /// Length of each configuration's run, in seconds (the issue asks for at least 300).
     #[arg(long, default_value_t = 300)]
     secs: u64,
-    /// Seconds at the start of each run left out of the steady-state CPU figure (start-up: BTF,
-    /// /proc scan, symbolizer caches); shorter for a quick comparison.
+    /// Seconds at the start of each run (with `--together`: of each phase, under its load) left
+    /// out of the steady-state figures (start-up: BTF, /proc scan, symbolizer caches; a new
+    /// load's code to name); shorter for a quick comparison.
     #[arg(long, default_value_t = 60)]
     warmup: u64,
     /// Sampling rates to measure (the agent's default is 19 Hz).

@@ -61,6 +61,8 @@ pub(super) struct Phase {
     pub wall_s: f64,
     pub cpu_s: f64,
     pub bpf_s: f64,
+    /// When the phase's load began, before its warm-up.
+    pub rss_load_start_kib: u64,
     pub rss_start_kib: u64,
     pub rss_end_kib: u64,
     pub rss_max_kib: u64,
@@ -199,11 +201,14 @@ pub(super) fn run(
             r.metrics
         );
     }
-    println!("{} agents running together; {} s warm-up", runs.len(), warmup.as_secs());
-    std::thread::sleep(warmup);
+    println!("{} agents running together", runs.len());
     let mut phases = Vec::new();
     for load in [Load::Idle, Load::Busy] {
-        crate::step(&format!("bench-agent --together: {} for {secs} s", load.name()));
+        crate::step(&format!(
+            "bench-agent --together: {}, {} s warm-up then {secs} s measured",
+            load.name(),
+            warmup.as_secs()
+        ));
         let _busy = match load {
             Load::Idle => None,
             Load::Busy => {
@@ -215,6 +220,17 @@ pub(super) fn run(
                 Some(Reaper(cmd.spawn().context("start bench_work")?))
             }
         };
+        // Each load gets its own warm-up: an agent meets new code when a load starts (a
+        // workload's functions to name, its stacks to store), and the steady state is what is
+        // measured. What that cost shows as the RSS when the load began.
+        let rss_load_start: Vec<u64> =
+            runs.iter().map(|r| rss_kib(r.pid)).collect::<Result<_, _>>()?;
+        std::thread::sleep(warmup);
+        for r in &mut runs {
+            if let Some(status) = r.agent.0.try_wait()? {
+                bail!("agent {} ({} Hz) exited during the warm-up: {status}", r.pid, r.rate);
+            }
+        }
         let start = snap_all(&runs, server.as_ref())?;
         let mut rss: Vec<Vec<u64>> =
             runs.iter().map(|r| rss_kib(r.pid).map(|k| vec![k])).collect::<Result<_, _>>()?;
@@ -229,7 +245,9 @@ pub(super) fn run(
             }
         }
         let end = snap_all(&runs, server.as_ref())?;
-        for (((r, a), b), rss) in runs.iter().zip(&start).zip(&end).zip(&rss) {
+        for ((((r, a), b), rss), &load_start) in
+            runs.iter().zip(&start).zip(&end).zip(&rss).zip(&rss_load_start)
+        {
             phases.push(Phase {
                 sink: r.sink,
                 rate: r.rate,
@@ -237,6 +255,7 @@ pub(super) fn run(
                 wall_s: (b.at - a.at).as_secs_f64(),
                 cpu_s: b.cpu_s - a.cpu_s,
                 bpf_s: b.bpf_s - a.bpf_s,
+                rss_load_start_kib: load_start,
                 rss_start_kib: rss[0],
                 rss_end_kib: *rss.last().unwrap_or(&0),
                 rss_max_kib: rss.iter().copied().max().unwrap_or(0),
@@ -250,7 +269,8 @@ pub(super) fn run(
             let p = phases.last().expect("pushed");
             println!(
                 "{} sink, {} Hz, {}: {:.3}% of a core (agent {:.2} s + BPF {:.2} s over {:.0} s); \
-                 RSS {} → {} (max {}); {} windows, spool {:.1} MiB/h{}",
+                 RSS {} at load start, {} → {} (max {}) measured; {} windows, spool {:.1} \
+                 MiB/h{}",
                 r.sink.name(),
                 r.rate,
                 load.name(),
@@ -258,6 +278,7 @@ pub(super) fn run(
                 p.cpu_s,
                 p.bpf_s,
                 p.wall_s,
+                mib(p.rss_load_start_kib),
                 mib(p.rss_start_kib),
                 mib(p.rss_end_kib),
                 mib(p.rss_max_kib),
@@ -290,8 +311,10 @@ pub(super) fn table(phases: &[Phase], secs: u64, warmup: u64) -> String {
     let mut md = String::new();
     md.push_str(&format!(
         "**The {} agents ran concurrently** (`--together`: started at once, each with its own \
-         spool, metrics port and ClickHouse database; {} s warm-up, then the same {secs} s idle \
-         window for all, then the same {secs} s with every CPU busy). Each also samples the \
+         spool, metrics port and ClickHouse database). Two phases, idle then every CPU busy, \
+         each a {} s warm-up under its load and then the same {secs} s measured for all; \
+         \"load start\" is the RSS as the phase's load began, before its warm-up. Each also \
+         samples the \
          others' processes, so the machine is busier than under one agent. CPU = the agent's \
          user+sys (/proc/PID/stat) + the run time of its own BPF programs (fdinfo \
          `run_time_ns` by program id; the agents' ids are disjoint), as a share of one core. \
@@ -302,22 +325,24 @@ pub(super) fn table(phases: &[Phase], secs: u64, warmup: u64) -> String {
         warmup
     ));
     md.push_str(
-        "| Sink | Rate | Load | CPU | agent / BPF s | RSS start → end (max) | Windows | Spool \
-         bytes per host-hour | ClickHouse bytes per host-hour |\n",
+        "| Sink | Rate | Load | CPU | agent / BPF s | RSS at load start | RSS start → end (max) \
+         | Windows | Spool bytes per host-hour | ClickHouse bytes per host-hour |\n",
     );
-    md.push_str("|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    md.push_str("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for p in phases {
         let ch = p
             .clickhouse_bytes
             .map_or("–".to_owned(), |b| format!("{:.1} MiB", p.per_hour_mib(b)));
         md.push_str(&format!(
-            "| {} | {} Hz | {} | {:.3} % | {:.2} / {:.2} | {} → {} ({}) | {} | {:.1} MiB | {ch} |\n",
+            "| {} | {} Hz | {} | {:.3} % | {:.2} / {:.2} | {} | {} → {} ({}) | {} | {:.1} MiB | \
+             {ch} |\n",
             p.sink.name(),
             p.rate,
             p.load.name(),
             p.pct(),
             p.cpu_s,
             p.bpf_s,
+            mib(p.rss_load_start_kib),
             mib(p.rss_start_kib),
             mib(p.rss_end_kib),
             mib(p.rss_max_kib),
