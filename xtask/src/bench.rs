@@ -345,9 +345,9 @@ fn drain<R: std::io::Read + Send + 'static>(
     })
 }
 
-struct Reaped {
-    status: libc::c_int,
-    usage: libc::rusage,
+pub(crate) struct Reaped {
+    pub(crate) status: libc::c_int,
+    pub(crate) usage: libc::rusage,
 }
 
 /// wait4 on `pid`; with `nohang`, None while it still runs.
@@ -372,10 +372,16 @@ fn wait4(pid: libc::pid_t, nohang: bool) -> anyhow::Result<Option<Reaped>> {
     }
 }
 
-/// Waits up to `timeout` for `pid`, then SIGKILLs it.
-fn wait_with_timeout(pid: libc::pid_t, timeout: Duration) -> anyhow::Result<Reaped> {
+/// Waits up to `timeout` for `pid` (our child), calling `poll` every 20 ms while it lives,
+/// then SIGKILLs it.
+pub(crate) fn wait_with_timeout(
+    pid: libc::pid_t,
+    timeout: Duration,
+    mut poll: impl FnMut(),
+) -> anyhow::Result<Reaped> {
     let deadline = Instant::now() + timeout;
     loop {
+        poll();
         if let Some(r) = wait4(pid, true)? {
             return Ok(r);
         }
@@ -383,10 +389,16 @@ fn wait_with_timeout(pid: libc::pid_t, timeout: Duration) -> anyhow::Result<Reap
             // SAFETY: plain kill(2) of our own, not yet reaped child.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             wait4(pid, false)?;
-            bail!("did not exit within {} s after SIGINT; killed", timeout.as_secs());
+            bail!("did not exit within {} s; killed", timeout.as_secs());
         }
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Exited 0, or by re-raising SIGINT after writing (as perf does): both are clean stops.
+pub(crate) fn stopped_cleanly(status: libc::c_int) -> bool {
+    (libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0)
+        || (libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT)
 }
 
 /// A tool's output for an error message ("" when it printed nothing).
@@ -405,7 +417,7 @@ fn describe_status(status: libc::c_int) -> String {
     }
 }
 
-fn timeval(tv: libc::timeval) -> Duration {
+pub(crate) fn timeval(tv: libc::timeval) -> Duration {
     Duration::from_secs(tv.tv_sec.max(0) as u64) + Duration::from_micros(tv.tv_usec.max(0) as u64)
 }
 
@@ -463,15 +475,12 @@ fn run_under(
     let window = started.elapsed();
     // SAFETY: plain kill(2) of our own, not yet reaped child.
     unsafe { libc::kill(pid, libc::SIGINT) };
-    let reaped = wait_with_timeout(pid, SHUTDOWN_TIMEOUT).with_context(|| what.clone())?;
+    let reaped = wait_with_timeout(pid, SHUTDOWN_TIMEOUT, || ()).with_context(|| what.clone())?;
     let text = output_text(stdout, stderr);
     let fixture_wall = fixture_result?;
 
-    // Handling SIGINT by exiting 0, or by re-raising it after writing (as perf does), are both
-    // clean stops; the output file is the real check.
-    let clean = (libc::WIFEXITED(reaped.status) && libc::WEXITSTATUS(reaped.status) == 0)
-        || (libc::WIFSIGNALED(reaped.status) && libc::WTERMSIG(reaped.status) == libc::SIGINT);
-    if !clean {
+    // The output file is the real check.
+    if !stopped_cleanly(reaped.status) {
         bail!("`{what}` failed ({}){}", describe_status(reaped.status), tool_output(&text));
     }
     let size = fs::metadata(output).map(|m| m.len()).unwrap_or(0);

@@ -340,39 +340,20 @@ pub(crate) struct Usage {
 /// high-water mark of the address space a child had before exec (a copy of ours) into it, so
 /// every tool started after this process grew showed our RSS instead of its own.
 pub(crate) fn reap(pid: libc::pid_t, started: Instant) -> anyhow::Result<Usage> {
-    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
     let mut hwm_kib = 0;
-    loop {
+    let r = crate::bench::wait_with_timeout(pid, SHUTDOWN_TIMEOUT, || {
         hwm_kib = hwm_kib.max(crate::bench::status_kib(pid as u32, "VmHWM:").unwrap_or(0));
-        let mut status = 0;
-        // SAFETY: an all-zero rusage is valid; wait4 fills it in.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointers to locals.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
-        if r == pid {
-            let clean = (libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0)
-                || (libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT);
-            if !clean {
-                bail!("exited with wait status {status:#x}");
-            }
-            let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-            return Ok(Usage {
-                cpu: tv(ru.ru_utime) + tv(ru.ru_stime),
-                // A tool gone within 20 ms of SIGINT was never read: wait4's (an upper bound).
-                rss_kib: if hwm_kib > 0 { hwm_kib } else { ru.ru_maxrss.max(0) as u64 },
-                wall: started.elapsed().as_secs_f64(),
-            });
-        }
-        if r < 0 {
-            return Err(std::io::Error::last_os_error()).context("wait4");
-        }
-        if Instant::now() > deadline {
-            // SAFETY: our own, not yet reaped child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            bail!("did not finish within {} s; killed", SHUTDOWN_TIMEOUT.as_secs());
-        }
-        thread::sleep(Duration::from_millis(20));
+    })?;
+    if !crate::bench::stopped_cleanly(r.status) {
+        bail!("exited with wait status {:#x}", r.status);
     }
+    let cpu = crate::bench::timeval(r.usage.ru_utime) + crate::bench::timeval(r.usage.ru_stime);
+    Ok(Usage {
+        cpu: cpu.as_secs_f64(),
+        // A tool gone within 20 ms of SIGINT was never read: wait4's (an upper bound).
+        rss_kib: if hwm_kib > 0 { hwm_kib } else { r.usage.ru_maxrss.max(0) as u64 },
+        wall: started.elapsed().as_secs_f64(),
+    })
 }
 
 fn run_one(
