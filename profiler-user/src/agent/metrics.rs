@@ -89,6 +89,10 @@ pub struct WindowMetrics {
     pub symbol_file_evictions: Counter,
     pub symbolizer_rebuilds: Counter,
     pub symbolize_seconds: Histogram,
+    /// malloc's heap after each window's trim: bytes in use, and bytes free but still held
+    /// (fragments it cannot hand back). RSS less these is mostly mapped files and stacks.
+    pub heap_in_use_bytes: Gauge,
+    pub heap_free_bytes: Gauge,
     samples: Family<ServiceLabel, Counter>,
     services: Mutex<HashSet<String>>,
 }
@@ -215,6 +219,8 @@ impl AgentMetrics {
             symbol_file_evictions: Counter::default(),
             symbolizer_rebuilds: Counter::default(),
             symbolize_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            heap_in_use_bytes: Gauge::default(),
+            heap_free_bytes: Gauge::default(),
             samples: Family::default(),
             services: Mutex::new(HashSet::new()),
         });
@@ -274,6 +280,18 @@ impl AgentMetrics {
             "symbol_cache_evictions",
             "Named frame addresses evicted (least recently used) to keep the cache bounded",
             w.symbol_cache_evictions.clone(),
+        );
+        r.register_with_unit(
+            "heap_in_use",
+            "Heap bytes malloc has handed out, after the last window's trim",
+            Unit::Bytes,
+            w.heap_in_use_bytes.clone(),
+        );
+        r.register_with_unit(
+            "heap_free",
+            "Heap bytes free inside malloc's arena but not handed back, after the last window's trim",
+            Unit::Bytes,
+            w.heap_free_bytes.clone(),
         );
         r.register(
             "symbol_files",
