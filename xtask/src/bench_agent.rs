@@ -81,7 +81,7 @@ pub struct BenchAgentArgs {
     query_only: bool,
     /// Run every sink × rate at once (each agent with its own spool, metrics port and
     /// ClickHouse database), measured over the same `--secs` idle, then the same `--secs` busy,
-    /// after a shared 60 s warm-up: 2 × `--secs` instead of 8.
+    /// each after `--warmup` under its load: 2 × (`--warmup` + `--secs`) instead of 8 runs.
     #[arg(long, conflicts_with = "query_only")]
     together: bool,
 }

@@ -33,6 +33,12 @@ use crate::{
 /// Rows kept compiled for this (8 bytes each: 16 MiB); past it the cache starts afresh. Only
 /// files up to `COMPILE_WHILE_DRAINING_MAX_BYTES` are compiled here, so this holds many.
 const MAX_CACHED_ROWS: usize = 2 << 20;
+/// Tables compiled here serve processes whose kernel tables have not landed yet, so each is
+/// needed for a short while. Before compiling another file, a cache older than this starts
+/// afresh. Otherwise an agent's heap would keep, up to `MAX_CACHED_ROWS`, the table of every
+/// file that some short-lived program once needed. A file still in use costs one compile a
+/// minute.
+const CACHE_LIFETIME: Duration = Duration::from_secs(60);
 
 /// Files larger than this are not compiled here: compiling runs on the event loop, and a
 /// 100 MB compiler library takes seconds (more on a busy machine), during which the ring
@@ -86,8 +92,10 @@ pub struct CopyStats {
     pub mismatched: u64,
     pub files_compiled: u64,
     pub compile_time: Duration,
-    /// Times the compiled-table cache was emptied for being over its size.
+    /// Times the compiled-table cache was emptied for being over its size, and for being
+    /// older than `CACHE_LIFETIME`.
     pub cache_resets: u64,
+    pub cache_expiries: u64,
     /// Frame lookups in files too large to compile while draining (left to the kernel's
     /// tables), and how many such files.
     pub left_to_kernel: u64,
@@ -102,6 +110,8 @@ pub struct CopiedStacks {
     /// Per module slot (with its creation serial, as slots are reused for other files).
     by_module: HashMap<(ModuleId, u64), FileRules>,
     cached_rows: usize,
+    /// When the first table now cached was compiled.
+    cached_since: Option<Instant>,
     pub stats: CopyStats,
 }
 
@@ -226,6 +236,11 @@ impl CopiedStacks {
             return FileRules::TooLarge;
         }
         let started = Instant::now();
+        if self.cached_since.is_some_and(|t| started.duration_since(t) > CACHE_LIFETIME) {
+            self.clear_cache();
+            self.stats.cache_expiries += 1;
+        }
+        self.cached_since.get_or_insert(started);
         // With the separate debug file's .debug_frame, as the kernel's tables (worker.rs).
         let root = super::debugfile::debug_root();
         let table = std::fs::read(&path)
@@ -237,15 +252,21 @@ impl CopiedStacks {
         self.stats.files_compiled += 1;
         let rows = table.as_ref().map_or(0, |t| t.rows().len());
         if self.cached_rows + rows > MAX_CACHED_ROWS {
-            // Module entries hold tables too: both go, and are rebuilt on demand.
-            self.tables.clear();
-            self.by_module.clear();
-            self.cached_rows = 0;
+            self.clear_cache();
+            self.cached_since = Some(started);
             self.stats.cache_resets += 1;
         }
         self.cached_rows += rows;
         self.tables.insert(identity, table.clone());
         FileRules::Table(table, layout)
+    }
+
+    /// Module entries hold tables too: both go, and are rebuilt on demand.
+    fn clear_cache(&mut self) {
+        self.tables.clear();
+        self.by_module.clear();
+        self.cached_rows = 0;
+        self.cached_since = None;
     }
 
     /// The summary line: copies the kernel sent and how their walks ended here.
@@ -285,11 +306,14 @@ impl CopiedStacks {
         }
         let _ = write!(
             out,
-            "; {} needed more stack than copied, {} not continued; {} files compiled in {:.0} ms",
+            "; {} needed more stack than copied, {} not continued; {} files compiled in {:.0} ms \
+             (cache emptied {} times when full, {} after a minute)",
             s.beyond_copy,
             s.mismatched,
             s.files_compiled,
-            s.compile_time.as_secs_f64() * 1e3
+            s.compile_time.as_secs_f64() * 1e3,
+            s.cache_resets,
+            s.cache_expiries
         );
         if s.large_files > 0 {
             let _ = write!(
@@ -303,5 +327,47 @@ impl CopiedStacks {
         }
         out.push('\n');
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{collect::modules::read_address_space, model::ids::Pid};
+
+    /// This test's own libc and dynamic loader, as modules of its address space.
+    fn own_libs(modules: &mut ModuleTable) -> (ModuleId, ModuleId) {
+        let space = read_address_space(Pid(std::process::id()), modules).unwrap();
+        let find = |name: &str| {
+            space
+                .modules()
+                .find(|&m| modules.get(m).path.contains(name))
+                .unwrap_or_else(|| panic!("no module named {name} in this test's address space"))
+        };
+        (find("libc.so"), find("ld-linux"))
+    }
+
+    #[test]
+    fn compiled_tables_expire_after_a_minute_when_another_file_is_compiled() {
+        let mut modules = ModuleTable::default();
+        let (libc, ld) = own_libs(&mut modules);
+        let table = |r: FileRules| matches!(r, FileRules::Table(Some(_), _));
+        let mut c = CopiedStacks::default();
+        assert!(table(c.file_rules(&modules, libc)));
+        assert_eq!((c.stats.files_compiled, c.tables.len()), (1, 1));
+        // Asked again while young: served from the cache.
+        assert!(table(c.file_rules(&modules, libc)));
+        assert_eq!(c.stats.files_compiled, 1);
+        // A minute on, the next file compiled finds the cache old: it starts afresh.
+        c.cached_since = Some(Instant::now() - CACHE_LIFETIME - Duration::from_secs(1));
+        assert!(table(c.file_rules(&modules, ld)));
+        assert_eq!((c.stats.files_compiled, c.tables.len(), c.stats.cache_expiries), (2, 1, 1));
+        assert_eq!(
+            c.cached_rows,
+            c.tables.values().flatten().map(|t| t.rows().len()).sum::<usize>()
+        );
+        // So libc's table was let go and is compiled again when asked; nothing expires now.
+        assert!(table(c.file_rules(&modules, libc)));
+        assert_eq!((c.stats.files_compiled, c.tables.len(), c.stats.cache_expiries), (3, 2, 1));
     }
 }

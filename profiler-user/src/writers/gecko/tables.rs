@@ -479,7 +479,7 @@ impl<'t> Shared<'t> {
 /// A sub-process's `meta`.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct ProcessMeta<'a> {
+struct SubprocessMeta<'a> {
     version: u32,
     /// Same startTime as the root, so no time shifting happens on import.
     start_time: f64,
@@ -509,7 +509,7 @@ fn write_process<'t, W: Write>(
     tree: &'t SymbolizedStacks,
     mut p: GeckoProcess,
 ) -> io::Result<()> {
-    let sub_meta = ProcessMeta {
+    let sub_meta = SubprocessMeta {
         version: GECKO_VERSION,
         start_time: shared.start_time_ms,
         shutdown_time: p.end_time_ms,
