@@ -88,6 +88,10 @@ pub struct WindowMetrics {
     pub symbol_files: Gauge,
     pub symbol_file_evictions: Counter,
     pub symbolizer_rebuilds: Counter,
+    /// Files whose DWARF was parsed for a window (afresh each window), and files with
+    /// compressed DWARF whose uncompressed copy could not be made.
+    pub symbol_dwarf_reads: Counter,
+    pub symbol_dwarf_copy_failures: Counter,
     pub symbolize_seconds: Histogram,
     /// malloc's heap after each window's trim: bytes in use, and bytes free but still held
     /// (fragments it cannot hand back). RSS less these is mostly mapped files and stacks.
@@ -218,6 +222,8 @@ impl AgentMetrics {
             symbol_files: Gauge::default(),
             symbol_file_evictions: Counter::default(),
             symbolizer_rebuilds: Counter::default(),
+            symbol_dwarf_reads: Counter::default(),
+            symbol_dwarf_copy_failures: Counter::default(),
             symbolize_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             heap_in_use_bytes: Gauge::default(),
             heap_free_bytes: Gauge::default(),
@@ -307,6 +313,16 @@ impl AgentMetrics {
             "symbolizer_rebuilds",
             "Times blazesym's symbolizer was dropped and rebuilt empty",
             w.symbolizer_rebuilds.clone(),
+        );
+        r.register(
+            "symbol_dwarf_reads",
+            "Files whose DWARF was parsed to name a window's frames (parsed afresh each window, not held)",
+            w.symbol_dwarf_reads.clone(),
+        );
+        r.register(
+            "symbol_dwarf_copy_failures",
+            "Files with compressed DWARF that could not be copied uncompressed into the debug cache (held parsed instead)",
+            w.symbol_dwarf_copy_failures.clone(),
         );
         r.register_with_unit(
             "window_symbolize",

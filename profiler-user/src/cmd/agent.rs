@@ -137,6 +137,9 @@ pub fn run(args: AgentArgs) -> Result<()> {
                     mw.symbol_files.set(st.files as i64);
                     mw.symbol_file_evictions.inc_by(st.files_evicted - seen.files_evicted);
                     mw.symbolizer_rebuilds.inc_by(st.rebuilds - seen.rebuilds);
+                    mw.symbol_dwarf_reads.inc_by(st.dwarf_reads - seen.dwarf_reads);
+                    mw.symbol_dwarf_copy_failures
+                        .inc_by(st.dwarf_copy_failures - seen.dwarf_copy_failures);
                     mw.symbolize_seconds.observe(report.symbolize_time.as_secs_f64());
                     seen = st;
                     m.windows.profiles.inc_by(profiles.len() as u64);
@@ -242,7 +245,8 @@ fn symbolizer_summary(s: &crate::symbolize::ServiceStats) -> String {
     let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 * 100.0 / b as f64 };
     format!(
         "symbolizer: {} lookups, {:.1}% named from the cache, {} names held ({} KiB), {} \
-         evicted; {} files held parsed, {} evicted, {} rebuilds; {:.3} s over {} calls",
+         evicted; {} files held parsed, {} evicted, {} rebuilds; DWARF parsed {} times, {} \
+         copies failed; {:.3} s over {} calls",
         s.asked,
         pct(s.cached, s.asked),
         s.entries,
@@ -251,6 +255,8 @@ fn symbolizer_summary(s: &crate::symbolize::ServiceStats) -> String {
         s.files,
         s.files_evicted,
         s.rebuilds,
+        s.dwarf_reads,
+        s.dwarf_copy_failures,
         s.seconds,
         s.calls
     )

@@ -392,6 +392,11 @@ impl HeldFiles {
         out
     }
 
+    /// Stops tracking `path` without counting an eviction: blazesym does not hold it.
+    pub fn forget(&mut self, path: &Path) {
+        self.remove(path);
+    }
+
     fn remove(&mut self, path: &Path) {
         if let Some(h) = self.files.remove(path) {
             self.bytes -= h.id.size();

@@ -4,6 +4,7 @@
 //! once: results are cached by (module, offset) or kernel address.
 
 pub mod cache;
+mod dwarf;
 pub mod pages;
 
 use std::{
@@ -143,7 +144,7 @@ pub fn symbolize(
     thread::Builder::new()
         .name("symbolizer".into())
         .spawn(move || {
-            let mut worker = SymbolizerThread::new(false);
+            let mut worker = SymbolizerThread::new(false, None);
             let errors = worker.run(&addrs, &modules);
             let _ = tx.send((worker.out, errors));
         })
@@ -227,6 +228,10 @@ pub struct ServiceStats {
     pub files: u64,
     pub files_evicted: u64,
     pub rebuilds: u64,
+    /// Files whose DWARF was parsed for a call (each call parses afresh), and files with
+    /// compressed DWARF that could not be copied uncompressed (then held parsed, as others).
+    pub dwarf_reads: u64,
+    pub dwarf_copy_failures: u64,
     /// Calls served, and the time they took (seconds).
     pub calls: u64,
     pub seconds: f64,
@@ -237,17 +242,22 @@ impl Service {
         Self::with_bounds(
             cache::FrameCache::new(SERVICE_CACHE_ENTRIES, SERVICE_CACHE_BYTES),
             cache::HeldFiles::new(SERVICE_HELD_FILES, SERVICE_HELD_FILE_BYTES),
+            Some(PerCall::new(crate::unwind::debug_root(), dwarf::cache_dir())),
         )
     }
 
-    fn with_bounds(mut names: cache::FrameCache, mut held: cache::HeldFiles) -> Result<Self> {
+    fn with_bounds(
+        mut names: cache::FrameCache,
+        mut held: cache::HeldFiles,
+        per_call: Option<PerCall>,
+    ) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let stats = Arc::new(Mutex::new(ServiceStats::default()));
         let shared = Arc::clone(&stats);
         thread::Builder::new()
             .name("symbolizer".into())
             .spawn(move || {
-                let mut worker = SymbolizerThread::new(true);
+                let mut worker = SymbolizerThread::new(true, per_call);
                 let mut total = ServiceStats::default();
                 let mut evicted_since_rebuild = 0;
                 for req in rx {
@@ -260,6 +270,20 @@ impl Service {
                     // used past the bound.
                     let live: std::collections::HashSet<&std::path::Path> =
                         req.modules.iter().filter_map(|m| m.open_path.as_deref()).collect();
+                    // Files read for their DWARF leave blazesym after each call: what it parsed
+                    // of them would otherwise stay, growing with every new address.
+                    if let Some(per_call) = worker.per_call.as_mut() {
+                        per_call.read.sort_unstable();
+                        per_call.read.dedup();
+                        total.dwarf_reads += per_call.read.len() as u64;
+                        for p in per_call.read.drain(..) {
+                            let _ = worker.sym.evict(&Evict::Elf(evict::Elf::new(p)));
+                        }
+                        for p in per_call.modules.drain(..) {
+                            held.forget(&p);
+                        }
+                        total.dwarf_copy_failures = per_call.copy_failures;
+                    }
                     let gone = held.to_evict(&live);
                     evicted_since_rebuild += gone.len() as u64;
                     if evicted_since_rebuild >= REBUILD_AFTER_EVICTIONS {
@@ -421,8 +445,63 @@ struct SymbolizerThread {
     /// For kernel addresses: its parsed kallsyms (a few MiB) is worth keeping, reading
     /// /proc/kallsyms again costs ~100 ms of CPU.
     ksym: Symbolizer,
+    /// A `Service`'s: files with DWARF are parsed afresh each call (see `dwarf`).
+    per_call: Option<PerCall>,
     out: Symbols,
     errors: SymbolizeErrors,
+}
+
+/// Files whose DWARF a `Service` parses per call, and what it read this call.
+struct PerCall {
+    debug_root: PathBuf,
+    cache: PathBuf,
+    /// By the module's path: its identity then, and where its DWARF is (None: it has none,
+    /// or it could not be copied; blazesym holds such a file as before).
+    plans: HashMap<PathBuf, (cache::FileId, Option<Arc<dwarf::DwarfSource>>)>,
+    /// The files handed to blazesym this call for DWARF, to evict after it, and the modules'
+    /// own paths (not held by blazesym).
+    read: Vec<PathBuf>,
+    modules: Vec<PathBuf>,
+    /// Files with compressed DWARF that could not be copied uncompressed, and the last reason.
+    copy_failures: u64,
+    last_failure: Option<String>,
+}
+
+impl PerCall {
+    fn new(debug_root: PathBuf, cache: PathBuf) -> Self {
+        Self {
+            debug_root,
+            cache,
+            plans: HashMap::new(),
+            read: Vec::new(),
+            modules: Vec::new(),
+            copy_failures: 0,
+            last_failure: None,
+        }
+    }
+
+    /// Where the DWARF of the file at `path` is, if it has any (checked once per identity).
+    fn plan(&mut self, path: &std::path::Path) -> Option<Arc<dwarf::DwarfSource>> {
+        let stamp = cache::FileId::of(path, None)?;
+        if let Some((s, plan)) = self.plans.get(path)
+            && *s == stamp
+        {
+            return plan.clone();
+        }
+        let plan = match dwarf::source(path, &self.debug_root, &self.cache) {
+            Ok(p) => p.map(Arc::new),
+            Err(e) => {
+                self.copy_failures += 1;
+                self.last_failure = Some(format!("{}: {e}", path.display()));
+                None
+            }
+        };
+        if self.plans.len() >= 4096 {
+            self.plans.clear();
+        }
+        self.plans.insert(path.to_owned(), (stamp, plan.clone()));
+        plan
+    }
 }
 
 fn new_symbolizer() -> Symbolizer {
@@ -434,13 +513,14 @@ fn new_symbolizer() -> Symbolizer {
 }
 
 impl SymbolizerThread {
-    fn new(function_entries: bool) -> Self {
+    fn new(function_entries: bool, per_call: Option<PerCall>) -> Self {
         Self {
             sym: new_symbolizer(),
             function_entries,
             function_starts: HashMap::new(),
             dynsym_only: HashMap::new(),
             ksym: new_symbolizer(),
+            per_call,
             out: HashMap::new(),
             errors: Default::default(),
         }
@@ -559,7 +639,52 @@ impl SymbolizerThread {
     fn user(&mut self, module: ModuleId, m: &ModuleSource, offsets: &[u64]) {
         let by_function =
             self.function_entries && m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
+        let dwarf = match (&m.open_path, self.per_call.as_mut()) {
+            (Some(p), Some(per_call)) => {
+                let plan = per_call.plan(p);
+                // Said once: the file's plan is kept.
+                if let Some(e) = per_call.last_failure.take() {
+                    let why = format!("its DWARF stays held parsed (no uncompressed copy: {e})");
+                    self.errors.modules.push((m.name.clone(), why));
+                }
+                plan
+            }
+            _ => None,
+        };
         let results = match &m.open_path {
+            Some(p) if let Some(src) = dwarf => {
+                let per_call = self.per_call.as_mut().expect("planned");
+                per_call.read.push(src.path.clone());
+                per_call.modules.push(p.clone());
+                // Offsets outside the module's loadable segments name nothing.
+                let at: Vec<Option<u64>> = offsets.iter().map(|&o| src.address(o)).collect();
+                let asked: Vec<u64> = at.iter().flatten().copied().collect();
+                let input = match src.loads {
+                    Some(_) => Input::VirtOffset(&asked[..]),
+                    None => Input::FileOffset(&asked[..]),
+                };
+                match self.sym.symbolize(&Source::Elf(Elf::new(&src.path)), input) {
+                    Ok(r) => {
+                        let mut r = r.into_iter();
+                        Some(
+                            at.iter()
+                                .map(|a| match a {
+                                    Some(_) => r.next().unwrap_or(Symbolized::Unknown(
+                                        blazesym::symbolize::Reason::UnknownAddr,
+                                    )),
+                                    None => Symbolized::Unknown(
+                                        blazesym::symbolize::Reason::InvalidFileOffset,
+                                    ),
+                                })
+                                .collect::<Vec<_>>(),
+                        )
+                    }
+                    Err(e) => {
+                        self.errors.modules.push((m.name.clone(), e.to_string()));
+                        None
+                    }
+                }
+            }
             Some(p) => {
                 match self.sym.symbolize(&Source::Elf(Elf::new(p)), Input::FileOffset(offsets)) {
                     Ok(r) => Some(r),
@@ -889,6 +1014,8 @@ mod tests {
         let service = Service::with_bounds(
             cache::FrameCache::new(2, usize::MAX),
             cache::HeldFiles::new(1, u64::MAX),
+            // libc may have a debug file (libc6-dbg): this test is about the files held.
+            None,
         )
         .unwrap();
         let modules: Vec<ModuleSource> = paths.iter().map(|p| source(p)).collect();
@@ -904,6 +1031,76 @@ mod tests {
         let st = service.stats();
         assert_eq!(st.files_evicted, 8, "{st:?}");
         assert_eq!(st.evicted + st.entries, 9, "{st:?}");
+    }
+
+    /// A program whose DWARF is in a zlib-compressed debug file (as Debian ships them): the
+    /// service names it with file and line from an uncompressed copy, parses it for each call
+    /// without holding it, and names what it named before from its cache.
+    #[test]
+    fn service_parses_dwarf_per_call_from_an_uncompressed_copy() {
+        use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+        let dir = cache::tests::TempDir::new("symservice-dwarf");
+        let src = dir.path().join("f.c");
+        std::fs::write(
+            &src,
+            "int g(int x) { return x + 1; }\n__attribute__((noinline)) int scale(int x) {\n  return g(x) * 3;\n}\nint main(int c, char **v) { return scale(c); }\n",
+        )
+        .unwrap();
+        let exe = dir.path().join("f");
+        let run = |cmd: &mut std::process::Command| {
+            let st = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e} (`cargo xtask setup`)"));
+            assert!(st.success(), "{cmd:?}");
+        };
+        run(std::process::Command::new("gcc").args(["-O1", "-g", "-o"]).arg(&exe).arg(&src));
+        let debug = dir.path().join("f.debug");
+        run(std::process::Command::new("objcopy")
+            .args(["--only-keep-debug", "--compress-debug-sections=zlib"])
+            .arg(&exe)
+            .arg(&debug));
+        let stripped = dir.path().join("f.stripped");
+        run(std::process::Command::new("objcopy").arg("--strip-debug").arg(&exe).arg(&stripped));
+        let root = dir.path().join("root");
+        let data = std::fs::read(&exe).unwrap();
+        let elf = object::File::parse(&*data).unwrap();
+        let id = elf.build_id().unwrap().expect("gcc links with --build-id");
+        let at = crate::unwind::build_id_path(&root, id);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::copy(&debug, &at).unwrap();
+        // The file offset of scale's first byte.
+        let vaddr = elf.symbols().find(|s| s.name() == Ok("scale")).unwrap().address();
+        let seg = elf.segments().find(|s| (s.address()..s.address() + s.size()).contains(&vaddr));
+        let seg = seg.unwrap();
+        let offset = vaddr - seg.address() + seg.file_range().0;
+
+        let cache_dir = dir.path().join("cache");
+        let service = Service::with_bounds(
+            cache::FrameCache::new(1024, usize::MAX),
+            cache::HeldFiles::new(8, u64::MAX),
+            Some(PerCall::new(root.clone(), cache_dir.clone())),
+        )
+        .unwrap();
+        let modules = vec![source(&stripped)];
+        let a = FrameAddr::User { module: ModuleId(0), offset };
+        let b = FrameAddr::User { module: ModuleId(0), offset: offset + 1 };
+        let (first, errors) = service.symbolize(vec![a], modules.clone()).unwrap();
+        assert!(errors.modules.is_empty(), "{errors:?}");
+        let leaf = first[&a].last().unwrap();
+        assert_eq!(leaf.function, "scale", "{first:?}");
+        assert_eq!(leaf.file.as_deref(), Some(src.to_str().unwrap()), "{first:?}");
+        assert!(matches!(leaf.line, Some(2..=4)), "{first:?}");
+        // The one-off symbolizer, reading the unstripped program itself, agrees.
+        let direct = symbolize(vec![a], vec![source(&exe)]).unwrap().0;
+        assert_eq!(first[&a], direct[&a]);
+        let st = service.stats();
+        assert_eq!((st.dwarf_reads, st.files, st.dwarf_copy_failures), (1, 0, 0), "{st:?}");
+        assert_eq!(std::fs::read_dir(&cache_dir).unwrap().count(), 1, "one uncompressed copy");
+
+        // A new address parses again; the known one comes from the cache.
+        let (second, _) = service.symbolize(vec![a, b], modules).unwrap();
+        assert_eq!(second[&a], first[&a]);
+        assert_eq!(second[&b].last().unwrap().function, "scale");
+        let st = service.stats();
+        assert_eq!((st.dwarf_reads, st.files, st.cached), (2, 0, 1), "{st:?}");
     }
 
     #[test]

@@ -73,27 +73,46 @@ pub fn build_id_path(root: &Path, id: &[u8]) -> PathBuf {
 /// it: `.gnu_debuglink` is relative to its directory).
 pub fn find(root: &Path, mapped_path: &str, links: &DebugLinks) -> Lookup {
     let mut lookup = Lookup::default();
+    lookup.found = search(root, mapped_path, links, &mut lookup.rejected, read_debug_frame)
+        .map(|(path, how, debug_frame)| Found { path, how, debug_frame });
+    lookup
+}
+
+/// The path of the debug file of the file at `path` (build-id checked, or CRC-32 for a
+/// `.gnu_debuglink`), found as [`find`] finds it; `None` when there is none.
+pub fn find_path(root: &Path, path: &str, links: &DebugLinks) -> Option<PathBuf> {
+    let check = |p: &Path, id: Option<&[u8]>| match id {
+        Some(id) => check_build_id(p, id),
+        None => Ok(()),
+    };
+    search(root, path, links, &mut Vec::new(), check).map(|(p, _, ())| p)
+}
+
+/// The first candidate `read` accepts (given the build-id it must have, for the build-id
+/// path), and why candidates that exist were not taken.
+fn search<T>(
+    root: &Path,
+    mapped_path: &str,
+    links: &DebugLinks,
+    rejected: &mut Vec<String>,
+    read: impl Fn(&Path, Option<&[u8]>) -> Result<T, String>,
+) -> Option<(PathBuf, How, T)> {
     if let Some(id) = links.build_id.as_deref().filter(|id| id.len() >= 2) {
         let path = build_id_path(root, id);
         if path.exists() {
-            match read_debug_frame(&path, Some(id)) {
-                Ok(debug_frame) => {
-                    lookup.found = Some(Found { path, how: How::BuildId, debug_frame });
-                    return lookup;
-                }
-                Err(e) => lookup.rejected.push(format!("{}: {e}", path.display())),
+            match read(&path, Some(id)) {
+                Ok(t) => return Some((path, How::BuildId, t)),
+                Err(e) => rejected.push(format!("{}: {e}", path.display())),
             }
         }
     }
-    let Some((name, crc)) = &links.gnu_debuglink else { return lookup };
+    let (name, crc) = links.gnu_debuglink.as_ref()?;
     // A bare file name: never a path that could lead out of the searched directories.
-    let Ok(name) = std::str::from_utf8(name) else { return lookup };
+    let name = std::str::from_utf8(name).ok()?;
     if name.is_empty() || name.contains('/') {
-        return lookup;
+        return None;
     }
-    let Some(dir) = Path::new(mapped_path).parent().filter(|d| d.is_absolute()) else {
-        return lookup;
-    };
+    let dir = Path::new(mapped_path).parent().filter(|d| d.is_absolute())?;
     let under_root = root.join(dir.strip_prefix("/").unwrap_or(dir));
     for candidate in [dir.join(name), dir.join(".debug").join(name), under_root.join(name)] {
         // The file itself when the link names it (a debug file linking to itself).
@@ -102,20 +121,17 @@ pub fn find(root: &Path, mapped_path: &str, links: &DebugLinks) -> Lookup {
         }
         let checked = crc32(&candidate).and_then(|actual| {
             if actual == *crc {
-                read_debug_frame(&candidate, None)
+                read(&candidate, None)
             } else {
                 Err(format!("CRC-32 {actual:08x}, .gnu_debuglink says {crc:08x}"))
             }
         });
         match checked {
-            Ok(debug_frame) => {
-                lookup.found = Some(Found { path: candidate, how: How::DebugLink, debug_frame });
-                return lookup;
-            }
-            Err(e) => lookup.rejected.push(format!("{}: {e}", candidate.display())),
+            Ok(t) => return Some((candidate, How::DebugLink, t)),
+            Err(e) => rejected.push(format!("{}: {e}", candidate.display())),
         }
     }
-    lookup
+    None
 }
 
 /// CRC-32 (the `.gnu_debuglink` one: IEEE, as zlib's) of a file's contents, read in chunks.
@@ -137,6 +153,39 @@ fn crc32(path: &Path) -> Result<u32, String> {
     }
 }
 
+/// Whether the x86-64 ELF file at `path` has the GNU build-id `want`.
+fn check_build_id(path: &Path, want: &[u8]) -> Result<(), String> {
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    let cache = ReadCache::new(file);
+    let err = |e: object::Error| e.to_string();
+    let header = FileHeader64::<Endianness>::parse(&cache).map_err(err)?;
+    let endian = header.endian().map_err(err)?;
+    let sections = header.sections(endian, &cache).map_err(err)?;
+    same_build_id(&sections, endian, &cache, want)
+}
+
+fn same_build_id<'a>(
+    sections: &object::read::elf::SectionTable<'a, FileHeader64<Endianness>, &'a ReadCache<File>>,
+    endian: Endianness,
+    cache: &'a ReadCache<File>,
+    want: &[u8],
+) -> Result<(), String> {
+    let err = |e: object::Error| e.to_string();
+    let mut have = None;
+    for sh in sections.iter().filter(|sh| sh.sh_type(endian) == elf::SHT_NOTE) {
+        let Some(mut notes) = sh.notes(endian, cache).map_err(err)? else { continue };
+        while let Some(note) = notes.next().map_err(err)? {
+            if note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID {
+                have = Some(note.desc().to_vec());
+            }
+        }
+    }
+    if have.as_deref() != Some(want) {
+        return Err("its build-id differs".into());
+    }
+    Ok(())
+}
+
 /// The `.debug_frame` of an x86-64 debug file, reading only the headers it needs and that
 /// section; with `build_id`, the file's build-id note must match it.
 fn read_debug_frame(path: &Path, build_id: Option<&[u8]>) -> Result<Option<Vec<u8>>, String> {
@@ -150,18 +199,7 @@ fn read_debug_frame(path: &Path, build_id: Option<&[u8]>) -> Result<Option<Vec<u
     }
     let sections = header.sections(endian, &cache).map_err(err)?;
     if let Some(want) = build_id {
-        let mut have = None;
-        for sh in sections.iter().filter(|sh| sh.sh_type(endian) == elf::SHT_NOTE) {
-            let Some(mut notes) = sh.notes(endian, &cache).map_err(err)? else { continue };
-            while let Some(note) = notes.next().map_err(err)? {
-                if note.name() == elf::ELF_NOTE_GNU && note.n_type(endian) == elf::NT_GNU_BUILD_ID {
-                    have = Some(note.desc().to_vec());
-                }
-            }
-        }
-        if have.as_deref() != Some(want) {
-            return Err("its build-id differs".into());
-        }
+        same_build_id(&sections, endian, &cache, want)?;
     }
     let Some((_, sh)) = sections.section_by_name(endian, b".debug_frame") else {
         return Ok(None);

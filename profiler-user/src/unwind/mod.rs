@@ -11,7 +11,7 @@
 
 mod alloc;
 mod debugfile;
-pub use debugfile::build_id_path;
+pub use debugfile::{build_id_path, debug_root, find_path as find_debug_file};
 mod rows;
 mod worker;
 
