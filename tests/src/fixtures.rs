@@ -181,10 +181,21 @@ fn mtime(path: &Path) -> Option<SystemTime> {
 }
 
 fn is_up_to_date(src: &Path, out: &Path, recipe_path: &Path, recipe: &str) -> bool {
-    let (Some(src_time), Some(out_time)) = (mtime(src), mtime(out)) else {
-        return false;
-    };
-    src_time <= out_time && fs::read_to_string(recipe_path).is_ok_and(|r| r == recipe)
+    let Some(out_time) = mtime(out) else { return false };
+    // The source and the fixture sources it includes (`renamed.c` includes `split.c`; an
+    // include found elsewhere, like `rsprof.h`, is not followed).
+    let mut sources = vec![src.to_owned()];
+    if let Ok(text) = fs::read_to_string(src) {
+        let dir = src.parent().unwrap_or(Path::new("."));
+        for line in text.lines() {
+            let Some(rest) = line.trim_start().strip_prefix("#include \"") else { continue };
+            if let Some((name, _)) = rest.split_once('"') {
+                sources.push(dir.join(name));
+            }
+        }
+    }
+    let newer = |p: &PathBuf| mtime(p).is_some_and(|t| t > out_time);
+    !sources.iter().any(newer) && fs::read_to_string(recipe_path).is_ok_and(|r| r == recipe)
 }
 
 /// The profiler binary under test: `$RSPROF_BIN`, else `<target dir>/release/rsprof-bpf`.
