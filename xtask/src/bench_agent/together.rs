@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use super::{
-    Load, Reaper, SinkKind, TICK, bpf_programs, clickhouse_bytes, cpu_seconds, delivery_stats, mib,
+    Load, Reaper, SinkKind, bpf_programs, clickhouse_bytes, cpu_seconds, delivery_stats, mib,
     rss_kib, start_agent, stop_agent, tempfile_dir,
 };
 use crate::{bench::online_cpus, display};
@@ -51,6 +51,20 @@ struct Snap {
     spool_written: u64,
     windows: u64,
     clickhouse_bytes: Option<u64>,
+}
+
+/// RSS is read every second. A window's symbolizing maps the files it reads (their pages are
+/// page cache, shared with the programs running them) and lets them go within the second: one
+/// reading can land in it (a 99 Hz agent next to ClickHouse read 48 MiB once, 19 MiB a second
+/// later, its file-backed part 11 → 19 → 13 MiB). The RSS at a phase's start and end is the
+/// median of its first and last 30 readings; the max keeps every reading.
+const RSS_TICK: Duration = Duration::from_secs(1);
+const LEVEL_READINGS: usize = 30;
+
+fn level(readings: &[u64]) -> u64 {
+    let mut v = readings.to_vec();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
 }
 
 /// One agent over one phase.
@@ -236,7 +250,7 @@ pub(super) fn run(
             runs.iter().map(|r| rss_kib(r.pid).map(|k| vec![k])).collect::<Result<_, _>>()?;
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(secs) {
-            std::thread::sleep(TICK.min(Duration::from_secs(secs).saturating_sub(t.elapsed())));
+            std::thread::sleep(RSS_TICK.min(Duration::from_secs(secs).saturating_sub(t.elapsed())));
             for (r, v) in runs.iter_mut().zip(&mut rss) {
                 if let Some(status) = r.agent.0.try_wait()? {
                     bail!("agent {} ({} Hz) exited early: {status}", r.pid, r.rate);
@@ -256,8 +270,8 @@ pub(super) fn run(
                 cpu_s: b.cpu_s - a.cpu_s,
                 bpf_s: b.bpf_s - a.bpf_s,
                 rss_load_start_kib: load_start,
-                rss_start_kib: rss[0],
-                rss_end_kib: *rss.last().unwrap_or(&0),
+                rss_start_kib: level(&rss[..rss.len().min(LEVEL_READINGS)]),
+                rss_end_kib: level(&rss[rss.len().saturating_sub(LEVEL_READINGS)..]),
                 rss_max_kib: rss.iter().copied().max().unwrap_or(0),
                 windows: b.windows - a.windows,
                 spool_bytes: b.spool_written - a.spool_written,
@@ -313,8 +327,10 @@ pub(super) fn table(phases: &[Phase], secs: u64, warmup: u64) -> String {
         "**The {} agents ran concurrently** (`--together`: started at once, each with its own \
          spool, metrics port and ClickHouse database). Two phases, idle then every CPU busy, \
          each a {} s warm-up under its load and then the same {secs} s measured for all; \
-         \"load start\" is the RSS as the phase's load began, before its warm-up. Each also \
-         samples the \
+         \"load start\" is the RSS (VmRSS) as the phase's load began, before its warm-up; \
+         RSS is then read every second, start and end being the medians of the measured \
+         window's first and last 30 readings (a window's symbolizing maps the files it reads \
+         for under a second) and max the largest reading. Each also samples the \
          others' processes, so the machine is busier than under one agent. CPU = the agent's \
          user+sys (/proc/PID/stat) + the run time of its own BPF programs (fdinfo \
          `run_time_ns` by program id; the agents' ids are disjoint), as a share of one core. \
