@@ -437,6 +437,12 @@ fn rejecting(test: &str, code: u16) -> (String, Vec<Vec<Pushed>>) {
     let dir = spool_dir(test);
     let receiver = Receiver::start(0, code);
     let url = format!("http://127.0.0.1:{}", receiver.port);
+    // Two busy processes: every window holds at least two profiles, so a batch is more
+    // than one request's worth even on a quiet host (on one, a window held a single
+    // profile and no batch was ever split).
+    let exe = fixtures::build("split").expect("build split");
+    let busy: Vec<std::process::Child> =
+        (0..2).map(|_| Command::new(&exe).arg("20").spawn().expect("start split")).collect();
     // Queue mode (no --spool): windows are deleted once the sink is done with them.
     let mut agent = Agent::start(&[
         "--queue-dir",
@@ -452,6 +458,10 @@ fn rejecting(test: &str, code: u16) -> (String, Vec<Vec<Pushed>>) {
         agent.wait_for("window:", Duration::from_secs(30));
     }
     let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    for mut b in busy {
+        let _ = b.kill();
+        let _ = b.wait();
+    }
     assert!(status.success(), "{stderr}");
     let logged: Vec<&str> =
         stderr.lines().filter(|l| l.contains("rejected, not retried")).collect();

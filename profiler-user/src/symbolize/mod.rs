@@ -483,8 +483,11 @@ impl PerCall {
     /// Where the DWARF of the file at `path` is, if it has any (checked once per identity).
     fn plan(&mut self, path: &std::path::Path) -> Option<Arc<dwarf::DwarfSource>> {
         let stamp = cache::FileId::of(path, None)?;
+        // A copy gone from the cache (another agent sharing it deleted it for its bound) is
+        // made again.
         if let Some((s, plan)) = self.plans.get(path)
             && *s == stamp
+            && plan.as_ref().is_none_or(|p| p.path.exists())
         {
             return plan.clone();
         }
@@ -681,6 +684,7 @@ impl SymbolizerThread {
                     }
                     Err(e) => {
                         self.errors.modules.push((m.name.clone(), e.to_string()));
+                        per_call.plans.remove(p);
                         None
                     }
                 }
@@ -1101,6 +1105,14 @@ mod tests {
         assert_eq!(second[&b].last().unwrap().function, "scale");
         let st = service.stats();
         assert_eq!((st.dwarf_reads, st.files, st.cached), (2, 0, 1), "{st:?}");
+
+        // A copy deleted from the shared cache (another agent's bound) is made again.
+        std::fs::remove_dir_all(&cache_dir).unwrap();
+        let c = FrameAddr::User { module: ModuleId(0), offset: offset + 2 };
+        let (third, errors) = service.symbolize(vec![c], vec![source(&stripped)]).unwrap();
+        assert!(errors.modules.is_empty(), "{errors:?}");
+        assert!(matches!(third[&c].last().unwrap().line, Some(2..=4)), "{third:?}");
+        assert_eq!(std::fs::read_dir(&cache_dir).unwrap().count(), 1, "copy made again");
     }
 
     #[test]
