@@ -12,7 +12,7 @@
 
 use std::{
     hash::{Hash as _, Hasher as _},
-    io::{Read as _, Write as _},
+    io::Write as _,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::SystemTime,
@@ -175,10 +175,7 @@ fn inflate(data: &[u8]) -> Result<Vec<u8>, String> {
         if total > MAX_COPY_BYTES {
             return Err(format!("more than {MAX_COPY_BYTES} bytes uncompressed"));
         }
-        let mut out = Vec::with_capacity(size as usize);
-        flate2::read::ZlibDecoder::new(&d[24..])
-            .take(size)
-            .read_to_end(&mut out)
+        let out = crate::unwind::inflate_zlib(&d[24..], size)
             .map_err(|e| format!("inflating {}: {e}", s.name))?;
         if out.len() as u64 != size {
             return Err(format!("{} inflates to {} bytes, not {size}", s.name, out.len()));
@@ -215,27 +212,24 @@ fn trim(cache: &Path, keep: &Path) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::process::Command;
 
     use super::*;
+    use crate::unwind::run_tool as tool;
 
-    fn tool(cmd: &mut Command) {
-        let st = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e} (`cargo xtask setup`)"));
-        assert!(st.success(), "{cmd:?}");
+    /// A C program built with `-g` in `dir`, then split the way Debian ships it: `stripped`
+    /// has no DWARF, its zlib-compressed debug file is under `root`'s `.build-id/`.
+    pub(crate) struct Split {
+        pub src: PathBuf,
+        pub exe: PathBuf,
+        pub stripped: PathBuf,
+        pub root: PathBuf,
     }
 
-    /// A program split the way Debian ships it (stripped, with a zlib-compressed debug file
-    /// under the debug root's `.build-id/`): its DWARF is read from an uncompressed copy
-    /// with the same sections, addressed by virtual address; the copy is made once.
-    #[test]
-    fn compressed_debug_file_is_read_from_an_uncompressed_copy() {
-        let dir = std::env::temp_dir().join(format!("rsprof-dwarf-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+    pub(crate) fn split_program(dir: &Path, c_source: &str) -> Split {
         let src = dir.join("f.c");
-        std::fs::write(&src, "int f(int x) { return x * 3; }\nint main(void) { return f(2); }\n")
-            .unwrap();
+        std::fs::write(&src, c_source).unwrap();
         let exe = dir.join("f");
         tool(Command::new("gcc").args(["-O1", "-g", "-o"]).arg(&exe).arg(&src));
         let debug = dir.join("f.debug");
@@ -252,6 +246,21 @@ mod tests {
         let at = crate::unwind::build_id_path(&root, links.build_id.as_deref().unwrap());
         std::fs::create_dir_all(at.parent().unwrap()).unwrap();
         std::fs::copy(&debug, &at).unwrap();
+        Split { src, exe, stripped, root }
+    }
+
+    /// A program split the way Debian ships it (stripped, with a zlib-compressed debug file
+    /// under the debug root's `.build-id/`): its DWARF is read from an uncompressed copy
+    /// with the same sections, addressed by virtual address; the copy is made once.
+    #[test]
+    fn compressed_debug_file_is_read_from_an_uncompressed_copy() {
+        let dir = std::env::temp_dir().join(format!("rsprof-dwarf-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let Split { exe, stripped, root, .. } = split_program(
+            &dir,
+            "int f(int x) { return x * 3; }\nint main(void) { return f(2); }\n",
+        );
         let cache = dir.join("cache");
 
         // No debug file under another root, no DWARF of its own: nothing to parse.

@@ -1044,32 +1044,12 @@ mod tests {
     fn service_parses_dwarf_per_call_from_an_uncompressed_copy() {
         use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
         let dir = cache::tests::TempDir::new("symservice-dwarf");
-        let src = dir.path().join("f.c");
-        std::fs::write(
-            &src,
+        let dwarf::tests::Split { src, exe, stripped, root } = dwarf::tests::split_program(
+            dir.path(),
             "int g(int x) { return x + 1; }\n__attribute__((noinline)) int scale(int x) {\n  return g(x) * 3;\n}\nint main(int c, char **v) { return scale(c); }\n",
-        )
-        .unwrap();
-        let exe = dir.path().join("f");
-        let run = |cmd: &mut std::process::Command| {
-            let st = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e} (`cargo xtask setup`)"));
-            assert!(st.success(), "{cmd:?}");
-        };
-        run(std::process::Command::new("gcc").args(["-O1", "-g", "-o"]).arg(&exe).arg(&src));
-        let debug = dir.path().join("f.debug");
-        run(std::process::Command::new("objcopy")
-            .args(["--only-keep-debug", "--compress-debug-sections=zlib"])
-            .arg(&exe)
-            .arg(&debug));
-        let stripped = dir.path().join("f.stripped");
-        run(std::process::Command::new("objcopy").arg("--strip-debug").arg(&exe).arg(&stripped));
-        let root = dir.path().join("root");
+        );
         let data = std::fs::read(&exe).unwrap();
         let elf = object::File::parse(&*data).unwrap();
-        let id = elf.build_id().unwrap().expect("gcc links with --build-id");
-        let at = crate::unwind::build_id_path(&root, id);
-        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
-        std::fs::copy(&debug, &at).unwrap();
         // The file offset of scale's first byte.
         let vaddr = elf.symbols().find(|s| s.name() == Ok("scale")).unwrap().address();
         let seg = elf.segments().find(|s| (s.address()..s.address() + s.size()).contains(&vaddr));

@@ -227,23 +227,29 @@ fn read_debug_frame(path: &Path, build_id: Option<&[u8]>) -> Result<Option<Vec<u
             let compressed = cache
                 .read_bytes_at(offset, size)
                 .map_err(|()| "compressed .debug_frame outside the file".to_string())?;
-            let mut out = Vec::with_capacity(out_size as usize);
-            flate2::read::ZlibDecoder::new(compressed)
-                .take(out_size)
-                .read_to_end(&mut out)
+            let out = inflate_zlib(compressed, out_size)
                 .map_err(|e| format!("decompressing .debug_frame: {e}"))?;
             Ok(Some(out).filter(|d| !d.is_empty()))
         }
     }
 }
 
+/// A zlib stream (an `ELFCOMPRESS_ZLIB` section's data after its header), inflated to at
+/// most `size` bytes, the size its header gives.
+pub fn inflate_zlib(compressed: &[u8], size: u64) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(size as usize);
+    flate2::read::ZlibDecoder::new(compressed).take(size).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::process::Command;
 
     use super::*;
 
-    fn tool(cmd: &mut Command) {
+    /// Runs a build tool of the tests (gcc, objcopy), which must succeed.
+    pub(crate) fn tool(cmd: &mut Command) {
         let st = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e} (`cargo xtask setup`)"));
         assert!(st.success(), "{cmd:?}");
     }

@@ -11,7 +11,9 @@
 
 mod alloc;
 mod debugfile;
-pub use debugfile::{build_id_path, debug_root, find_path as find_debug_file};
+#[cfg(test)]
+pub(crate) use debugfile::tests::tool as run_tool;
+pub use debugfile::{build_id_path, debug_root, find_path as find_debug_file, inflate_zlib};
 mod rows;
 mod worker;
 
