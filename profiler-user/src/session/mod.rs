@@ -4,6 +4,7 @@
 //! through `messages`.
 
 pub mod messages;
+mod timer;
 
 use std::time::{Duration, Instant};
 
@@ -32,10 +33,13 @@ use crate::{
     writers::{Format, summary},
 };
 use messages::Messages;
+use timer::DrainTimer;
 
-/// The ring is drained at least this often when nothing wakes the loop: a few wakeups a second
-/// on an idle host.
-const MAX_DRAIN_INTERVAL: Duration = Duration::from_millis(250);
+/// The ring is drained at least this often when nothing wakes the loop. On an idle host a
+/// recording's own CPU is mostly its wakeups (17 ms over 20 s at 4 drains a second with tokio's
+/// timer, 4 ms at one a second on a timerfd: `BENCHMARKS.md`); what needs a drain sooner wakes
+/// the loop from BPF (records the unwinder wants, a quarter-full ring).
+const MAX_DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 /// A drain the BPF programs ask for comes at least this long after the previous one, so a
 /// storm of waking records (exec storms with the DWARF unwinder, bursts past the wake
 /// threshold) cannot spin the loop. The BPF side wakes at most this often for records the
@@ -60,12 +64,8 @@ pub fn drain_interval(ring_bytes: u32, cpus: usize, frequency: u64) -> Duration 
 
 /// After a drain: the timer's next drain comes a full period later, or `MIN_DRAIN_GAP` later
 /// when the drain saw records whose followers may not wake the loop (`Recorder::drain`).
-fn follow_up(poll: &mut tokio::time::Interval, again: bool) {
-    if again {
-        poll.reset_at(tokio::time::Instant::now() + MIN_DRAIN_GAP);
-    } else {
-        poll.reset();
-    }
+fn follow_up(poll: &DrainTimer, every: Duration, again: bool) -> std::io::Result<()> {
+    poll.reset_after(if again { MIN_DRAIN_GAP } else { every })
 }
 
 /// The next request, or never when there is no channel (or it closed).
@@ -400,10 +400,9 @@ impl<'p> Recorder<'p> {
     ) -> Result<Option<String>> {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         let every = self.drain_every;
-        let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let poll = DrainTimer::new(every)?;
         // While processes wait for a table being compiled, its landing is published on this
-        // shorter period rather than at the next drain: the timer's period (250 ms) is the
+        // shorter period rather than at the next drain: the timer's period (up to 1 s) is the
         // whole life of many processes, which would go without their tables.
         let mut landing = tokio::time::interval(TABLE_LANDING_POLL);
         landing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -463,19 +462,25 @@ impl<'p> Recorder<'p> {
                         if since >= MIN_DRAIN_GAP {
                             let again = self.drain();
                             last_drain = Instant::now();
-                            follow_up(&mut poll, again);
+                            if let Err(e) = follow_up(&poll, every, again) {
+                                break Err(e.into());
+                            }
                         } else {
                             ring_armed = false;
-                            poll.reset_at(tokio::time::Instant::now() + (MIN_DRAIN_GAP - since));
+                            if let Err(e) = poll.reset_after(MIN_DRAIN_GAP - since) {
+                                break Err(e.into());
+                            }
                         }
                     }
                     Err(e) => break Err(e.into()),
                 },
-                _ = poll.tick() => {
+                fired = poll.expired() => {
                     let again = self.drain();
                     last_drain = Instant::now();
                     ring_armed = true;
-                    follow_up(&mut poll, again);
+                    if let Err(e) = fired.and_then(|()| follow_up(&poll, every, again)) {
+                        break Err(e.into());
+                    }
                 }
                 _ = landing.tick(), if self.unwind.as_ref().is_some_and(|u| u.has_waiting()) => {
                     self.drain();
@@ -740,7 +745,7 @@ mod tests {
 
     #[test]
     fn drain_interval_keeps_two_worst_case_periods_in_the_ring() {
-        // A small host at the default ring: the ceiling, a few wakeups a second.
+        // A small host at the default ring: the ceiling, one wakeup a second.
         assert_eq!(drain_interval(16 << 20, 2, 99), MAX_DRAIN_INTERVAL);
         assert_eq!(drain_interval(16 << 20, 2, 999), MAX_DRAIN_INTERVAL);
         // A large host at 999 Hz: full-depth samples for one interval fill at most half.
