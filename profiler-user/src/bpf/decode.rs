@@ -244,8 +244,12 @@ pub fn comm_string(raw: &[u8]) -> String {
 /// `comm_string` into an existing string, reusing its buffer.
 fn set_comm(s: &mut String, raw: &[u8]) {
     let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-    s.clear();
-    s.push_str(&String::from_utf8_lossy(&raw[..end]));
+    let raw = &raw[..end];
+    // Consecutive samples are mostly of the same thread.
+    if s.as_bytes() != raw {
+        s.clear();
+        s.push_str(&String::from_utf8_lossy(raw));
+    }
 }
 
 const HDR: usize = size_of::<EventHeader>();

@@ -286,9 +286,7 @@ impl<S: SampleSink> Collector<S> {
             key @ ThreadKey::Idle { .. } => {
                 // The idle tasks are no process; their runtime is idle time, not work.
                 self.stats.idle_samples += 1;
-                self.frames.clear();
-                self.frames.extend(kernel_frames(&s.kernel_stack));
-                (key, 0, self.store.intern_stack(&self.frames))
+                (key, 0, self.idle_stack(s))
             }
             key => {
                 let (cpu_delta_ns, stack) = self.observe_task(s);
@@ -421,6 +419,23 @@ impl<S: SampleSink> Collector<S> {
             self.stack_cache.insert(stack, r.unmapped, self.store.stack_stamp());
         }
         (cpu_delta, stack)
+    }
+
+    /// An idle task's stack: kernel frames only, so cached under a space version no process
+    /// has. On an idle host these are most samples, and a hit is one hash of the addresses
+    /// where interning hashes and looks up each frame.
+    fn idle_stack(&mut self, s: &Sample) -> Option<StackId> {
+        const NO_SPACE: u64 = 0;
+        if let Some((stack, _)) =
+            self.stack_cache.lookup(NO_SPACE, 0, &s.kernel_stack, &[], &mut self.store)
+        {
+            return stack;
+        }
+        self.frames.clear();
+        self.frames.extend(kernel_frames(&s.kernel_stack));
+        let stack = self.store.intern_stack(&self.frames);
+        self.stack_cache.insert(stack, 0, self.store.stack_stamp());
+        stack
     }
 
     /// Only for the summary's top labels: a program pushing computed strings must not grow
@@ -722,6 +737,41 @@ mod tests {
         assert_eq!(module_of(&stacks[0]), "lib1.so");
         assert!(stacks[3..6].iter().all(|s| module_of(s) == "lib2.so" && s.len() == 2));
         assert!(matches!(stacks[8][1], FrameAddr::Label { .. }), "{:?}", stacks[8]);
+    }
+
+    /// Idle tasks' stacks go through the stack cache too (under a space version no process
+    /// has), and a process whose raw stack has the same addresses never gets an idle stack.
+    #[test]
+    fn idle_stacks_are_cached_apart_from_processes() {
+        let pid = PID_BASE + 2;
+        let mut c = with_mapped_process(ChunkedStore::new(8 << 20), pid, 3);
+        let kernel = vec![0xffff_ffff_8100_0010u64, 0xffff_ffff_8100_0020];
+        let idle = |t: u64, kernel: &[u64]| {
+            let KernelEvent::Sample(mut s) = sample(t, 0, Vec::new(), Vec::new()) else {
+                unreachable!()
+            };
+            s.flags = 0;
+            s.kernel_stack = kernel.to_vec();
+            KernelEvent::Sample(s)
+        };
+        for t in 10..14 {
+            c.handle(idle(t, &kernel));
+        }
+        assert_eq!(c.stack_cache.hits, 2, "cached at the second sighting, served from the third");
+        c.handle(idle(14, &kernel[1..]));
+        // A task sampled in the kernel at the same addresses: its own key, its own stack.
+        let KernelEvent::Sample(mut task) = sample(15, pid, vec![TEXT + 0x10], Vec::new()) else {
+            unreachable!()
+        };
+        task.kernel_stack = kernel.clone();
+        c.handle(KernelEvent::Sample(task));
+        assert_eq!(c.stats.idle_samples, 5);
+        let stacks: Vec<_> = stored_stacks(&c).into_iter().map(|(_, f)| f).collect();
+        let want: Vec<_> = kernel_frames(&kernel).collect();
+        assert!(stacks[..4].iter().all(|s| *s == want), "{stacks:?}");
+        assert_eq!(stacks[4], kernel_frames(&kernel[1..]).collect::<Vec<_>>());
+        assert_eq!(stacks[5].len(), 3, "kernel frames under the task's user frame");
+        assert_eq!(stacks[5][1..], want[..]);
     }
 
     /// A hot set of stacks stays cached while a stream of other stacks, each seen twice and

@@ -551,6 +551,7 @@ pub struct AddressSpace {
 }
 
 /// Versions are unique across all address spaces: a new space and every change takes the next.
+/// They start at 1: the stack cache keys idle tasks' stacks, which have no space, under 0.
 fn next_version() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
