@@ -787,6 +787,53 @@ fn update_benchmarks_md(path: &Path, table: &str) -> anyhow::Result<()> {
 
 /// A `kB` field of `/proc/PID/status` (`key` with its colon, e.g. `"VmRSS:"`); None once the
 /// process is gone or the field is missing.
+/// utime + stime of `pid` from /proc/PID/stat, seconds: every thread, exited ones included, in
+/// clock ticks (10 ms).
+pub fn stat_cpu_seconds(pid: u32) -> Option<f64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: plain sysconf.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks as f64 / hz)
+}
+
+/// A process's CPU time read two ways: its live threads' run time in ns (the first field of
+/// `/proc/PID/task/*/schedstat`) and utime + stime in 10 ms ticks. A tool costing tens of ms a
+/// minute needs the first; only the second counts threads that exited in between.
+pub struct CpuReading {
+    threads_s: f64,
+    tids: std::collections::BTreeSet<u32>,
+    stat_s: f64,
+}
+
+impl CpuReading {
+    pub fn of(pid: u32) -> Option<Self> {
+        let mut threads_s = 0.0;
+        let mut tids = std::collections::BTreeSet::new();
+        for e in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+            let Some(tid) = e.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
+            // A thread that exits between the listing and the read is left out.
+            let Ok(st) = fs::read_to_string(e.path().join("schedstat")) else { continue };
+            let ns: u64 = st.split_whitespace().next()?.parse().ok()?;
+            threads_s += ns as f64 / 1e9;
+            tids.insert(tid);
+        }
+        Some(Self { threads_s, tids, stat_s: stat_cpu_seconds(pid)? })
+    }
+
+    /// CPU seconds from `earlier` to this reading: by the threads' run time when every thread
+    /// of `earlier` is still there, else by the ticks.
+    pub fn since(&self, earlier: &Self) -> f64 {
+        if earlier.tids.is_subset(&self.tids) {
+            self.threads_s - earlier.threads_s
+        } else {
+            self.stat_s - earlier.stat_s
+        }
+    }
+}
+
 pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with(key))?;

@@ -163,15 +163,9 @@ impl Measured {
     }
 }
 
-/// user+sys seconds of `pid` (fields 14 and 15 of /proc/PID/stat, after the comm).
+/// user+sys seconds of `pid` (all its threads, exited ones included).
 pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = &stat[stat.rfind(')').context("bad stat")? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / hz)
+    crate::bench::stat_cpu_seconds(pid).with_context(|| format!("no /proc/{pid}/stat"))
 }
 
 pub(crate) fn rss_kib(pid: u32) -> anyhow::Result<u64> {

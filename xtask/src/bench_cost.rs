@@ -10,8 +10,8 @@
 //!    for a profiler that tracks every process's mappings.
 //!
 //! Each tool is started, and measured once it samples (rsprof-bpf: its "sampling" line; perf: 1.5
-//! s after start), so start-up is left out: its CPU time (utime + stime from /proc/PID/stat) over
-//! `--seconds`, its RSS every second (VmRSS), and its peak RSS (VmHWM, start-up included). Then
+//! s after start), so start-up is left out: its CPU time over `--seconds` (its threads' run time
+//! in ns from schedstat: /proc/PID/stat's 10 ms ticks were most of the value at 999 Hz idle), its RSS every second (VmRSS), and its peak RSS (VmHWM, start-up included). Then
 //! it gets SIGINT and writes its output. Forks per second on the host (from /proc/stat) show how
 //! hard the exec storm ran.
 //!
@@ -34,7 +34,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
-    bench::{Reaper, busy_loops, online_cpus, profiler_binary, status_kib},
+    bench::{CpuReading, Reaper, busy_loops, online_cpus, profiler_binary, status_kib},
     bench_unwind::reap,
     display, step, workspace_root,
 };
@@ -92,17 +92,6 @@ struct Run {
     post: Option<f64>,
 }
 
-/// utime + stime of `pid`, seconds.
-fn cpu_secs(pid: u32) -> Option<f64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15.
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: plain sysconf.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some(ticks as f64 / hz)
-}
-
 fn forks_since_boot() -> u64 {
     fs::read_to_string("/proc/stat")
         .ok()
@@ -154,7 +143,7 @@ fn start_tool_logged(
 struct Watch {
     tool: &'static str,
     child: Child,
-    cpu0: f64,
+    cpu0: CpuReading,
     rss: Vec<u64>,
 }
 
@@ -170,7 +159,7 @@ fn measure(
     let mut outputs = Vec::new();
     for (tool, child, output) in tools {
         outputs.push(output);
-        let cpu0 = cpu_secs(child.id()).with_context(|| format!("{tool} exited"))?;
+        let cpu0 = CpuReading::of(child.id()).with_context(|| format!("{tool} exited"))?;
         watches.push(Watch { tool, child, cpu0, rss: Vec::new() });
     }
     let (forks0, t0) = (forks_since_boot(), Instant::now());
@@ -181,7 +170,8 @@ fn measure(
         }
         thread::sleep(Duration::from_secs(1));
     }
-    let cpu1: Vec<Option<f64>> = watches.iter().map(|w| cpu_secs(w.child.id())).collect();
+    let cpu1: Vec<Option<CpuReading>> =
+        watches.iter().map(|w| CpuReading::of(w.child.id())).collect();
     let window = t0.elapsed().as_secs_f64();
     let forks_per_s = (forks_since_boot() - forks0) as f64 / window;
     let mut runs = Vec::new();
@@ -213,7 +203,7 @@ fn measure(
             freq,
             tool: w.tool,
             window,
-            cpu: cpu1 - w.cpu0,
+            cpu: cpu1.since(&w.cpu0),
             rss_first_kib: w.rss[0],
             rss_last_kib: *w.rss.last().unwrap(),
             rss_max_kib: *w.rss.iter().max().unwrap(),
@@ -322,9 +312,9 @@ fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
         s,
         "`{cmd}`, run {} on {} CPUs ({}). Each tool measured for {} s once it samples \
          (`rsprof-bpf --all -F HZ` vs `perf record -a -g -F HZ`), {}; busy = one busy loop per \
-         CPU; exec storm = a shell running `/bin/true` in a loop as well. CPU = the tool's utime + stime over the \
-         window; RSS sampled every second; peak = VmHWM (start-up included). To a profile = \
-         CPU from start to exit (wait4: start-up, and writing the output after SIGINT, \
+         CPU; exec storm = a shell running `/bin/true` in a loop as well. CPU = the run time \
+         of the tool's threads over the window (schedstat, ns); RSS sampled every second; \
+         peak = VmHWM (start-up included). To a profile = CPU from start to exit (wait4: start-up, and writing the output after SIGINT, \
          included), for perf plus `perf script` on its output (perf record leaves the call \
          stacks to it; rsprof-bpf has written a symbolized profile by then). The machine is \
          shared with other work: compare the two tools within a scenario.\n",
@@ -350,7 +340,7 @@ fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2}% | {:.1} / {:.1} / {:.1} | {:.1} | {whole} |",
+            "| {} | {} | {} | {:.0} | {:.3} | {:.3}% | {:.1} / {:.1} / {:.1} | {:.1} | {whole} |",
             r.scenario,
             r.freq,
             r.tool,
@@ -388,7 +378,7 @@ fn long_run(
     let busy = load(args.busy_loops, false)?;
     let (mut child, lines) = start_tool_logged(cmd, true)?;
     let pid = child.id();
-    let (cpu0, t0) = (cpu_secs(pid).context("rsprof-bpf exited")?, Instant::now());
+    let (cpu0, t0) = (CpuReading::of(pid).context("rsprof-bpf exited")?, Instant::now());
     // (seconds since sampling began, RSS KiB, CPU s so far)
     let mut series: Vec<(u64, u64, f64)> = Vec::new();
     let mut next = 0u64;
@@ -396,7 +386,7 @@ fn long_run(
         let wait = Duration::from_secs(next).saturating_sub(t0.elapsed());
         thread::sleep(wait);
         let rss = status_kib(pid, "VmRSS:").context("rsprof-bpf exited")?;
-        let cpu = cpu_secs(pid).context("rsprof-bpf exited")? - cpu0;
+        let cpu = CpuReading::of(pid).context("rsprof-bpf exited")?.since(&cpu0);
         series.push((next, rss, cpu));
         next += 10;
     }

@@ -32,13 +32,7 @@ pub struct BenchMetricsArgs {
 
 /// utime + stime of `pid`, seconds.
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = &stat[stat.rfind(')').context("stat")? + 2..];
-    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
-    let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks as f64 / hz)
+    crate::bench::stat_cpu_seconds(pid).context("no /proc/PID/stat")
 }
 
 pub fn bench_metrics(args: BenchMetricsArgs) -> anyhow::Result<()> {
