@@ -7,23 +7,15 @@
 
 use std::{
     io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     time::Duration,
 };
 
 use tokio::io::{Interest, unix::AsyncFd};
 
-struct TimerFd(OwnedFd);
-
-impl AsRawFd for TimerFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 /// A one-shot timer re-armed by its owner after each expiry or at any time.
 pub struct DrainTimer {
-    fd: AsyncFd<TimerFd>,
+    fd: AsyncFd<OwnedFd>,
 }
 
 impl DrainTimer {
@@ -39,14 +31,10 @@ impl DrainTimer {
         // SAFETY: `raw` is a new, valid fd owned by nothing else.
         let owned = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: the fd stays open as long as the AsyncFd that owns it.
-        let fd = unsafe { AsyncFd::register_with_interest(TimerFd(owned), Interest::READABLE)? };
+        let fd = unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE)? };
         let t = Self { fd };
         t.reset_after(after)?;
         Ok(t)
-    }
-
-    fn borrowed(&self) -> BorrowedFd<'_> {
-        self.fd.get_ref().0.as_fd()
     }
 
     /// Fires `after` from now (at least 1 ns: zero would disarm it), replacing any deadline.
@@ -60,9 +48,8 @@ impl DrainTimer {
             },
         };
         // SAFETY: a valid timerfd and a valid spec; the old value is not wanted.
-        let r = unsafe {
-            libc::timerfd_settime(self.borrowed().as_raw_fd(), 0, &spec, std::ptr::null_mut())
-        };
+        let r =
+            unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -76,11 +63,7 @@ impl DrainTimer {
             let mut count = 0u64;
             // SAFETY: reads 8 bytes into `count` from a valid fd.
             let n = unsafe {
-                libc::read(
-                    self.borrowed().as_raw_fd(),
-                    (&raw mut count).cast(),
-                    std::mem::size_of::<u64>(),
-                )
+                libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), std::mem::size_of::<u64>())
             };
             if n == 8 {
                 // A one-shot timer is not readable again until it is re-armed and fires.
