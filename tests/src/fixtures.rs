@@ -181,7 +181,7 @@ fn mtime(path: &Path) -> Option<SystemTime> {
 }
 
 fn is_up_to_date(src: &Path, out: &Path, recipe_path: &Path, recipe: &str) -> bool {
-    let Some(out_time) = mtime(out) else { return false };
+    let (Some(_), Some(out_time)) = (mtime(src), mtime(out)) else { return false };
     // The source and the fixture sources it includes (`renamed.c` includes `split.c`; an
     // include found elsewhere, like `rsprof.h`, is not followed).
     let mut sources = vec![src.to_owned()];

@@ -24,7 +24,7 @@ use tests::{
     agent::Agent,
     fixtures,
     go_pprof::{self, parse_top},
-    harness::output_path,
+    harness::{Background, output_path},
 };
 
 /// One HTTP request the receiver got.
@@ -441,8 +441,9 @@ fn rejecting(test: &str, code: u16) -> (String, Vec<Vec<Pushed>>) {
     // than one request's worth even on a quiet host (on one, a window held a single
     // profile and no batch was ever split).
     let exe = fixtures::build("split").expect("build split");
-    let busy: Vec<std::process::Child> =
-        (0..2).map(|_| Command::new(&exe).arg("20").spawn().expect("start split")).collect();
+    let busy: Vec<Background> = (0..2)
+        .map(|_| Background(Command::new(&exe).arg("20").spawn().expect("start split")))
+        .collect();
     // Queue mode (no --spool): windows are deleted once the sink is done with them.
     let mut agent = Agent::start(&[
         "--queue-dir",
@@ -458,10 +459,7 @@ fn rejecting(test: &str, code: u16) -> (String, Vec<Vec<Pushed>>) {
         agent.wait_for("window:", Duration::from_secs(30));
     }
     let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
-    for mut b in busy {
-        let _ = b.kill();
-        let _ = b.wait();
-    }
+    drop(busy);
     assert!(status.success(), "{stderr}");
     let logged: Vec<&str> =
         stderr.lines().filter(|l| l.contains("rejected, not retried")).collect();

@@ -33,9 +33,7 @@ const CACHE_BYTES: u64 = 512 << 20;
 const MAX_COPY_BYTES: u64 = 256 << 20;
 
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os(CACHE_ENV)
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
+    crate::system::host::dir_from_env(CACHE_ENV, DEFAULT_CACHE)
 }
 
 /// Where a file's DWARF is read from.

@@ -1,6 +1,6 @@
 //! Facts about the host a recording needs: privileges, CPU counts, the OS string, limits.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
@@ -12,6 +12,14 @@ pub fn max_sample_rate() -> u64 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(100_000)
+}
+
+/// The directory named by the environment variable `var` (tests point it elsewhere), else
+/// `default`; an empty value counts as unset.
+pub fn dir_from_env(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
 pub fn process_exists(pid: Pid) -> bool {

@@ -36,9 +36,7 @@ const MAX_DEBUG_FRAME_BYTES: u64 = 64 << 20;
 const MAX_CRC_BYTES: u64 = 4 << 30;
 
 pub fn debug_root() -> PathBuf {
-    std::env::var_os(DEBUG_ROOT_ENV)
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_DEBUG_ROOT), PathBuf::from)
+    crate::system::host::dir_from_env(DEBUG_ROOT_ENV, DEFAULT_DEBUG_ROOT)
 }
 
 /// How a debug file was found.
