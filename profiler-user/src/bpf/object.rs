@@ -79,12 +79,14 @@ impl BpfObject {
     ) -> Result<Self> {
         bump_memlock_rlimit();
         let cpus = online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-        // Stack copies may take the ring's size per second, shared by the CPUs (per 100 ms;
-        // label pushes a quarter more). Half of it ran out at 999 Hz on 2 CPUs while a
-        // recording's start-up tables loaded (~220 ms in which a third of the samples want a
-        // copy), and a program started then lost 10% of its stacks to "not loaded yet"; the
-        // ring drains well before a second's worth accumulates.
-        config.stack_copy_budget = ring_bytes / (cpus.len() as u32).max(1) / 10;
+        // Stack copies may take a quarter of the ring per 100 ms, shared by the CPUs (label
+        // pushes a quarter of that more): at that rate the quarter-full ring wakes the loop
+        // within 100 ms, and the rest of the ring holds another 300 ms before a sample is lost.
+        // A tenth had been right for a 16 MiB ring at 999 Hz on 2 CPUs, but starved the 4 MiB
+        // one it has now: an exec storm (1,000 new processes a second, each wanting copies
+        // until its tables land) had 7,664 copies over budget in 20 s, against none; a
+        // recording's start-up, while its tables load, wants a third of its samples copied.
+        config.stack_copy_budget = ring_bytes / (cpus.len() as u32).max(1) / 4;
         let ebpf = EbpfLoader::new()
             .override_global("CONFIG", &config, true)
             .override_global("CGROUP_FILTER", &cgroups, true)

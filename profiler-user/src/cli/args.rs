@@ -274,7 +274,7 @@ pub struct RecordArgs {
     pub quiet: bool,
 
     /// Size of the kernel→user ring buffer (bytes; K/M suffixes). Rounded up to a power of two.
-    /// [default: a second of samples that all carry a stack copy, on every CPU at -F; 4M–16M]
+    /// [default: 2 KiB per sample per CPU at -F; 4M–16M]
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub ring_buffer_size: Option<u64>,
 

@@ -147,14 +147,17 @@ impl RecordPlan {
     }
 }
 
-/// The ring buffer when `--ring-buffer-size` is not given: a second of samples that all carry
-/// a stack copy (~8 KiB; the copy budget is the ring's size per second) on every CPU, between
-/// `min` and 16 MiB. The kernel maps a ring's pages twice, so it counts twice in RSS: a fixed
-/// 16 MiB was 32 MiB of a 99 Hz recording's RSS for samples that fill a few hundred KiB a
-/// second. Recordings take at least `RECORD_MIN_RING`; the agent, at fleet rates, less.
+/// The ring buffer when `--ring-buffer-size` is not given: 2 KiB per sample per CPU at the
+/// rate (a full-depth kernel and user stack, or half a typical stack copy), between `min` and
+/// 16 MiB. It need not hold a second of copies: past a quarter full every record wakes the
+/// loop, and the copy budget (`bpf::object`) is a quarter of the ring per 100 ms. The kernel
+/// maps a ring's pages twice, so it counts twice in RSS: the 16 MiB that 8 KiB per sample gave
+/// at 999 Hz on 2 CPUs was 32 MiB of the recording's RSS and a 66 MiB start-up peak, for
+/// samples that fill a few hundred KiB a second. Recordings take at least `RECORD_MIN_RING`;
+/// the agent, at fleet rates, less.
 pub fn default_ring_bytes(frequency: u64, min: u64) -> u64 {
     let cpus = u64::from(host::online_cpus());
-    (cpus * frequency.max(1) * 8192).next_power_of_two().clamp(min, 16 << 20)
+    (cpus * frequency.max(1) * 2048).next_power_of_two().clamp(min, 16 << 20)
 }
 
 /// The smallest default ring of a recording (`default_ring_bytes`).
