@@ -49,16 +49,17 @@ const MIN_DRAIN_GAP: Duration = Duration::from_nanos(profiler_common::WAKE_GAP_N
 /// How often the loop drains while processes wait for a table being compiled.
 const TABLE_LANDING_POLL: Duration = Duration::from_millis(10);
 
-/// How often to drain the ring on the timer: the ring holds two intervals of the worst case
-/// (every CPU sampling at `frequency`, every sample of full depth), at most
-/// `MAX_DRAIN_INTERVAL`. Anything beyond the sampler's rate (USDT hits, off-CPU records, task
-/// events) wakes the loop from BPF once a quarter of the ring is pending (`output` in
-/// profiler-ebpf).
+/// How often to drain the ring on the timer: at most the time full-depth samples on every CPU
+/// at `frequency` take to fill the ring, at most `MAX_DRAIN_INTERVAL`. The timer only bounds
+/// the delay when little is sent: past a quarter full, every record wakes the loop from BPF
+/// (`output` in profiler-ebpf), whatever filled it (deep stacks, USDT hits, off-CPU records,
+/// task events). Two periods per ring had halved the period at 999 Hz on 2 CPUs once the
+/// default ring shrank to 4 MiB: two wakeups a second for samples that fill 600 KiB.
 pub fn drain_interval(ring_bytes: u32, cpus: usize, frequency: u64) -> Duration {
     // Each record has an 8-byte ring header.
     let record = (std::mem::size_of::<profiler_common::SampleRecord>() + 8) as f64;
     let worst_bytes_per_s = cpus.max(1) as f64 * frequency.max(1) as f64 * record;
-    let secs = f64::from(ring_bytes) / 2.0 / worst_bytes_per_s;
+    let secs = f64::from(ring_bytes) / worst_bytes_per_s;
     Duration::from_secs_f64(secs).clamp(MIN_DRAIN_GAP, MAX_DRAIN_INTERVAL)
 }
 
@@ -744,16 +745,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drain_interval_keeps_two_worst_case_periods_in_the_ring() {
-        // A small host at the default ring: the ceiling, one wakeup a second.
+    fn drain_interval_keeps_a_worst_case_period_in_the_ring() {
+        // A small host at the default ring (4 MiB at 999 Hz on 2 CPUs, 16 MiB at most): about
+        // the ceiling, one wakeup a second.
         assert_eq!(drain_interval(16 << 20, 2, 99), MAX_DRAIN_INTERVAL);
         assert_eq!(drain_interval(16 << 20, 2, 999), MAX_DRAIN_INTERVAL);
-        // A large host at 999 Hz: full-depth samples for one interval fill at most half.
+        assert!(drain_interval(4 << 20, 2, 999) > MAX_DRAIN_INTERVAL * 8 / 10);
+        // A large host at 999 Hz: full-depth samples for one interval fill at most the ring.
         let d = drain_interval(16 << 20, 256, 999);
         assert!(d < MAX_DRAIN_INTERVAL && d >= MIN_DRAIN_GAP, "{d:?}");
         let record = (std::mem::size_of::<profiler_common::SampleRecord>() + 8) as f64;
-        assert!(256.0 * 999.0 * record * d.as_secs_f64() <= f64::from(16u32 << 20) / 2.0 + 1.0);
+        assert!(256.0 * 999.0 * record * d.as_secs_f64() <= f64::from(16u32 << 20) + 1.0);
         // A tiny ring: never below the gap that bounds the loop's wakeups.
-        assert_eq!(drain_interval(64 << 10, 2, 999), MIN_DRAIN_GAP);
+        assert_eq!(drain_interval(16 << 10, 2, 999), MIN_DRAIN_GAP);
     }
 }
