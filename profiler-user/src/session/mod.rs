@@ -151,6 +151,48 @@ pub struct Recorder<'p> {
     usr1: bool,
     /// The timer's drain period (`drain_interval`).
     drain_every: Duration,
+    drains: DrainStats,
+}
+
+/// The event loop's own work: what a recording costs in userspace per record, for the
+/// summary (the BPF side's cost is in the kernel's `bpf_stats`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DrainStats {
+    pub drains: u64,
+    pub records: u64,
+    /// Time in drains: the records, then the unwinder's and USDT's work on what they said.
+    pub time: Duration,
+    /// The longest drain and its records: at start-up one drain compiles the unwind rules
+    /// that stack copies need, which would otherwise hide the steady cost per record.
+    pub longest: Duration,
+    pub longest_records: u64,
+}
+
+impl DrainStats {
+    fn add(&mut self, records: usize, took: Duration) {
+        self.drains += 1;
+        self.records += records as u64;
+        self.time += took;
+        if took > self.longest {
+            self.longest = took;
+            self.longest_records = records as u64;
+        }
+    }
+
+    pub fn render(&self, duration_s: f64) -> String {
+        let per_record_us = |t: Duration, n: u64| t.as_secs_f64() * 1e6 / n.max(1) as f64;
+        format!(
+            "event loop: {} drains ({:.1} a second), {} records in {:.1} ms ({:.2} µs a record, \
+             all of a drain's work counted); longest drain {:.1} ms, without it {:.2} µs a record",
+            self.drains,
+            self.drains as f64 / duration_s.max(1e-9),
+            self.records,
+            self.time.as_secs_f64() * 1e3,
+            per_record_us(self.time, self.records),
+            self.longest.as_secs_f64() * 1e3,
+            per_record_us(self.time - self.longest, self.records - self.longest_records),
+        )
+    }
 }
 
 impl<'p> Recorder<'p> {
@@ -321,6 +363,7 @@ impl<'p> Recorder<'p> {
             wake: None,
             usr1: false,
             drain_every: drain_interval(plan.ring_bytes, logical_cpus as usize, plan.frequency),
+            drains: DrainStats::default(),
         })
     }
 
@@ -328,16 +371,17 @@ impl<'p> Recorder<'p> {
         RecordingInfo { end, ..self.info.clone() }
     }
 
-    /// Records are sent without wakeups (but for those the DWARF unwinder waits for, and any
-    /// past a quarter of the ring), so this runs on a timer.
     /// Drains the ring; true if it held records the BPF side may have held a wakeup back for
     /// (task and mapping events, with the DWARF unwinder), so the caller drains again soon.
+    /// Records are sent without wakeups (but for those the DWARF unwinder waits for, and any
+    /// past a quarter of the ring), so this runs on a timer.
     fn drain(&mut self) -> bool {
+        let started = Instant::now();
         let events = |c: &Collector<ChunkedStore>| c.stats.task_events + c.stats.map_events;
         let before = events(&self.collector);
         let collector = &mut self.collector;
         // Undecodable records are counted in the collector's stats and reported.
-        ring::drain(self.ring.get_mut(), |rec| {
+        let records = ring::drain(self.ring.get_mut(), |rec| {
             let _ = collector.handle_record(rec);
         });
         if let Some(u) = &mut self.unwind {
@@ -345,6 +389,7 @@ impl<'p> Recorder<'p> {
         }
         self.usdt.after_drain(&mut self.collector);
         self.usdt.load_deferred(&mut self.bpf);
+        self.drains.add(records, started.elapsed());
         self.unwind.is_some() && events(&self.collector) != before
     }
 
@@ -693,6 +738,7 @@ impl<'p> Recorder<'p> {
             output_bytes: bytes,
             stop_reason,
         }));
+        self.msgs.block(&format!("{}\n", self.drains.render(duration_s)));
         if let Some(u) = &self.unwind {
             self.msgs.block(&u.render());
         }
@@ -743,6 +789,18 @@ impl<'p> Recorder<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drain_stats_set_the_longest_drain_apart() {
+        let mut d = DrainStats::default();
+        d.add(2000, Duration::from_micros(600));
+        d.add(100, Duration::from_millis(40));
+        d.add(2000, Duration::from_micros(400));
+        let line = d.render(2.0);
+        assert!(line.starts_with("event loop: 3 drains (1.5 a second), 4100 records in 41.0 ms"));
+        assert!(line.contains("(10.00 µs a record,"), "{line}");
+        assert!(line.ends_with("longest drain 40.0 ms, without it 0.25 µs a record"), "{line}");
+    }
 
     #[test]
     fn drain_interval_keeps_a_worst_case_period_in_the_ring() {
