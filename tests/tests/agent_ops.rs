@@ -224,6 +224,14 @@ fn ops_dashboards_queries_return_data_from_a_real_prometheus() {
         ))
         .unwrap();
     assert_eq!(bpf.len(), 1, "sampler run time: {bpf:?}");
+    // Beside it, the event loop's time draining what the programs sent.
+    let drain = prom
+        .query(&format!(
+            "rate(rsprof_event_loop_drain_seconds_total{{host=\"{host}\"}}[10s]) > 0 and \
+             rate(rsprof_event_loop_records_total{{host=\"{host}\"}}[10s]) > 0"
+        ))
+        .unwrap();
+    assert_eq!(drain.len(), 1, "event loop time: {drain:?}");
     drop(agent);
 }
 

@@ -483,6 +483,16 @@ impl Collector for LiveCollector {
                     .encode(m.encode_family(&[("program", prog.as_str())])?)?;
             }
         }
+        // Userspace's share of the per-sample cost, beside the BPF programs' time above.
+        counter(e, "event_loop_drains", "Drains of the BPF ring buffer", None, s.drains.drains)?;
+        counter(e, "event_loop_records", "Ring buffer records drained", None, s.drains.records)?;
+        counter(
+            e,
+            "event_loop_drain",
+            "Time spent draining the ring buffer: its records and the work they lead to",
+            Some(&Unit::Seconds),
+            s.drains.time.as_secs_f64(),
+        )?;
         gauge(e, "processes_tracked", "Processes in the process table", None, s.processes as u64)?;
         gauge(e, "threads_tracked", "Threads of the tracked processes", None, s.threads as u64)?;
         gauge(e, "modules_tracked", "Executables and libraries known", None, s.modules as u64)?;

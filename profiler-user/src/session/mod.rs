@@ -112,6 +112,7 @@ pub struct LiveStats {
     pub threads: usize,
     pub modules: usize,
     pub collector: CollectorStats,
+    pub drains: DrainStats,
     pub store: StoreStats,
     /// Chunk memory allocated, and its bound.
     pub store_bytes: usize,
@@ -419,6 +420,7 @@ impl<'p> Recorder<'p> {
             threads: c.processes.processes.values().map(|p| p.meta.threads.len()).sum(),
             modules: c.modules.live(),
             collector: c.stats,
+            drains: self.drains,
             store: c.store.stats,
             store_bytes: buffer.allocated_bytes(),
             store_limit_bytes: buffer.limit_bytes(),
