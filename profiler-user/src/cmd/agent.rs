@@ -124,6 +124,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
                             msgs.warn(format_args!("spool write failed: {e:#}"));
                         }
                     }
+                    queue.written();
                     let (after, (held, bytes)) = queue.with_spool(|s| (s.stats, s.held()));
                     let deleted = after.deleted_for_size - before.deleted_for_size;
                     m.windows.produced.inc();

@@ -107,11 +107,18 @@ impl Queue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Spools a window and wakes the forwarders.
+    /// Spools a window. The forwarders wake at [`Queue::written`], once a window pass's
+    /// windows are all in: woken at each write, a forwarder could take the first window of a
+    /// pass alone (a CI run's Pyroscope test saw no batch of more than one), which costs a
+    /// sink that batches a request per window.
     pub fn write(&self, w: &WindowProfile) -> Result<()> {
         self.lock().spool.write(w)?;
-        self.wake.notify_all();
         Ok(())
+    }
+
+    /// Wakes the forwarders for the windows written since the last call.
+    pub fn written(&self) {
+        self.wake.notify_all();
     }
 
     /// Runs `f` on the spool (its stats, what it holds).
