@@ -93,6 +93,13 @@ struct Entry {
     stamp: StackStamp,
 }
 
+impl Entry {
+    /// Whether this entry is the key of this fingerprint.
+    fn is(&self, hash: u64, check: u64) -> bool {
+        self.hash == hash && self.check == check
+    }
+}
+
 impl StackCache {
     /// The stack id and unmapped-frame count stored for this raw stack, if it was stored in
     /// the store's current epoch. `flags`: whatever else of the sample its stored stack
@@ -112,7 +119,7 @@ impl StackCache {
         let hash = self.hasher.hash_one(self.key.as_slice());
         let check = self.second.hash_one(self.key.as_slice());
         (self.hash, self.check) = (hash, check);
-        let eq = |e: &Entry| e.hash == hash && e.check == check;
+        let eq = |e: &Entry| e.is(hash, check);
         let index = match self.map.table.find_bucket_index(hash, eq) {
             Some(i) => Some(i),
             None => match self.older.table.find_entry(hash, eq) {
@@ -177,7 +184,7 @@ fn insert(map: &mut Generation, older: &mut Generation, e: Entry) -> usize {
         *older = std::mem::take(map);
     }
     // A key missed because of its old epoch is still there: replaced.
-    match map.table.find_entry(e.hash, |old| old.hash == e.hash && old.check == e.check) {
+    match map.table.find_entry(e.hash, |old| old.is(e.hash, e.check)) {
         Ok(mut found) => {
             *found.get_mut() = e;
             found.bucket_index()

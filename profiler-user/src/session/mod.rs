@@ -152,6 +152,7 @@ pub struct Recorder<'p> {
     usr1: bool,
     /// The timer's drain period (`drain_interval`).
     drain_every: Duration,
+    /// For the summary's `event loop:` line and the agent's metrics.
     drains: DrainStats,
 }
 
