@@ -1,5 +1,7 @@
-//! A killed recording leaves nothing beside its output: the pending profile (and a pending
-//! snapshot) is an unnamed file until it is complete. Needs root; run serially.
+//! Where the profile goes. A killed recording leaves nothing beside its output: the pending
+//! profile (and a pending snapshot) is an unnamed file until it is complete. A device, FIFO or
+//! our own standard output is written in place and stays what it was. Needs root; run
+//! serially.
 
 use std::{
     fs,
@@ -131,4 +133,202 @@ fn sigterm_at_the_earliest_moment_leaves_nothing_half_written() {
         }
     }
     eprintln!("{killed} killed before the handler existed, {handled} stopped by it");
+}
+
+/// The file type, device numbers and inode of `p`, symlinks not followed: what must be the
+/// same after rsprof-bpf wrote to it in place.
+fn identity(p: &Path) -> (u32, u64, u64) {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    (m.mode() & libc::S_IFMT, m.rdev(), m.ino())
+}
+
+fn mknod_char(path: &Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; the test runs as root.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(major, minor)) };
+    assert_eq!(r, 0, "mknod {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}
+
+/// A short recording of a busy shell loop, the output named by `out`; `-d` is spelled with a
+/// unit, as users may. Returns the exit status, stdout bytes and stderr.
+fn record_to(out: &str, extra: &[&str]) -> (std::process::ExitStatus, Vec<u8>, String) {
+    let busy = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done";
+    let child = command()
+        .unwrap()
+        .args(["-F", "199", "-d", "1500ms", "-o", out])
+        .args(extra)
+        .args(["--", "sh", "-c", busy])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status, out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// What a reader of a stream got must be a whole profile the Firefox Profiler imports.
+fn check_profile_bytes(dir: &Path, name: &str, bytes: &[u8], gzip: bool) {
+    assert_eq!(bytes.starts_with(&[0x1f, 0x8b]), gzip, "gzip {gzip}: {} bytes", bytes.len());
+    let file = dir.join(name);
+    fs::write(&file, bytes).unwrap();
+    let p = tests::gecko_schema::load(&file).expect("a whole profile");
+    // The recorded command is a process of its own (the top level holds the parent's threads).
+    let procs = p["processes"].as_array().map_or(0, |p| p.len());
+    assert!(procs > 0, "the recorded command's process in {name}");
+}
+
+/// A character device, a FIFO with a reader, `/proc/self/fd/1`, `/dev/stdout` and `-`: each is
+/// written in place and is afterwards the same node it was (type, device numbers, inode).
+#[test]
+fn devices_fifos_and_stdout_are_written_in_place() {
+    let dir = empty_dir("inplace");
+
+    // A /dev/null made here: written, still the device.
+    let null = dir.join("null");
+    mknod_char(&null, 1, 3);
+    let before = identity(&null);
+    let (status, _, stderr) = record_to(null.to_str().unwrap(), &[]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(identity(&null), before, "the device node is unchanged:\n{stderr}");
+
+    // A /dev/full: the write fails with a clear error, the node is left as it was.
+    let full = dir.join("full");
+    mknod_char(&full, 1, 7);
+    let before = identity(&full);
+    let (status, _, stderr) = record_to(full.to_str().unwrap(), &[]);
+    assert!(!status.success(), "writing to a full device must fail:\n{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert_eq!(identity(&full), before, "the device node is unchanged:\n{stderr}");
+
+    // A FIFO with a reader: it gets the whole (gzipped, by the name) profile.
+    let fifo = dir.join("p.json.gz");
+    mkfifo(&fifo);
+    let before = identity(&fifo);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || fs::read(fifo).unwrap())
+    };
+    let (status, _, stderr) = record_to(fifo.to_str().unwrap(), &[]);
+    assert!(status.success(), "{stderr}");
+    let got = reader.join().unwrap();
+    assert_eq!(identity(&fifo), before, "still the same FIFO:\n{stderr}");
+    check_profile_bytes(&dir, "from-fifo.json.gz", &got, true);
+
+    // Our own pipe, as /proc/self/fd/1 (self is rsprof-bpf), /dev/stdout and `-` (gzip on -z).
+    let dev_stdout = identity(Path::new("/dev/stdout"));
+    for (out, extra, gzip) in [
+        ("/proc/self/fd/1", &[][..], false),
+        ("/dev/stdout", &[], false),
+        ("-", &["-z"], true),
+        ("-", &[], false),
+    ] {
+        let (status, stdout, stderr) = record_to(out, extra);
+        assert!(status.success(), "-o {out}: {stderr}");
+        assert!(!stderr.contains("\nwrote -"), "{stderr}");
+        check_profile_bytes(&dir, "from-stdout.json", &stdout, gzip);
+        assert_eq!(identity(Path::new("/dev/stdout")), dev_stdout, "/dev/stdout is a link still");
+    }
+    let left = {
+        let mut v = entries(&dir);
+        v.sort();
+        v
+    };
+    let want = ["from-fifo.json.gz", "from-stdout.json", "full", "null", "p.json.gz"];
+    assert_eq!(left, want, "nothing else was created beside them");
+}
+
+/// A regular file behind a symlink is replaced atomically and the link stays a link: a
+/// recording killed mid-run leaves the old content; a finished one, the new profile.
+#[test]
+fn a_symlinked_file_is_written_through_atomically() {
+    let dir = empty_dir("symlink");
+    let real = dir.join("real.json");
+    fs::write(&real, "old").unwrap();
+    let link = dir.join("p.json");
+    std::os::unix::fs::symlink("real.json", &link).unwrap();
+    let link_id = identity(&link);
+
+    let rec = Recording::start(&["--all", "-F", "99"], link.clone()).expect("start recording");
+    rec.signal(libc::SIGKILL);
+    let done = rec.wait().unwrap();
+    assert_eq!(done.status.signal(), Some(libc::SIGKILL), "{}", done.stderr);
+    assert_eq!(fs::read_to_string(&real).unwrap(), "old", "a killed run leaves the old file");
+    assert_eq!(identity(&link), link_id);
+
+    let (status, _, stderr) = record_to(link.to_str().unwrap(), &[]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(identity(&link), link_id, "the link itself is untouched");
+    tests::gecko_schema::load(&real).expect("the target holds the new profile");
+    let mut left = entries(&dir);
+    left.sort();
+    assert_eq!(left, ["p.json", "real.json"]);
+}
+
+/// SIGUSR1 with a stream output: the snapshot goes to the working directory under a name of
+/// its own, never under /dev or into the stream.
+#[test]
+fn a_snapshot_of_a_stream_output_goes_to_the_working_directory() {
+    use std::io::{BufRead as _, Read as _};
+    let dir = empty_dir("snapstream");
+    let mut child = command()
+        .unwrap()
+        .args(["--all", "-F", "99", "-o", "-"])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        stdout.read_to_end(&mut v).unwrap();
+        v
+    });
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut wait_for = |needle: &str, seen: &mut Vec<String>| loop {
+        match lines.next() {
+            Some(Ok(l)) => {
+                let hit = l.contains(needle);
+                seen.push(l);
+                if hit {
+                    return;
+                }
+            }
+            _ => panic!("no {needle:?} line:\n{}", seen.join("\n")),
+        }
+    };
+    wait_for("rsprof-bpf: sampling", &mut seen);
+    kill(pid, libc::SIGUSR1);
+    wait_for("wrote snapshot", &mut seen);
+    kill(pid, libc::SIGINT);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{}", seen.join("\n"));
+    let snap = dir.join("rsprof.snapshot-1.json");
+    assert!(seen.iter().any(|l| l.contains("rsprof.snapshot-1.json")), "{}", seen.join("\n"));
+    tests::gecko_schema::load(&snap).expect("a whole snapshot");
+    check_profile_bytes(&dir, "final.json", &reader.join().unwrap(), false);
+}
+
+/// One duration syntax: a bad unit is a one-line error before anything starts.
+#[test]
+fn durations_take_units_and_a_bad_one_is_a_one_line_error() {
+    let out = command().unwrap().args(["--all", "-d", "5x"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid duration '5x'"), "{stderr}");
+    let out = command().unwrap().args(["agent", "--window", "5parsecs"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid duration '5parsecs'"), "{stderr}");
 }

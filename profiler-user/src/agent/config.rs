@@ -10,6 +10,7 @@ use crate::{
     agent::metrics,
     agent::sinks::pyroscope::PyroscopeAuth,
     cli::args::{Mode, Unwind},
+    cli::duration::ConfigDuration,
     cli::{
         args::{AgentArgs, RecordArgs, parse_size},
         plan::RecordPlan,
@@ -23,7 +24,7 @@ use crate::{
 /// (10, 20, 50, 100 Hz ticks), which would over- or under-represent their work.
 pub const DEFAULT_FREQUENCY: u64 = 19;
 /// Parca and the OpenTelemetry profiler send every 10 s (Pyroscope every 15 s).
-pub const DEFAULT_WINDOW_SECS: f64 = 10.0;
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 pub const DEFAULT_SPOOL: &str = "/var/lib/rsprof-bpf/spool";
 pub const DEFAULT_SPOOL_SIZE: &str = "256M";
 /// Enough for a window of a busy many-core host at the default rate; the oldest events of a
@@ -43,8 +44,9 @@ pub struct FileConfig {
     pub cgroup: Option<Vec<String>>,
     pub container: Option<Vec<String>>,
     pub frequency: Option<u64>,
-    /// Seconds.
-    pub window: Option<f64>,
+    /// Seconds, or a string with a unit (`"10s"`).
+    #[serde(default, deserialize_with = "ConfigDuration::secs")]
+    pub window: Option<ConfigDuration>,
     pub spool: Option<PathBuf>,
     pub queue_dir: Option<PathBuf>,
     pub clickhouse: Option<String>,
@@ -52,7 +54,9 @@ pub struct FileConfig {
     pub spool_size: Option<String>,
     pub buffer_size: Option<String>,
     pub off_cpu: Option<bool>,
-    pub off_cpu_min: Option<f64>,
+    /// Milliseconds, or a string with a unit (`"2ms"`).
+    #[serde(default, deserialize_with = "ConfigDuration::millis")]
+    pub off_cpu_min: Option<ConfigDuration>,
     /// `dwarf`, `dwarf-fp` or `fp`.
     pub unwind: Option<Unwind>,
     pub unwind_table_mb: Option<u32>,
@@ -64,7 +68,9 @@ pub struct FileConfig {
     pub pyroscope_basic_auth_file: Option<PathBuf>,
     pub pyroscope_token_file: Option<PathBuf>,
     pub pyroscope_tenant_file: Option<PathBuf>,
-    pub flight_recorder: Option<String>,
+    /// Seconds, or a string with a unit (`"5m"`).
+    #[serde(default, deserialize_with = "ConfigDuration::secs")]
+    pub flight_recorder: Option<ConfigDuration>,
     pub dump_socket: Option<PathBuf>,
     pub dump_dir: Option<PathBuf>,
 }
@@ -112,9 +118,9 @@ impl AgentPlan {
             None => FileConfig::default(),
         };
         let frequency = args.frequency.or(file.frequency).unwrap_or(DEFAULT_FREQUENCY);
-        let window = args.window.or(file.window).unwrap_or(DEFAULT_WINDOW_SECS);
-        if !(window.is_finite() && (0.1..=3600.0).contains(&window)) {
-            bail!("invalid window {window}: must be between 0.1 and 3600 seconds");
+        let window = args.window.or(file.window.map(|d| d.0)).unwrap_or(DEFAULT_WINDOW);
+        if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&window) {
+            bail!("invalid window {window:?}: must be between 100ms and 1h");
         }
         let size = |flag: Option<u64>, file: Option<String>, default: &str, what: &str| {
             flag.map_or_else(
@@ -148,6 +154,7 @@ impl AgentPlan {
             duration: None,
             output: PathBuf::from("agent.pb.gz"),
             format: Some(Format::Pprof),
+            compress: false,
             quiet: args.quiet || file.quiet.unwrap_or(false),
             ring_buffer_size: Some(crate::cli::plan::default_ring_bytes(frequency, AGENT_MIN_RING)),
             usdt: Vec::new(),
@@ -157,7 +164,8 @@ impl AgentPlan {
             command: Vec::new(),
             mode: Mode::Cpu,
             off_cpu: args.off_cpu || file.off_cpu.unwrap_or(false),
-            off_cpu_min: args.off_cpu_min.or(file.off_cpu_min).unwrap_or(1.0),
+            off_cpu_min: (args.off_cpu_min.or(file.off_cpu_min.map(|d| d.0)))
+                .unwrap_or(Duration::from_millis(1)),
             unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::DwarfFp),
             unwind_table_mb: args.unwind_table_mb.or(file.unwind_table_mb).unwrap_or(64),
             bpf_timing: false,
@@ -181,7 +189,7 @@ impl AgentPlan {
             None => None,
         };
         let flight = crate::agent::flight::FlightPlan::from_options(
-            args.flight_recorder.or(file.flight_recorder).as_deref(),
+            args.flight_recorder.or(file.flight_recorder.map(|d| d.0)),
             args.dump_socket.or(file.dump_socket),
             args.dump_dir.or(file.dump_dir),
         )?;
@@ -197,7 +205,7 @@ impl AgentPlan {
         Ok(Self {
             metrics,
             record: RecordPlan::from_args(record)?,
-            window: Duration::from_secs_f64(window),
+            window,
             keep_spool: args.spool.is_some() || file.spool.is_some() || !remote,
             spool: (args.spool.or(file.spool))
                 .or(args.queue_dir.or(file.queue_dir))
@@ -243,7 +251,17 @@ mod tests {
             "frequency = 49\nwindow = 15\nspool = \"/tmp/s\"\nspool-size = \"1G\"\ncgroup = [\"/a\"]\n",
         )
         .unwrap();
-        assert_eq!((c.frequency, c.window), (Some(49), Some(15.0)));
+        assert_eq!(
+            (c.frequency, c.window),
+            (Some(49), Some(ConfigDuration(Duration::from_secs(15))))
+        );
+        let t = FileConfig::parse("window = \"10s\"\nflight-recorder = \"2m\"\noff-cpu-min = 3\n");
+        let t = t.unwrap();
+        assert_eq!(t.window, Some(ConfigDuration(Duration::from_secs(10))));
+        assert_eq!(t.flight_recorder, Some(ConfigDuration(Duration::from_secs(120))));
+        assert_eq!(t.off_cpu_min, Some(ConfigDuration(Duration::from_millis(3))));
+        let e = FileConfig::parse("window = \"10 parsecs\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("line 1: invalid duration '10 parsecs'"), "{e}");
         assert_eq!(c.spool_size.as_deref(), Some("1G"));
         assert_eq!(c.cgroup, Some(vec!["/a".to_owned()]));
         let e = FileConfig::parse("frequency = 49\nwindoww = 3\n").unwrap_err().to_string();

@@ -52,7 +52,7 @@ pub struct FlightPlan {
 impl FlightPlan {
     /// None without `--flight-recorder` (then the other two are refused).
     pub fn from_options(
-        keep: Option<&str>,
+        keep: Option<Duration>,
         socket: Option<PathBuf>,
         dump_dir: Option<PathBuf>,
     ) -> Result<Option<Self>> {
@@ -62,8 +62,6 @@ impl FlightPlan {
             }
             return Ok(None);
         };
-        let keep = humantime::parse_duration(keep)
-            .map_err(|e| anyhow::anyhow!("invalid flight-recorder {keep:?}: {e}"))?;
         if !(Duration::from_secs(1)..=Duration::from_secs(24 * 3600)).contains(&keep) {
             bail!("invalid flight-recorder {keep:?}: must be between 1s and 24h");
         }
@@ -340,7 +338,7 @@ fn write_dump(d: Dump, symbolizer: &Service, msgs: Messages) {
             }
         }
         Dest::Dir(path) => {
-            let res = PendingOutput::create_with_mode(&path, 0o600)
+            let res = PendingOutput::create_file(&path, 0o600)
                 .and_then(|o| d.job.write_with(o, Format::Gecko, EMPTY_NOTE, Some(symbolizer)));
             match res {
                 Ok(w) => msgs.info(format_args!(
@@ -405,10 +403,11 @@ mod tests {
     #[test]
     fn options_and_names() {
         assert!(FlightPlan::from_options(None, None, None).unwrap().is_none());
-        let p = FlightPlan::from_options(Some("5m"), None, Some("/d".into())).unwrap().unwrap();
+        let five = Some(Duration::from_secs(300));
+        let p = FlightPlan::from_options(five, None, Some("/d".into())).unwrap().unwrap();
         assert_eq!((p.keep, p.socket.to_str()), (Duration::from_secs(300), Some(DEFAULT_SOCKET)));
-        for bad in ["0s", "2days", "soon"] {
-            assert!(FlightPlan::from_options(Some(bad), None, None).is_err(), "{bad}");
+        for bad in [Duration::ZERO, Duration::from_secs(2 * 24 * 3600)] {
+            assert!(FlightPlan::from_options(Some(bad), None, None).is_err(), "{bad:?}");
         }
         assert!(FlightPlan::from_options(None, None, Some("/d".into())).is_err());
         let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_767_323_045_678);

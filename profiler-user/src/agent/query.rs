@@ -160,7 +160,7 @@ impl<'a> Query<'a> {
     }
 
     pub fn run(&self) -> Result<QueryWritten> {
-        let output = PendingOutput::create(&self.args.output)?;
+        let output = PendingOutput::create(&self.args.output)?.compress(self.args.compress);
         let source = self.source();
         let (windows, stacks) = source.read(&self.selection)?;
         if windows.is_empty() {

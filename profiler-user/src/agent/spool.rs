@@ -18,7 +18,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -106,12 +106,12 @@ impl Spool {
                 if dir.join(format!("{stem}{LABELS_EXT}")).is_file() {
                     stems.push(stem.to_owned());
                 } else {
-                    let _ = fs::remove_file(dir.join(&name));
+                    remove_regular(&dir.join(&name));
                     spool.stats.incomplete_removed += 1;
                 }
             } else if name.starts_with('.') && name.ends_with(".tmp") {
                 // A named temp file (filesystems without O_TMPFILE) of a killed run.
-                let _ = fs::remove_file(dir.join(&name));
+                remove_regular(&dir.join(&name));
             }
         }
         stems.sort();
@@ -149,7 +149,7 @@ impl Spool {
             self.entries[i].done |= 1 << s;
         }
         for name in orphans {
-            let _ = fs::remove_file(self.dir.join(name));
+            remove_regular(&self.dir.join(name));
         }
         if !keep {
             let all = self.all_done_mask();
@@ -234,13 +234,17 @@ impl Spool {
             return Ok(());
         }
         let marker = self.dir.join(format!("{stem}{SENT_EXT}{}", self.sinks[sink].name));
-        fs::OpenOptions::new()
+        // An empty file; never through a symlink, nor blocking on a FIFO planted by that name.
+        let file = fs::OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .mode(0o600)
             .open(&marker)
             .with_context(|| format!("create {}", marker.display()))?;
+        if !file.metadata()?.is_file() {
+            bail!("{} exists and is not a regular file", marker.display());
+        }
         Ok(())
     }
 
@@ -259,11 +263,11 @@ impl Spool {
     fn remove(&mut self, stem: &str) {
         let Some(i) = self.entries.iter().position(|e| e.stem == stem) else { return };
         let e = self.entries.remove(i).expect("index found");
-        let _ = fs::remove_file(self.dir.join(format!("{stem}{LABELS_EXT}")));
-        let _ = fs::remove_file(self.dir.join(format!("{stem}{PROFILE_EXT}")));
+        remove_regular(&self.dir.join(format!("{stem}{LABELS_EXT}")));
+        remove_regular(&self.dir.join(format!("{stem}{PROFILE_EXT}")));
         for (i, s) in self.sinks.iter().enumerate() {
             if e.done & (1 << i) != 0 {
-                let _ = fs::remove_file(self.dir.join(format!("{stem}{SENT_EXT}{}", s.name)));
+                remove_regular(&self.dir.join(format!("{stem}{SENT_EXT}{}", s.name)));
             }
         }
         self.total -= e.bytes;
@@ -293,11 +297,11 @@ impl Spool {
         };
         let stem = &meta.window_id;
         let profile = self.dir.join(format!("{stem}{PROFILE_EXT}"));
-        PendingOutput::create_with_mode(&profile, 0o600)?
+        PendingOutput::create_file(&profile, 0o600)?
             .commit(|out: &mut dyn std::io::Write| out.write_all(&w.pprof))?;
         let labels = self.dir.join(format!("{stem}{LABELS_EXT}"));
         let json = serde_json::to_vec(&meta)?;
-        PendingOutput::create_with_mode(&labels, 0o600)?
+        PendingOutput::create_file(&labels, 0o600)?
             .commit(|out: &mut dyn std::io::Write| out.write_all(&json))?;
         let bytes = self.bytes_of(stem);
         self.stats.written += 1;
@@ -348,6 +352,14 @@ pub fn read_windows(dir: &Path) -> Result<Vec<(WindowMeta, PathBuf)>> {
 /// Whether the spool's files are private (for tests and a start-up check).
 pub fn mode_of(path: &Path) -> Option<u32> {
     fs::metadata(path).ok().map(|m| m.permissions().mode() & 0o777)
+}
+
+/// Removes a file of the spool's own, unless something else (a FIFO, a device, a directory)
+/// stands under its name: the spool deletes only what it could have written.
+fn remove_regular(path: &std::path::Path) {
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file()) {
+        let _ = fs::remove_file(path);
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! Command-line interface.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::writers::Format;
+use crate::{cli::duration, writers::Format};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,10 +42,11 @@ pub enum Command {
 
 #[derive(Args, Debug, Clone)]
 pub struct DumpArgs {
-    /// How far back (e.g. 2m, 90s) [default: all the flight recorder keeps].
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    pub last: Option<std::time::Duration>,
-    /// The Gecko profile to write (`.json` or `.json.gz`; mode 0600).
+    /// How far back (e.g. 2m, 90s; a plain number is seconds) [default: all the flight
+    /// recorder keeps].
+    #[arg(long, value_name = "DURATION", value_parser = duration::secs)]
+    pub last: Option<Duration>,
+    /// The Gecko profile to write (`.json` or `.json.gz`; mode 0600; `-` for standard output).
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: PathBuf,
     /// The agent's dump socket [default: /run/rsprof-bpf/agent.sock].
@@ -71,9 +72,10 @@ pub struct AgentArgs {
     /// Sampling frequency per CPU, in Hz [default: 19].
     #[arg(short = 'F', long, value_name = "HZ")]
     pub frequency: Option<u64>,
-    /// Seconds per window: each window gives one profile per process [default: 10].
-    #[arg(long, value_name = "SECS")]
-    pub window: Option<f64>,
+    /// Length of a window (e.g. 10s, 1m; a plain number is seconds): each window gives one
+    /// profile per process [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration::secs)]
+    pub window: Option<Duration>,
     /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool]. With remote
     /// sinks, windows stay there after delivery (bounded by --spool-size).
     #[arg(long, value_name = "DIR")]
@@ -92,9 +94,10 @@ pub struct AgentArgs {
     /// `off_cpu` sample type.
     #[arg(long)]
     pub off_cpu: bool,
-    /// Off-CPU blocks shorter than this (ms) are summed per thread [default: 1].
-    #[arg(long, value_name = "MS")]
-    pub off_cpu_min: Option<f64>,
+    /// Off-CPU blocks shorter than this are summed per thread (e.g. 0.5ms, 2ms; a plain
+    /// number is milliseconds) [default: 1ms].
+    #[arg(long, value_name = "DURATION", value_parser = duration::millis)]
+    pub off_cpu_min: Option<Duration>,
     /// How user stacks are walked (see `record --unwind`) [default: dwarf-fp].
     #[arg(long, value_enum)]
     pub unwind: Option<Unwind>,
@@ -132,10 +135,10 @@ pub struct AgentArgs {
     /// Only warnings and errors on stderr.
     #[arg(short = 'q', long)]
     pub quiet: bool,
-    /// Keep the last DURATION (e.g. 5m) at full detail, within --buffer-size, for
-    /// `rsprof-bpf dump` and SIGUSR1.
-    #[arg(long, value_name = "DURATION")]
-    pub flight_recorder: Option<String>,
+    /// Keep the last DURATION (e.g. 5m; a plain number is seconds) at full detail, within
+    /// --buffer-size, for `rsprof-bpf dump` and SIGUSR1.
+    #[arg(long, value_name = "DURATION", value_parser = duration::secs)]
+    pub flight_recorder: Option<Duration>,
     /// The flight recorder's root-only dump socket [default: /run/rsprof-bpf/agent.sock].
     #[arg(long, value_name = "PATH")]
     pub dump_socket: Option<PathBuf>,
@@ -173,12 +176,15 @@ pub struct QueryArgs {
     /// Only containers with this id (or a prefix of it; LXC: name). Repeatable.
     #[arg(long, value_name = "ID")]
     pub container: Vec<String>,
-    /// Output file; its name picks the format as for `record`.
+    /// Output file; its name picks the format as for `record`; `-` for standard output.
     #[arg(short = 'o', long, value_name = "PATH")]
     pub output: PathBuf,
     /// Output format: gecko, pprof or collapsed. Default: from the output file's name.
     #[arg(long, value_parser = parse_format, value_name = "FORMAT")]
     pub format: Option<Format>,
+    /// Gzip the output whatever its name (a `.gz` name always is).
+    #[arg(short = 'z', long)]
+    pub compress: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -251,16 +257,20 @@ pub struct RecordArgs {
     /// Off-CPU blocks shorter than this (ms) are summed per thread and sent with the stack of
     /// the block that brings the sum to this length, which keeps context-switch storms cheap;
     /// longer ones are sent one by one.
-    #[arg(long, default_value_t = 1.0, value_name = "MS")]
-    pub off_cpu_min: f64,
+    /// A plain number is milliseconds; units as for -d.
+    #[arg(long, default_value = "1ms", value_parser = duration::millis, value_name = "DURATION")]
+    pub off_cpu_min: Duration,
 
-    /// Stop after this many seconds (default: on Ctrl-C, or when CMD exits).
-    #[arg(short = 'd', long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    /// Stop after this long: 10, 10s, 1500ms, 2m, 1h (a plain number is seconds) (default: on
+    /// Ctrl-C, or when CMD exits).
+    #[arg(short = 'd', long, value_name = "DURATION", value_parser = duration::secs)]
+    pub duration: Option<Duration>,
 
     /// Output file; gzip-compressed when it ends in .gz. Its name picks the format unless
     /// --format does: .json[.gz] Gecko, .pb[.gz] or .pprof[.gz] pprof, .folded[.gz] or
-    /// .collapsed[.gz] collapsed stacks; any other name Gecko.
+    /// .collapsed[.gz] collapsed stacks; any other name Gecko. `-` is standard output; a
+    /// device, FIFO or socket (`/dev/stdout`, a `mkfifo`) is written in place, a regular
+    /// file atomically (a symlink is followed to its target).
     #[arg(short = 'o', long, default_value = "rsprof.json.gz", value_name = "PATH")]
     pub output: PathBuf,
 
@@ -268,6 +278,10 @@ pub struct RecordArgs {
     /// input). Default: from the output file's name.
     #[arg(long, value_parser = parse_format, value_name = "FORMAT")]
     pub format: Option<Format>,
+
+    /// Gzip the output whatever its name (a `.gz` name always is): for `-o -` or a pipe.
+    #[arg(short = 'z', long)]
+    pub compress: bool,
 
     /// No live status line and no summary.
     #[arg(short = 'q', long)]
@@ -358,10 +372,11 @@ mod tests {
         assert_eq!(c.record.command, vec!["sleep", "1"]);
         assert!(Cli::try_parse_from(["rsprof-bpf", "-F", "99"]).is_err(), "a target is required");
         let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--mode", "wall"]).unwrap();
-        assert!(c.record.mode == Mode::Wall && !c.record.off_cpu && c.record.off_cpu_min == 1.0);
+        let ms = Duration::from_millis;
+        assert!(c.record.mode == Mode::Wall && !c.record.off_cpu && c.record.off_cpu_min == ms(1));
         let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--off-cpu", "--off-cpu-min", "5"]);
         let c = c.unwrap();
-        assert!(c.record.mode == Mode::Cpu && c.record.off_cpu && c.record.off_cpu_min == 5.0);
+        assert!(c.record.mode == Mode::Cpu && c.record.off_cpu && c.record.off_cpu_min == ms(5));
         assert_eq!(c.record.unwind, Unwind::DwarfFp, "tables by default");
         let c = Cli::try_parse_from(["rsprof-bpf", "-a", "--unwind", "fp"]).unwrap();
         assert_eq!(c.record.unwind, Unwind::Fp);
@@ -381,5 +396,38 @@ mod tests {
         assert!(Cli::try_parse_from(["rsprof-bpf", "-p", "1", "--", "make"]).is_err());
         let c = Cli::try_parse_from(["rsprof-bpf", "list-containers"]).unwrap();
         assert!(matches!(c.command, Some(Command::ListContainers)));
+    }
+
+    /// Every option that takes a time takes the same units; a plain number keeps its unit.
+    #[test]
+    fn one_duration_syntax() {
+        let rec = |argv: &[&str]| {
+            let mut full = vec!["rsprof-bpf", "-a"];
+            full.extend(argv);
+            Cli::try_parse_from(full).map(|c| c.record)
+        };
+        assert_eq!(rec(&["-d", "1500ms"]).unwrap().duration, Some(Duration::from_millis(1500)));
+        assert_eq!(rec(&["-d", "2"]).unwrap().duration, Some(Duration::from_secs(2)));
+        assert_eq!(rec(&["--off-cpu-min", "2s"]).unwrap().off_cpu_min, Duration::from_secs(2));
+        let e = rec(&["-d", "5x"]).unwrap_err().to_string();
+        assert!(e.contains("invalid duration '5x'"), "{e}");
+        let agent = |argv: &[&str]| {
+            let mut full = vec!["rsprof-bpf", "agent"];
+            full.extend(argv);
+            match Cli::try_parse_from(full).unwrap().command {
+                Some(Command::Agent(a)) => a,
+                _ => panic!(),
+            }
+        };
+        assert_eq!(agent(&["--window", "5s"]).window, Some(Duration::from_secs(5)));
+        assert_eq!(agent(&["--window", "5"]).window, Some(Duration::from_secs(5)));
+        let fr = agent(&["--flight-recorder", "2m"]).flight_recorder;
+        assert_eq!(fr, Some(Duration::from_secs(120)));
+        assert_eq!(agent(&["--off-cpu-min", "3"]).off_cpu_min, Some(Duration::from_millis(3)));
+        let c = Cli::try_parse_from(["rsprof-bpf", "dump", "--last", "90", "-o", "x.json"]);
+        match c.unwrap().command {
+            Some(Command::Dump(d)) => assert_eq!(d.last, Some(Duration::from_secs(90))),
+            _ => panic!(),
+        }
     }
 }

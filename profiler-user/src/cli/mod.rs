@@ -1,4 +1,6 @@
-//! The command line: clap structs (`args`), validated once into plans (`plan`).
+//! The command line: clap structs (`args`), validated once into plans (`plan`); one syntax
+//! for times (`duration`).
 
 pub mod args;
+pub mod duration;
 pub mod plan;

@@ -31,6 +31,8 @@ pub struct RecordPlan {
     pub frequency: u64,
     pub duration: Option<Duration>,
     pub output: PathBuf,
+    /// `-z`: gzip whatever the output's name.
+    pub compress: bool,
     /// From --format, else from the output's name.
     pub format: Format,
     pub quiet: bool,
@@ -61,12 +63,9 @@ impl RecordPlan {
                 args.frequency
             );
         }
-        let duration = match args.duration {
-            Some(d) if !(d.is_finite() && d > 0.0) => {
-                bail!("invalid duration {d}: must be a positive number of seconds")
-            }
-            d => d.map(Duration::from_secs_f64),
-        };
+        if args.duration == Some(Duration::ZERO) {
+            bail!("invalid duration 0: must be longer than that");
+        }
         if args.buffer_size < (64 << 10) || args.buffer_size > (64 << 30) {
             bail!("invalid buffer size {}: must be between 64K and 64G", args.buffer_size);
         }
@@ -77,8 +76,8 @@ impl RecordPlan {
             bail!("invalid ring buffer size {ring_buffer_size}: must be between 4K and 1G");
         }
         let format = output_format(&args.output, args.format)?;
-        if !(args.off_cpu_min.is_finite() && (0.0..=60_000.0).contains(&args.off_cpu_min)) {
-            bail!("invalid --off-cpu-min {}: must be between 0 and 60000 ms", args.off_cpu_min);
+        if args.off_cpu_min > Duration::from_secs(60) {
+            bail!("invalid --off-cpu-min {:?}: must be at most 60s", args.off_cpu_min);
         }
         let off_cpu = match (args.mode, args.off_cpu) {
             (Mode::Wall, _) => profiler_common::OFF_CPU_WALL,
@@ -113,8 +112,9 @@ impl RecordPlan {
             target,
             cgroups: Selection::from_args(&args.cgroup, &args.container)?,
             frequency: args.frequency,
-            duration,
+            duration: args.duration,
             output: args.output,
+            compress: args.compress,
             format,
             quiet: args.quiet,
             buffer_bytes: args.buffer_size as usize,
@@ -123,7 +123,7 @@ impl RecordPlan {
             usdt_intervals,
             usdt_dump: args.usdt_dump,
             off_cpu,
-            off_cpu_min_ns: (args.off_cpu_min * 1e6) as u64,
+            off_cpu_min_ns: args.off_cpu_min.as_nanos() as u64,
             unwind_mode,
             unwind_rows: unwind_rows as u32,
             bpf_timing: args.bpf_timing,
@@ -228,8 +228,8 @@ mod tests {
         );
         for bad in [
             &["--all", "-F", "0"][..],
-            &["--all", "-d=-1"],
-            &["--all", "-d", "NaN"],
+            &["--all", "-d=0"],
+            &["--all", "--off-cpu-min", "61s"],
             &["--all", "--buffer-size", "1K"],
             &["--all", "--usdt", "nocolon"],
             &["-p", "4294967294"],

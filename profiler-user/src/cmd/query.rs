@@ -12,7 +12,11 @@ pub fn run(args: QueryArgs) -> Result<()> {
         written.windows,
         written.samples,
         written.tracks,
-        args.output.display(),
+        if args.output.as_os_str() == "-" {
+            "standard output".into()
+        } else {
+            args.output.display().to_string()
+        },
         written.format
     );
     Ok(())

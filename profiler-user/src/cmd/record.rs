@@ -13,7 +13,7 @@ use crate::{
 pub fn run(args: RecordArgs) -> Result<()> {
     let plan = RecordPlan::from_args(args)?;
     // Before anything slow: an unwritable path fails now, not after the recording.
-    let output = PendingOutput::create(&plan.output)?;
+    let output = PendingOutput::create(&plan.output)?.compress(plan.compress);
     host::check_privileges()?;
     host::check_kernel()?;
     // One thread only until the command is forked.

@@ -1,6 +1,6 @@
 //! Writing a profile from storage: capture a consistent snapshot (cheap, on the collecting
 //! thread), then symbolize it and hand every event to the writers (slow, on any thread) while
-//! collection goes on. `output` writes the file atomically.
+//! collection goes on. `output` writes a file atomically, or a stream in place.
 
 pub mod output;
 
@@ -75,6 +75,8 @@ pub struct Written {
     /// formats have no samples.
     pub nothing_recorded: bool,
     pub symbolize_errors: SymbolizeErrors,
+    /// Bytes written to the output (compressed, if it was).
+    pub bytes: u64,
 }
 
 impl ExportJob {
@@ -145,8 +147,8 @@ impl ExportJob {
         symbolizer: Option<&crate::symbolize::Service>,
     ) -> Result<Written> {
         let p = self.prepare(empty_note, symbolizer)?;
-        let (stats, nothing_recorded) = output.commit(|w| p.write(format, w))?;
-        Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors })
+        let ((stats, nothing_recorded), bytes) = output.commit(|w| p.write(format, w))?;
+        Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors, bytes })
     }
 
     /// Like `write`, to `out` (a flight recorder dump, sent over the agent's socket). With the
@@ -160,8 +162,9 @@ impl ExportJob {
         symbolizer: Option<&crate::symbolize::Service>,
     ) -> Result<Written> {
         let p = self.prepare(empty_note, symbolizer)?;
-        let (stats, nothing_recorded) = p.write(format, out)?;
-        Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors })
+        let mut counted = output::Counted { inner: out, bytes: 0 };
+        let (stats, nothing_recorded) = p.write(format, &mut counted)?;
+        Ok(Written { stats, nothing_recorded, symbolize_errors: p.errors, bytes: counted.bytes })
     }
 
     fn prepare(
@@ -407,6 +410,19 @@ fn resolve_marker(snap: &StoreSnapshot, m: &StoredMarker) -> Marker {
 /// `profile.json.gz` → `profile.snapshot-3.json.gz`, `p.pb.gz` → `p.snapshot-3.pb.gz` (the
 /// suffixes of [`Format::from_path`], so a snapshot's name implies the same format);
 /// otherwise appended.
+/// Where snapshot `n` of a recording to `output` goes: beside a file output; in the working
+/// directory, as `rsprof.snapshot-N.EXT`, when the output is a stream (`-`, a pipe, a device),
+/// which has no directory of its own to put one in.
+pub fn snapshot_dest(output: &Path, n: u32, format: Format, compress: bool) -> PathBuf {
+    match output::Destination::resolve(output) {
+        Ok(d) if !d.is_stream() => snapshot_path(output, n),
+        _ => {
+            let gz = if compress { ".gz" } else { "" };
+            snapshot_path(Path::new(&format!("rsprof{}{gz}", format.extension())), n)
+        }
+    }
+}
+
 pub fn snapshot_path(output: &Path, n: u32) -> PathBuf {
     let name = output.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let new = match Format::from_path(output) {
@@ -429,6 +445,12 @@ mod tests {
         assert_eq!(snapshot_path(Path::new("x.pprof"), 4), Path::new("x.snapshot-4.pprof"));
         assert_eq!(snapshot_path(Path::new("x.folded"), 1), Path::new("x.snapshot-1.folded"));
         assert_eq!(snapshot_path(Path::new("x.gz"), 1), Path::new("x.gz.snapshot-1"));
+        let fifo = snapshot_dest(Path::new("/dev/null"), 3, Format::Pprof, true);
+        assert_eq!(fifo, Path::new("rsprof.snapshot-3.pb.gz"));
+        let stdout = snapshot_dest(Path::new("-"), 1, Format::Gecko, false);
+        assert_eq!(stdout, Path::new("rsprof.snapshot-1.json"));
+        let file = snapshot_dest(Path::new("/tmp/x.pb"), 1, Format::Pprof, false);
+        assert_eq!(file, Path::new("/tmp/x.snapshot-1.pb"));
         for f in ["a.json.gz", "a.pb.gz", "a.pb", "a.pprof.gz", "a.collapsed", "a.folded.gz"] {
             let snap = snapshot_path(Path::new(f), 2);
             assert_eq!(

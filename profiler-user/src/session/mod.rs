@@ -21,7 +21,7 @@ use crate::{
     bpf::{btf, counters::Counters, object::BpfObject, ring},
     cli::plan::{RecordPlan, Target},
     collect::collector::{Collector, CollectorStats},
-    export::{ExportJob, Written, output::PendingOutput, snapshot_path},
+    export::{ExportJob, Written, output::PendingOutput, snapshot_dest},
     model::{
         ids::Pid,
         recording::RecordingInfo,
@@ -247,7 +247,13 @@ impl<'p> Recorder<'p> {
             bpf.add_cgroups(&c.ids())?;
         }
         let gated = match &plan.target {
-            Target::Command(cmd) => Some(launch::spawn_gated(cmd)?),
+            Target::Command(cmd) => {
+                let to_stdout = matches!(
+                    crate::export::output::Destination::resolve(&plan.output),
+                    Ok(crate::export::output::Destination::Fd(libc::STDOUT_FILENO))
+                );
+                Some(launch::spawn_gated(cmd, to_stdout)?)
+            }
             _ => None,
         };
         let mut targets: Vec<Pid> = match &plan.target {
@@ -667,10 +673,11 @@ impl<'p> Recorder<'p> {
     /// Writes what is recorded so far on another thread, while recording goes on.
     fn snapshot(&mut self) -> Result<()> {
         self.drain();
-        let path = snapshot_path(&self.plan.output, self.snapshots.len() as u32 + 1);
+        let n = self.snapshots.len() as u32 + 1;
+        let path = snapshot_dest(&self.plan.output, n, self.plan.format, self.plan.compress);
         let (schemas, open) = (self.usdt.marker_schemas(), self.usdt.open_markers());
         let job = ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
-        let output = PendingOutput::create(&path);
+        let output = PendingOutput::create(&path).map(|o| o.compress(self.plan.compress));
         let (msgs, format) = (self.msgs, self.plan.format);
         let handle = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
             // Failures are reported, never fatal to the recording.
@@ -712,7 +719,8 @@ impl<'p> Recorder<'p> {
              {stop_reason})"
         );
         let job = ExportJob::finish(self.collector, info, marker_schemas);
-        let Written { stats, nothing_recorded, symbolize_errors } =
+        let described = output.describe();
+        let Written { stats, nothing_recorded, symbolize_errors, bytes } =
             job.write(output, self.plan.format, &empty_note)?;
         if nothing_recorded {
             // Even with -q: an empty profile must not go unexplained.
@@ -721,11 +729,10 @@ impl<'p> Recorder<'p> {
                 Format::Pprof | Format::Collapsed => "has no samples",
             };
             self.msgs.notice(format_args!(
-                "nothing was recorded in {duration_s:.2} s (stopped by {stop_reason}); {} {holds}",
-                self.plan.output.display()
+                "nothing was recorded in {duration_s:.2} s (stopped by {stop_reason}); {described} \
+                 {holds}"
             ));
         }
-        let bytes = std::fs::metadata(&self.plan.output).map(|m| m.len()).unwrap_or(0);
         self.msgs.block(&summary::render(&summary::SummaryInput {
             profile: &stats,
             store: &store_stats,
@@ -736,7 +743,7 @@ impl<'p> Recorder<'p> {
             duration_s,
             frequency: self.plan.frequency,
             cpus: self.bpf.cpus.len(),
-            output: &self.plan.output.display().to_string(),
+            output: &described,
             format: self.plan.format,
             output_bytes: bytes,
             stop_reason,

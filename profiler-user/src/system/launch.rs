@@ -29,7 +29,9 @@ fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Forks `argv`, stopped before exec. Must be called while the process has one thread.
-pub fn spawn_gated(argv: &[String]) -> Result<GatedChild> {
+/// `stdout_to_stderr`: the profile goes to our standard output (`-o -`), so the command's
+/// output goes to stderr instead of into the profile.
+pub fn spawn_gated(argv: &[String], stdout_to_stderr: bool) -> Result<GatedChild> {
     use std::os::fd::AsRawFd as _;
     let c_args: Vec<CString> = argv
         .iter()
@@ -41,7 +43,7 @@ pub fn spawn_gated(argv: &[String]) -> Result<GatedChild> {
     let (gate_r, gate_w) = pipe(libc::O_CLOEXEC)?;
     let (err_r, err_w) = pipe(libc::O_CLOEXEC)?;
 
-    // SAFETY: the child only calls async-signal-safe functions (read, write, execvp, _exit)
+    // SAFETY: the child only calls async-signal-safe functions (read, write, dup2, execvp, _exit)
     // on memory prepared before the fork.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -54,6 +56,9 @@ pub fn spawn_gated(argv: &[String]) -> Result<GatedChild> {
             let mut b = 0u8;
             if libc::read(gate_r.as_raw_fd(), (&raw mut b).cast(), 1) != 1 {
                 libc::_exit(1); // loader gave up before releasing us
+            }
+            if stdout_to_stderr {
+                libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO);
             }
             libc::execvp(ptrs[0], ptrs.as_ptr());
             let errno = *libc::__errno_location();

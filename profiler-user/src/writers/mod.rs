@@ -90,6 +90,11 @@ impl Format {
         }
     }
 
+    /// The name ending this format is written with when the program picks the name.
+    pub fn extension(self) -> &'static str {
+        SUFFIXES.iter().find(|(_, f)| *f == self).map_or("", |(ext, _)| ext)
+    }
+
     pub fn from_name(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|f| f.name() == s)
     }
