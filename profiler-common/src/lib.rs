@@ -110,8 +110,15 @@ pub struct TaskRecord {
     pub cmdline_len: u32,
     /// 1 when argv was longer than `CMDLINE_MAX` and was cut.
     pub cmdline_truncated: u32,
+    /// `TASK_*` flags.
+    pub flags: u32,
+    pub _pad: u32,
     pub cmdline: [u8; CMDLINE_MAX],
 }
+
+/// [`TaskRecord::flags`] of a fork: the kernel copied the parent's walker entry
+/// (`UNWIND_PROCS`) to the new process, which userspace then only has to adopt.
+pub const TASK_WALKER_COPIED: u32 = 1 << 0;
 
 /// Size of a `TaskRecord` without its trailing `cmdline`.
 pub const TASK_RECORD_FIXED: usize = core::mem::size_of::<TaskRecord>() - CMDLINE_MAX;
@@ -603,7 +610,12 @@ pub mod counter {
     /// or a file whose table userspace does not build while draining): their depth is
     /// [`LABEL_DEPTH_UNKNOWN`](crate::LABEL_DEPTH_UNKNOWN) and the label shows above the leaf.
     pub const LABEL_DEPTH_LOST: u32 = 52;
-    pub const COUNT: u32 = 53;
+    /// A new process (fork without exec) given a copy of its parent's walker entry
+    /// (`UNWIND_PROCS`) in the fork tracepoint, so its first samples unwind like its parent's;
+    /// and copies that failed (the map full), whose process waits for userspace instead.
+    pub const FORK_WALKER_COPIES: u32 = 53;
+    pub const FORK_WALKER_COPY_FAILED: u32 = 54;
+    pub const COUNT: u32 = 55;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

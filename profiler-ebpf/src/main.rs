@@ -27,9 +27,9 @@ use profiler_common::{
     CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader, FILTER_ALL,
     SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY,
     SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, STACK_COPY_HEADER_SIZE,
-    SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TIMING_ENTRIES, TIMING_RING_BYTES,
-    TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, UNWIND_MODE_FP, WAKE_GAP_NS, counter,
-    timing_bucket,
+    SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TASK_WALKER_COPIED, TIMING_ENTRIES,
+    TIMING_RING_BYTES, TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, UNWIND_MODE_FP, WAKE_GAP_NS,
+    counter, timing_bucket,
 };
 
 #[unsafe(no_mangle)]
@@ -432,6 +432,8 @@ unsafe fn task_header(kind: u32, rec: *mut TaskRecord, pid: u32, tid: u32) {
         (*rec).comm = bpf_get_current_comm().unwrap_or([0; 16]);
         (*rec).cmdline_len = 0;
         (*rec).cmdline_truncated = 0;
+        (*rec).flags = 0;
+        (*rec)._pad = 0;
     }
 }
 
@@ -467,9 +469,14 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
     if !cgroup::selected() {
         return 0;
     }
+    // A new process, not a thread: its walker entry is its parent's from this moment on.
+    let copied = child_tgid != parent_tgid
+        && cfg.unwind_mode != UNWIND_MODE_FP
+        && stack::inherit_walker(parent_tgid, child_tgid);
     let Some(rec) = TASK_SCRATCH.get_ptr_mut(0) else { return 0 };
     unsafe {
         task_header(EVENT_FORK, rec, child_tgid, child_pid);
+        (*rec).flags = if copied { TASK_WALKER_COPIED } else { 0 };
         (*rec).parent_pid = parent_tgid;
         (*rec).parent_tid = pid_tgid as u32;
         // The child's own address space (a copy of the parent's, or the parent's with

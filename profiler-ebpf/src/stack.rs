@@ -48,6 +48,23 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE
 static UNWIND_PROCS: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
 
+/// Gives a new process (a fork without exec: a PostgreSQL backend, an nginx or gunicorn
+/// worker) its parent's walker entry: it has its parent's address space, so its first samples
+/// unwind at once instead of waiting for userspace (which adopts the copy, `unwind::adopt`).
+/// Any entry already under the child's id belongs to a dead process that had its pid.
+/// Returns whether the child has the copy; false without a parent entry too.
+pub fn inherit_walker(parent_tgid: u32, child_tgid: u32) -> bool {
+    let Some(parent) = UNWIND_PROCS.get_ptr(&parent_tgid) else { return false };
+    // SAFETY: a map value pointer, valid for the program's run; the helper copies from it.
+    if UNWIND_PROCS.insert(&child_tgid, unsafe { &*parent }, 0).is_ok() {
+        count(counter::FORK_WALKER_COPIES);
+        true
+    } else {
+        count(counter::FORK_WALKER_COPY_FAILED);
+        false
+    }
+}
+
 /// Slot of `UNWIND_STATE` per walker, so the sampler and the off-CPU tracker never share one.
 pub const SLOT_SAMPLER: u32 = 0;
 pub const SLOT_OFF_CPU: u32 = 1;

@@ -7,5 +7,6 @@ pub mod gecko_schema;
 pub mod go_pprof;
 pub mod harness;
 pub mod ports;
+pub mod postgres;
 pub mod profile_query;
 pub mod prometheus;

@@ -314,6 +314,11 @@ fn copies_summary(stderr: &str) -> (u64, u64) {
     (num("stack copies:"), num("completed in userspace"))
 }
 
+/// Samples sent with a copy of their stack: the "stack copies:" line's count, 0 without one.
+fn copies_sent(stderr: &str) -> u64 {
+    if stderr.contains("stack copies:") { copies_summary(stderr).0 } else { 0 }
+}
+
 /// Of `samples` at or after `from` ms whose leaf is `leaf`: (complete with `chain`, total).
 fn complete_from(
     samples: &[(f64, Vec<String>)],
@@ -896,4 +901,117 @@ fn unwind_full_table_with_nothing_evictable_is_counted_and_flagged() {
     // in userspace, and the kernel's stopped walks are counted.
     assert!(complete as u64 <= completed, "{complete} complete, {completed} done in userspace");
     assert!(no_table as usize >= n / 2, "kernel 'no table' {no_table} of {n}\n{stderr}");
+}
+
+/// The summary's "user stacks:" count of walks, and of one end cause.
+fn walks_and(stderr: &str, cause: &str) -> (u64, u64) {
+    let line = stderr.lines().find(|l| l.contains("user stacks:")).expect("user stacks line");
+    let walked = line.split("user stacks: ").nth(1).unwrap();
+    let walked = walked.split(' ').next().unwrap().parse().unwrap();
+    (walked, summary_count(stderr, cause))
+}
+
+/// Workers forked without exec (a PostgreSQL backend, an nginx worker) get their parent's
+/// walker entry in the fork tracepoint: their stacks are complete from the kernel's walk from
+/// the first sample on, with no stack copies. Before, every sample of theirs was "process not
+/// loaded" and went through a copy of its stack for the whole run.
+#[test]
+fn unwind_forked_workers_are_complete_from_the_fork_without_copies() {
+    let exe = build_no_fp("forkburn");
+    let out = output_path("forked_workers", "json");
+    let o = out.to_str().unwrap();
+    let exe_s = exe.to_str().unwrap();
+    let done =
+        run(&["-F", "499", "--unwind", "dwarf", "-o", o, "--", exe_s, "2", "3", "1"]).unwrap();
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    let children: Vec<u32> =
+        done.stdout.lines().filter_map(|l| l.strip_prefix("child ")?.trim().parse().ok()).collect();
+    assert_eq!(children.len(), 2, "the fixture's children:\n{}", done.stdout);
+    let profile = tests::gecko_schema::load(&out).expect("profile written");
+    let chain = ["main", "serve", "child_main", "child_hot"];
+    let (mut complete, mut total) = (0, 0);
+    for &pid in &children {
+        let stacks: Vec<Vec<String>> = threads_of_pid(&profile, pid)
+            .iter()
+            .flat_map(|t| sample_stacks(t.thread))
+            .filter(|s| functions(s).last() == Some(&"child_hot"))
+            .collect();
+        assert!(stacks.len() > 100, "child {pid}: {} hot samples", stacks.len());
+        complete += stacks.iter().filter(|s| truncated(s).is_none() && has_path(s, &chain)).count();
+        total += stacks.len();
+        if let Some(bad) = stacks.iter().find(|s| truncated(s).is_some() || !has_path(s, &chain)) {
+            eprintln!("child {pid}: e.g. {bad:?}");
+        }
+    }
+    assert!(
+        share(complete, total) >= 0.98,
+        "{complete} of {total} child samples complete:\n{}",
+        done.stderr
+    );
+    // From the kernel's walk, not from stack copies: the counters cover the command's tree.
+    let (walked, not_loaded) = walks_and(&done.stderr, "process not loaded");
+    assert!(not_loaded * 100 <= walked, "{not_loaded} of {walked} not loaded:\n{}", done.stderr);
+    let copies = copies_sent(&done.stderr);
+    assert!(copies * 100 <= walked, "{copies} stack copies of {walked} walks:\n{}", done.stderr);
+    let forked =
+        done.stderr.lines().find(|l| l.contains("forked processes:")).unwrap_or_else(|| {
+            panic!("no 'forked processes:' line:\n{}", done.stderr);
+        });
+    assert!(forked.contains("forked processes: 2 unwound"), "{forked}");
+}
+
+/// PostgreSQL forks a backend per connection, without exec: started and driven by pgbench
+/// (`-S`, 4 clients connecting during the recording) under `-- sh -c`, its backends' samples
+/// are complete, from the kernel's walk (almost no stack copies).
+#[test]
+fn unwind_postgres_backends_forked_during_the_recording_are_complete() {
+    let bin = tests::postgres::bin_dir().unwrap();
+    let parent = output_path("postgres", "d");
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir_all(&parent).unwrap();
+    let data = tests::postgres::init_cluster(&parent).unwrap();
+    let (b, d) = (bin.display(), data.display());
+    let pg = "runuser -u postgres --";
+    let conn = format!("-h {d} -p 5499 postgres");
+    let script = format!(
+        "set -e; {pg} {b}/postgres -D {d} -k {d} -p 5499 -c listen_addresses= -c fsync=off \
+         >{d}/log 2>&1 & \
+         for i in $(seq 100); do {pg} {b}/pg_isready -q -h {d} -p 5499 && break; sleep 0.1; done; \
+         {pg} {b}/pgbench -q -i -s 1 {conn} >/dev/null 2>&1; \
+         {pg} {b}/pgbench -n -S -c 4 -j 2 -T 4 {conn} >/dev/null; \
+         {pg} {b}/pg_ctl stop -D {d} -m fast >/dev/null"
+    );
+    let out = output_path("postgres", "json");
+    let o = out.to_str().unwrap();
+    let done = run(&["-F", "499", "-o", o, "--", "sh", "-c", &script]).unwrap();
+    let log = std::fs::read_to_string(data.join("log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&parent);
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}\npostgres log:\n{log}", done.stderr);
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    let user = |s: &Vec<String>| s.iter().any(|f| module_name(f) != Some("[kernel.kallsyms]"));
+    let samples: Vec<(String, Vec<String>)> = tests::profile_query::threads(&profile)
+        .iter()
+        .flat_map(|t| sample_stacks(t.thread).into_iter().map(|s| (t.process_name.to_owned(), s)))
+        .filter(|(_, s)| user(s))
+        .collect();
+    let (complete, total) = completeness(&samples, "postgres");
+    assert!(total > 300, "only {total} postgres samples with user frames:\n{}", done.stderr);
+    assert!(
+        share(complete, total) >= 0.95,
+        "{complete} of {total} postgres samples complete:\n{}",
+        done.stderr
+    );
+    let (walked, not_loaded) = walks_and(&done.stderr, "process not loaded");
+    let copies = copies_sent(&done.stderr);
+    eprintln!(
+        "{complete}/{total} complete; {walked} walks, {not_loaded} not loaded, {copies} copies"
+    );
+    // What copies remain are of programs just exec'ed (runuser, pgbench, the server itself)
+    // before their tables landed; before, every backend sample went through one (73% of walks).
+    assert!(copies * 20 <= walked, "{copies} stack copies of {walked} walks:\n{}", done.stderr);
+    let forked =
+        done.stderr.lines().find(|l| l.contains("forked processes:")).unwrap_or_else(|| {
+            panic!("no 'forked processes:' line:\n{}", done.stderr);
+        });
+    assert!(!forked.contains("forked processes: 0 "), "{forked}");
 }

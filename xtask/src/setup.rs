@@ -13,7 +13,8 @@ pub const BPF_LINKER_VERSION: &str = "0.10.4";
 /// Debian packages: gcc builds the test fixtures, linux-perf is the benchmark's reference
 /// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures. `setup` (for the tests)
 /// adds those Go's pprof is built from (`tests::go_pprof::DEBIAN_PACKAGES`) and the ClickHouse
-/// server the ClickHouse sink's tests start (`tests::clickhouse::DEBIAN_PACKAGES`).
+/// server the ClickHouse sink's tests start (`tests::clickhouse::DEBIAN_PACKAGES`) and the
+/// PostgreSQL the unwinder's pre-fork test profiles (`tests::postgres::DEBIAN_PACKAGES`).
 pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
 
 /// `cargo xtask setup`: every check on its own line.
@@ -30,6 +31,7 @@ pub fn setup() -> anyhow::Result<()> {
         &["protobuf-compiler"],
         tests::prometheus::DEBIAN_PACKAGES,
         tests::agent::DEBIAN_PACKAGES,
+        tests::postgres::DEBIAN_PACKAGES,
         // `cargo xtask bench-unwind`'s Python workload.
         &["python3.11-minimal"],
     ]

@@ -213,6 +213,16 @@ pub const COUNTERS: &[CounterDef] = &[
         "label_depth_lost",
         "Label pushes whose depth record was lost to a full ring buffer",
     ),
+    def(
+        counter::FORK_WALKER_COPIES,
+        "fork_walker_copies",
+        "New processes (fork without exec) given their parent's walker entry at fork",
+    ),
+    def(
+        counter::FORK_WALKER_COPY_FAILED,
+        "fork_walker_copy_failed",
+        "Forks whose walker entry could not be copied (map full)",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

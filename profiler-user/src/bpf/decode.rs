@@ -104,11 +104,13 @@ pub struct RawUsdtStr {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskKind {
-    /// A new task; `parent` is the forking task, `mm` the new task's address space.
+    /// A new task; `parent` is the forking task, `mm` the new task's address space;
+    /// `walker_copied`: the kernel gave a new process its parent's walker entry.
     Fork {
         parent_pid: Pid,
         parent_tid: Tid,
         mm: u64,
+        walker_copied: bool,
     },
     /// `mm`: the new image's address space; `vdso`: where its vDSO is (0: unknown).
     Exec {
@@ -374,6 +376,9 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                     parent_pid: Pid(u32_at(b, std::mem::offset_of!(TaskRecord, parent_pid))),
                     parent_tid: Tid(u32_at(b, std::mem::offset_of!(TaskRecord, parent_tid))),
                     mm,
+                    walker_copied: u32_at(b, std::mem::offset_of!(TaskRecord, flags))
+                        & profiler_common::TASK_WALKER_COPIED
+                        != 0,
                 },
                 EVENT_EXEC => {
                     let n = u32_at(b, std::mem::offset_of!(TaskRecord, cmdline_len)) as usize;
@@ -680,6 +685,8 @@ mod tests {
             comm: comm("ls"),
             cmdline_len: 0,
             cmdline_truncated: 0,
+            flags: 0,
+            _pad: 0,
             cmdline: [0; CMDLINE_MAX],
         };
         assert!(!decode_sample_into(&bytes_of(&exit, TASK_RECORD_FIXED), &mut s).unwrap());
@@ -697,6 +704,8 @@ mod tests {
             comm: comm("ls"),
             cmdline_len: 8,
             cmdline_truncated: 0,
+            flags: 0,
+            _pad: 0,
             cmdline: [0; CMDLINE_MAX],
         };
         t.cmdline[..8].copy_from_slice(b"ls\0-l\0/\0");
@@ -711,6 +720,36 @@ mod tests {
                 vdso: 0x7fff_0000
             }
         );
+    }
+
+    #[test]
+    fn decodes_a_fork_and_whether_the_walker_entry_was_copied() {
+        let mut t = TaskRecord {
+            header: EventHeader { kind: EVENT_FORK, cpu: 0, time_ns: 5, pid: 9, tid: 9 },
+            parent_pid: 3,
+            parent_tid: 4,
+            mm: 0xffff_1000,
+            vdso: 0,
+            comm: comm("postgres"),
+            cmdline_len: 0,
+            cmdline_truncated: 0,
+            flags: profiler_common::TASK_WALKER_COPIED,
+            _pad: 0,
+            cmdline: [0; CMDLINE_MAX],
+        };
+        let fork = |t: &TaskRecord| match decode(&bytes_of(t, TASK_RECORD_FIXED)).unwrap() {
+            KernelEvent::Task(e) => e.kind,
+            _ => panic!(),
+        };
+        let want = |walker_copied| TaskKind::Fork {
+            parent_pid: Pid(3),
+            parent_tid: Tid(4),
+            mm: 0xffff_1000,
+            walker_copied,
+        };
+        assert_eq!(fork(&t), want(true));
+        t.flags = 0;
+        assert_eq!(fork(&t), want(false));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::{
     },
     collect::{
         modules::{LoadedAt, Mapping, ModuleTable},
-        outbox::Outbox,
+        outbox::{Forked, Outbox},
         processes::{ProcessInfo, ProcessTable, SpaceSource},
         stack::{self, kernel_frames, read_space_once},
         stack_cache::StackCache,
@@ -452,10 +452,12 @@ impl<S: SampleSink> Collector<S> {
 
     fn on_task(&mut self, t: TaskEvent) {
         self.stats.task_events += 1;
-        if let TaskKind::Fork { parent_pid, mm, .. } = t.kind
+        if let TaskKind::Fork { parent_pid, mm, walker_copied, .. } = t.kind
             && t.pid.0 == t.tid.0
             && parent_pid != t.pid
         {
+            let fork = Forked { child: t.pid, parent: parent_pid, time: t.time, walker_copied };
+            self.outbox.forked(fork);
             // A new process starts as a copy of its parent's address space (a pre-existing
             // parent's is read now, once); the kernel's records follow it from here.
             let space = self.known(parent_pid).space.clone();
@@ -930,7 +932,12 @@ mod tests {
             let ev = |kind| {
                 KernelEvent::Task(TaskEvent { time, pid: Pid(pid), tid, comm: "t".into(), kind })
             };
-            let fork = TaskKind::Fork { parent_pid: Pid(pid), parent_tid: Tid(pid), mm: 1 };
+            let fork = TaskKind::Fork {
+                parent_pid: Pid(pid),
+                parent_tid: Tid(pid),
+                mm: 1,
+                walker_copied: false,
+            };
             c.handle(ev(fork));
             if i % 50 == 0 {
                 c.handle(KernelEvent::Sample(Sample {

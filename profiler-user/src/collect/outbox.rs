@@ -3,7 +3,10 @@
 
 use crate::{
     bpf::decode::RawUsdtHit,
-    model::ids::{Pid, Tid},
+    model::{
+        ids::{Pid, Tid},
+        time::MonoNs,
+    },
 };
 
 #[derive(Debug, Default)]
@@ -13,9 +16,21 @@ pub struct Outbox {
     exited_processes: Vec<Pid>,
     /// Processes whose executable mappings changed (the unwinder's tables follow them).
     maps_changed: Vec<Pid>,
+    /// New processes forked without exec, in order (the loader adopts their walker entries).
+    forks: Vec<Forked>,
     /// Processes with samples whose walk ended at a file whose table is not loaded yet (the
     /// loader compiles their files first).
     tables_wanted: Vec<Pid>,
+}
+
+/// A new process: a fork of `parent` (not a thread), at `time`; `walker_copied`: the kernel
+/// gave it its parent's walker entry then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forked {
+    pub child: Pid,
+    pub parent: Pid,
+    pub time: MonoNs,
+    pub walker_copied: bool,
 }
 
 /// Threads and processes that exited since the last look.
@@ -36,6 +51,15 @@ impl Outbox {
 
     pub fn maps_changed(&mut self, pid: Pid) {
         self.maps_changed.push(pid);
+    }
+
+    pub fn forked(&mut self, fork: Forked) {
+        self.forks.push(fork);
+    }
+
+    /// The processes forked since the last take, in order.
+    pub fn take_forks(&mut self) -> Vec<Forked> {
+        std::mem::take(&mut self.forks)
     }
 
     /// Bounded: only a hint for ordering the loader's queue.

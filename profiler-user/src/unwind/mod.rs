@@ -38,8 +38,12 @@ use crate::{
     collect::{
         collector::Collector,
         modules::{ElfLayout, ModuleTable},
+        outbox::Forked,
     },
-    model::ids::{ModuleId, Pid},
+    model::{
+        ids::{ModuleId, Pid},
+        time::MonoNs,
+    },
     store::SampleSink,
 };
 
@@ -122,6 +126,10 @@ pub struct UnwindStats {
     pub mappings_over_limit: u64,
     /// Process table writes the kernel refused (map full).
     pub process_update_errors: u64,
+    /// New processes whose walker entry the kernel copied from the parent at fork, taken as
+    /// is (no write); and forks written here because the copy was missing or stale.
+    pub forks_adopted: u64,
+    pub forks_written: u64,
     /// The loader's work on the event loop: in all, and its longest pass.
     pub loop_time: Duration,
     pub loop_max: Duration,
@@ -154,6 +162,9 @@ pub struct UnwindLoader {
     refs: HashMap<FileIdentity, Refs>,
     /// The loaded files each published process's entry names.
     names: HashMap<Pid, Vec<FileIdentity>>,
+    /// When each published process's entry was last written (a forked child's: its
+    /// parent's), to tell whether a fork copied the entry `names` describes.
+    written_at: HashMap<Pid, MonoNs>,
     /// Tables that may have lost their last process this pass (released at its end).
     unreferenced: HashSet<FileIdentity>,
     /// Files queued this pass, handed to the workers at its end, after its releases: the
@@ -187,6 +198,7 @@ impl UnwindLoader {
             loaded_pids: Default::default(),
             refs: HashMap::new(),
             names: HashMap::new(),
+            written_at: HashMap::new(),
             unreferenced: HashSet::new(),
             to_push: HashMap::new(),
             startup: None,
@@ -227,6 +239,9 @@ impl UnwindLoader {
         while let Ok(d) = self.done.try_recv() {
             self.landed(d, &mut pids);
         }
+        for fork in collector.outbox.take_forks() {
+            self.forked(fork, &mut pids);
+        }
         let mut pids: Vec<Pid> = pids.into_iter().collect();
         pids.sort_unstable();
         for pid in pids {
@@ -234,6 +249,11 @@ impl UnwindLoader {
         }
         let exited: Vec<Pid> = collector.outbox.pending_process_exits().to_vec();
         for pid in exited {
+            // A pid that exited and was reused by a new process in this same drain keeps the
+            // new process's entry.
+            if collector.processes.processes.get(&pid).is_some_and(|p| !p.exited) {
+                continue;
+            }
             self.remove(pid);
         }
         self.release_unreferenced();
@@ -265,6 +285,55 @@ impl UnwindLoader {
         if !files.is_empty() {
             self.shared.wanted(&files);
         }
+    }
+
+    /// A new process forked without exec. The kernel gave it a copy of its parent's entry at
+    /// the fork (`walker_copied`): when that copy is the entry `names` describes (written
+    /// before the fork, not due for a rewrite in this pass), the child is adopted as is — no
+    /// write, and its samples unwound from the fork on. Otherwise it is written like any
+    /// process whose mappings changed.
+    fn forked(&mut self, f: Forked, pids: &mut HashSet<Pid>) {
+        if f.walker_copied {
+            // The kernel holds an entry under this id now: its removal must delete it.
+            self.loaded_pids.insert(f.child);
+        }
+        if pids.contains(&f.child) {
+            return;
+        }
+        let current = f.walker_copied
+            && !pids.contains(&f.parent)
+            && self.names.contains_key(&f.parent)
+            && self.written_at.get(&f.parent).is_some_and(|&w| w < f.time);
+        if current {
+            self.adopt(f.parent, f.child);
+        } else {
+            self.stats.forks_written += 1;
+            pids.insert(f.child);
+        }
+    }
+
+    /// Books `child` as published with `parent`'s entry, which the kernel copied.
+    fn adopt(&mut self, parent: Pid, child: Pid) {
+        let names = self.names.get(&parent).cloned().unwrap_or_default();
+        for id in &names {
+            if let Some(r) = self.refs.get_mut(id) {
+                r.pids.insert(child);
+            }
+        }
+        if let Some(old) = self.names.insert(child, names) {
+            self.unref(child, old);
+        }
+        // Its entry names the same pending files: rewritten when they land, like the parent.
+        for waiting in self.waiting.values_mut() {
+            if waiting.contains(&parent) {
+                waiting.insert(child);
+            }
+        }
+        self.loaded_pids.insert(child);
+        if let Some(&w) = self.written_at.get(&parent) {
+            self.written_at.insert(child, w);
+        }
+        self.stats.forks_adopted += 1;
     }
 
     /// Whether some process was published with a file whose table is still being compiled.
@@ -381,6 +450,8 @@ impl UnwindLoader {
             return;
         }
         self.loaded_pids.insert(pid);
+        // Read after the write: a fork stamped later certainly copied this entry.
+        self.written_at.insert(pid, MonoNs::now());
         for id in &names {
             if let Some(r) = self.refs.get_mut(id) {
                 r.pids.insert(pid);
@@ -396,6 +467,7 @@ impl UnwindLoader {
             let _ = self.procs.remove(&pid.0);
             self.stats.processes_removed += 1;
         }
+        self.written_at.remove(&pid);
         if let Some(old) = self.names.remove(&pid) {
             self.unref(pid, old);
         }
@@ -613,13 +685,16 @@ impl UnwindLoader {
         let _ = writeln!(
             out,
             "  process tables: {} writes ({} refused, {} when a table landed), {} removed, {} \
-             mappings over the {} limit",
+             mappings over the {} limit; forks: {} took their parent's entry as copied at the \
+             fork, {} written",
             s.process_updates,
             s.process_update_errors,
             s.republished,
             s.processes_removed,
             s.mappings_over_limit,
-            UNWIND_MAX_MAPPINGS
+            UNWIND_MAX_MAPPINGS,
+            s.forks_adopted,
+            s.forks_written
         );
         for (name, rows) in &s.full_files {
             let _ = writeln!(out, "  table full: {name}: {rows} rows");

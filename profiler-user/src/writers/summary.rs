@@ -210,6 +210,15 @@ pub fn render(i: &SummaryInput) -> String {
             c.get(counter::UNWIND_FRAME_POINTER),
             c.get(counter::UNWIND_USED_FP),
         );
+        let (copied, failed) =
+            (c.get(counter::FORK_WALKER_COPIES), c.get(counter::FORK_WALKER_COPY_FAILED));
+        if copied + failed > 0 {
+            let _ = writeln!(
+                s,
+                "  forked processes: {copied} unwound from their fork on with their parent's \
+                 tables, {failed} not (walker map full)"
+            );
+        }
     }
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)
