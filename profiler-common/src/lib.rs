@@ -30,6 +30,10 @@ pub const EVENT_MUNMAP: u32 = 8;
 /// A label pushed where the kernel could not yet walk the pusher's stack, with a copy of it
 /// ([`LabelDepthHeader`]).
 pub const EVENT_LABEL_DEPTH: u32 = 9;
+/// A thread blocked where the kernel could not yet walk its user stack (a file's table not
+/// loaded): a copy of it, sent at the switch-out ([`OffCpuCopyHeader`]), for the off-CPU record
+/// that carries that block's stack.
+pub const EVENT_OFF_CPU_COPY: u32 = 10;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -237,6 +241,9 @@ pub struct OffCpuHeader {
     pub pending_blocks: u32,
     /// Kernel-side: 1 from the switch-out until the switch-in.
     pub off_cpu: u32,
+    /// When the block whose stack this record carries began (its switch-out): the key of the
+    /// [`OffCpuCopyHeader`] sent then, if the walk wanted one.
+    pub stack_ns: u64,
 }
 
 /// [`OffCpuHeader`] plus `kernel_frames` kernel then `user_frames` user addresses, leaf first,
@@ -247,6 +254,31 @@ pub struct OffCpuRecord {
     pub off: OffCpuHeader,
     pub frames: [u64; 2 * MAX_STACK_DEPTH],
     pub track: OffCpuTrack,
+}
+
+/// Sent at a switch-out whose user stack walk stopped for want of a table (a process or
+/// library that just started): where the walk stopped and a copy of the stack from there (a
+/// [`StackCopyHeader`] and its bytes follow). Userspace continues the walk over it when the
+/// thread's off-CPU record with `stack_ns` equal to this header's time arrives. Off-CPU
+/// stacks are taken once per block, so without it a thread that blocks in its first
+/// milliseconds would keep a cut stack for as long as it sleeps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuCopyHeader {
+    pub header: EventHeader,
+    /// User frames the kernel walked; the last is where it stopped (the copy's `pc`).
+    pub frames: u32,
+    pub _pad: u32,
+}
+
+pub const OFF_CPU_COPY_RECORD_FIXED: usize = core::mem::size_of::<OffCpuCopyHeader>();
+
+/// `sched_switch`'s per-CPU scratch for an [`OffCpuCopyHeader`] record and its copy.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct OffCpuCopyScratch {
+    pub rec: OffCpuCopyHeader,
+    pub copy: [u8; STACK_COPY_HEADER_SIZE + STACK_COPY_MAX],
 }
 
 /// Kernel-side state deciding whether a thread's next block gets its stacks walked (about
@@ -615,7 +647,12 @@ pub mod counter {
     /// and copies that failed (the map full), whose process waits for userspace instead.
     pub const FORK_WALKER_COPIES: u32 = 53;
     pub const FORK_WALKER_COPY_FAILED: u32 = 54;
-    pub const COUNT: u32 = 55;
+    /// Off-CPU switch-outs whose user stack walk stopped for want of a table, sent with a copy
+    /// of the stack (`EVENT_OFF_CPU_COPY`); and those whose copy could not be sent (budget
+    /// used up, stack unreadable, ring buffer full), whose stack stays cut and flagged.
+    pub const OFF_CPU_COPIES: u32 = 55;
+    pub const OFF_CPU_COPY_LOST: u32 = 56;
+    pub const COUNT: u32 = 57;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

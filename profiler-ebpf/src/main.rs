@@ -56,12 +56,14 @@ static TASK_SCRATCH: PerCpuArray<TaskRecord> = PerCpuArray::with_max_entries(1, 
 
 /// Per CPU: start of the current 100 ms window and the stack-copy bytes sent in it.
 #[map]
-static COPY_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(2, 0);
+static COPY_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(3, 0);
 
-/// `COPY_BUDGET` slots: the sampler's, and label pushes' (a quarter of the sampler's bytes),
-/// so that neither starves the other while a process starts.
+/// `COPY_BUDGET` slots: the sampler's, label pushes' and off-CPU switch-outs' (each of the
+/// last two a quarter of the sampler's bytes), so that none starves another while a process
+/// starts.
 pub(crate) const BUDGET_SAMPLER: u32 = 0;
 pub(crate) const BUDGET_LABELS: u32 = 1;
+pub(crate) const BUDGET_OFF_CPU: u32 = 2;
 
 /// `--bpf-timing`: the sampler's run time per sample (see `profiler_common::TIMING_BUCKETS`).
 #[map]

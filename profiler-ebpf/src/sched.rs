@@ -29,9 +29,11 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use profiler_common::{
-    Config, EVENT_OFF_CPU, MAX_STACK_DEPTH, OFF_CPU_LONG_SITES, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
-    OFF_CPU_SEEN_SITES, OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuRecord,
-    SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK,
+    Config, EVENT_OFF_CPU, EVENT_OFF_CPU_COPY, EventHeader, MAX_STACK_DEPTH,
+    OFF_CPU_COPY_RECORD_FIXED, OFF_CPU_LONG_SITES, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
+    OFF_CPU_SEEN_SITES, OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuCopyHeader,
+    OffCpuCopyScratch, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_MASK,
+    SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK,
     TRACK_WALKED, counter,
 };
 
@@ -63,6 +65,10 @@ static SWITCH_IN: PerCpuArray<SwitchIn> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static OFF_CPU: HashMap<u32, OffCpuRecord> =
     HashMap::with_max_entries(OFF_CPU_MAX_THREADS, BPF_F_NO_PREALLOC);
+
+/// Scratch for an `EVENT_OFF_CPU_COPY` record and its stack copy.
+#[map]
+static OFF_CPU_COPY_SCRATCH: PerCpuArray<OffCpuCopyScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Never written: the zeroed value a new thread's entry starts from (too big for the stack).
 #[map]
@@ -203,6 +209,46 @@ unsafe fn switch_out(
         }
         r.kernel_frames = w.kernel_frames;
         r.user_frames = w.user_frames;
+        r.stack_ns = now;
+        let end = (w.errors & SAMPLE_UNWIND_MASK) >> SAMPLE_UNWIND_SHIFT;
+        if crate::stack::wants_copy(end) && !crate::stack::copy_useless(crate::stack::SLOT_OFF_CPU)
+        {
+            if send_copy(cfg, now, tgid, tid, w.user_frames) {
+                count(counter::OFF_CPU_COPIES);
+            } else {
+                count(counter::OFF_CPU_COPY_LOST);
+            }
+        }
+    }
+}
+
+/// Sends where the off-CPU walk stopped for want of a table and a copy of the stack from there
+/// (`EVENT_OFF_CPU_COPY`, keyed by the switch-out time `now`), within the off-CPU copy budget;
+/// false when nothing was sent. The thread is switching out, so its user stack is this
+/// context's: after the switch it could no longer be read from here.
+#[inline(always)]
+unsafe fn send_copy(cfg: &Config, now: u64, tgid: u32, tid: u32, frames: u16) -> bool {
+    let Some(rec) = OFF_CPU_COPY_SCRATCH.get_ptr_mut(0) else { return false };
+    // SAFETY: this CPU's scratch; sched_switch runs with interrupts off, so nothing on this
+    // CPU takes it meanwhile.
+    unsafe {
+        (*rec).rec = OffCpuCopyHeader {
+            header: EventHeader {
+                kind: EVENT_OFF_CPU_COPY,
+                cpu: bpf_get_smp_processor_id(),
+                time_ns: now,
+                pid: tgid,
+                tid,
+            },
+            frames: u32::from(frames),
+            _pad: 0,
+        };
+        let at = (*rec).copy.as_mut_ptr().cast::<u64>();
+        let slot = crate::stack::SLOT_OFF_CPU;
+        let Ok(n) = crate::write_stack_copy(at, slot, crate::BUDGET_OFF_CPU, now, cfg) else {
+            return false;
+        };
+        output(rec, OFF_CPU_COPY_RECORD_FIXED as u64 + n, false)
     }
 }
 

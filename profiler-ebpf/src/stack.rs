@@ -85,16 +85,10 @@ pub struct WalkState {
     bp_known: u32,
     /// `pc` is a return address (look up `pc - 1`, the call) rather than an interrupted PC.
     pc_is_return: u32,
-    /// Off-CPU walks: frames in mappings the kernel tables do not hold yet (a process that
-    /// just started) go on by frame pointers. An off-CPU stack is taken once, at the block,
-    /// so a thread that blocks early (and stays blocked) would otherwise keep a stack cut at
-    /// its first libc frame: the mapping info lags the process's first milliseconds.
-    fp_unloaded: u32,
     /// The walk stopped at a table not loaded whose mapping says a copy would not help.
     no_copy: u32,
     /// Index of the mapping the last frame was in: callers are mostly in the same file.
     last_mapping: u32,
-    _pad: u32,
     /// User stack address `win` was copied from (0: empty), see `read_stack`.
     win_base: u64,
     win: [u64; STACK_WINDOW_WORDS],
@@ -147,19 +141,12 @@ pub unsafe fn walk<C: EbpfContext>(
     let user = unsafe { frames.add(kframes as usize) };
     let cfg = config();
     let mut uframes: u64 = 0;
-    let mut by_frame_pointers = cfg.unwind_mode == UNWIND_MODE_FP;
+    let by_frame_pointers = cfg.unwind_mode == UNWIND_MODE_FP;
     if !by_frame_pointers {
         let (n, end, flags) = unsafe { walk_tables(user, user_regs, slot) };
         uframes = n;
         errors |= (end << SAMPLE_UNWIND_SHIFT) | flags;
-        // Off-CPU: a process with no tables in the kernel yet (see `WalkState::fp_unloaded`).
-        if slot == SLOT_OFF_CPU && end == UNWIND_END_NO_PROCESS {
-            errors &= !SAMPLE_UNWIND_MASK;
-            errors |= (UNWIND_END_FRAME_POINTER << SAMPLE_UNWIND_SHIFT) | SAMPLE_UNWIND_USED_FP;
-            by_frame_pointers = true;
-        }
-    }
-    if by_frame_pointers {
+    } else {
         let uret = unsafe {
             bpf_get_stack(ctx.as_ptr(), user.cast(), STACK_BYTES, BPF_F_USER_STACK as u64)
         };
@@ -243,7 +230,6 @@ unsafe fn walk_tables_uncounted(
     st.flags = 0;
     st.bp_known = 1;
     st.pc_is_return = 0;
-    st.fp_unloaded = (slot == SLOT_OFF_CPU) as u32;
     st.no_copy = 0;
     st.last_mapping = 0;
     st.win_base = 0;
@@ -411,21 +397,15 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
 unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u32> {
     let addr = if st.pc_is_return != 0 { st.pc.wrapping_sub(1) } else { st.pc };
     let Some(m) = find_mapping(proc_, addr, &mut st.last_mapping) else {
-        if st.fp_unloaded != 0 {
-            return unsafe { frame_pointer_step(st) };
-        }
         return Err(UNWIND_END_NO_MAPPING);
     };
     if m.count == 0 {
         let unloaded = m.flags & UNWIND_MAPPING_NOT_LOADED != 0;
         // A table not loaded yet ends the walk even with the frame-pointer fallback: the
-        // sample then carries a stack copy that userspace walks with the table (off-CPU
-        // stacks, which carry none, go on by frame pointers).
-        let fp = if unloaded {
-            st.fp_unloaded != 0
-        } else {
-            crate::config_field!(unwind_mode) == UNWIND_MODE_DWARF_FP
-        };
+        // sample (or off-CPU switch-out) then carries a stack copy that userspace walks with
+        // the table. Frame pointers through code built without them would skip callers and
+        // present a stack the thread never had.
+        let fp = !unloaded && crate::config_field!(unwind_mode) == UNWIND_MODE_DWARF_FP;
         if fp {
             return unsafe { frame_pointer_step(st) };
         }

@@ -1015,3 +1015,54 @@ fn unwind_postgres_backends_forked_during_the_recording_are_complete() {
         });
     assert!(!forked.contains("forked processes: 0 "), "{forked}");
 }
+
+/// A thread that blocks in its first milliseconds, before the kernel has its process's unwind
+/// tables: its one long block's stack goes out with a copy of the user stack at the
+/// switch-out, which userspace walks. Before, the walk went on by frame pointers through libc
+/// (built without them) and showed `piper → read` with `wait_pipe` missing: a stack the
+/// thread never had, flagged only at its root.
+#[test]
+fn unwind_off_cpu_stack_taken_before_the_tables_keeps_every_caller() {
+    let exe = build_no_fp("offcpu_early");
+    let out = output_path("offcpu_early", "json");
+    let o = out.to_str().unwrap();
+    let exe_s = exe.to_str().unwrap();
+    let args = ["-F", "499", "--off-cpu", "--unwind", "dwarf", "-o", o, "--", exe_s, "2"];
+    let done = run(&args).unwrap();
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    let piper = tests::profile_query::threads(&profile)
+        .into_iter()
+        .find(|t| t.name == "piper")
+        .unwrap_or_else(|| panic!("no piper thread in the profile:\n{}", done.stderr));
+    let categories = tests::profile_query::sample_leaf_categories(&profile, piper.thread);
+    let off: Vec<Vec<String>> = sample_stacks(piper.thread)
+        .into_iter()
+        .zip(categories)
+        .filter(|(_, c)| c.as_deref() == Some("Off-CPU"))
+        .map(|(s, _)| s)
+        .collect();
+    // 2 s blocked, in samples of the recording's period (1/499 s).
+    assert!(off.len() > 500, "{} off-CPU samples of piper:\n{}", off.len(), done.stderr);
+    let whole = |s: &Vec<String>| {
+        truncated(s).is_none()
+            && has_path(s, &["start_thread", "piper", "wait_pipe"])
+            && s.last().is_some_and(|f| module_name(f) == Some("[kernel.kallsyms]"))
+    };
+    let complete = off.iter().filter(|s| whole(s)).count();
+    if let Some(bad) = off.iter().find(|s| !whole(s)) {
+        eprintln!("e.g. {bad:?}");
+    }
+    assert!(
+        share(complete, off.len()) >= 0.95,
+        "{complete} of {} off-CPU samples of piper under start_thread → piper → wait_pipe:\n{}",
+        off.len(),
+        done.stderr
+    );
+    // The block came before the tables (else this test shows nothing): its stack was finished
+    // from the copy.
+    let line = done.stderr.lines().find(|l| l.contains("user stacks of blocks whose tables"));
+    let line = line.unwrap_or_else(|| panic!("no off-CPU copy line:\n{}", done.stderr));
+    let used = line.split('(').nth(1).and_then(|t| t.split(' ').next()?.parse::<u64>().ok());
+    assert!(used.is_some_and(|n| n >= 1), "no off-CPU copy finished: {line}");
+}

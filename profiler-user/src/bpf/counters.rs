@@ -223,6 +223,16 @@ pub const COUNTERS: &[CounterDef] = &[
         "fork_walker_copy_failed",
         "Forks whose walker entry could not be copied (map full)",
     ),
+    def(
+        counter::OFF_CPU_COPIES,
+        "off_cpu_stack_copies",
+        "Off-CPU switch-outs sent with a copy of the user stack (walk stopped for want of a table)",
+    ),
+    def(
+        counter::OFF_CPU_COPY_LOST,
+        "off_cpu_stack_copy_lost",
+        "Off-CPU switch-outs whose stack copy could not be sent (budget, unreadable, ring full)",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

@@ -4,12 +4,12 @@
 
 use profiler_common::{
     EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_LABEL_DEPTH, EVENT_MMAP, EVENT_MUNMAP, EVENT_OFF_CPU,
-    EVENT_SAMPLE, EVENT_USDT, EventHeader, LABEL_DEPTH_RECORD_FIXED, LABEL_MAX_DEPTH,
-    LabelDepthHeader, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP, MAP_PATH_COMPLETE, MAP_RECORD_FIXED,
-    MAX_STACK_DEPTH, MapRecord, OFF_CPU_RECORD_FIXED, OffCpuHeader, SAMPLE_RECORD_FIXED,
-    SAMPLE_STACK_COPY, STACK_COPY_HEADER_SIZE, STACK_COPY_MAX, SampleHeader, StackCopyHeader,
-    TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS, USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_STR_MAX,
-    UsdtRecord, UsdtString,
+    EVENT_OFF_CPU_COPY, EVENT_SAMPLE, EVENT_USDT, EventHeader, LABEL_DEPTH_RECORD_FIXED,
+    LABEL_MAX_DEPTH, LabelDepthHeader, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP, MAP_PATH_COMPLETE,
+    MAP_RECORD_FIXED, MAX_STACK_DEPTH, MapRecord, OFF_CPU_COPY_RECORD_FIXED, OFF_CPU_RECORD_FIXED,
+    OffCpuCopyHeader, OffCpuHeader, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY, STACK_COPY_HEADER_SIZE,
+    STACK_COPY_MAX, SampleHeader, StackCopyHeader, TASK_RECORD_FIXED, TaskRecord, USDT_MAX_ARGS,
+    USDT_MAX_STRS, USDT_RECORD_FIXED, USDT_STR_MAX, UsdtRecord, UsdtString,
 };
 
 use crate::model::{
@@ -37,8 +37,12 @@ pub struct Sample {
     /// Set for off-CPU time (an `EVENT_OFF_CPU` record; `cpu_time_ns` is then 0, `time` is
     /// when the block began and the stacks are where the thread blocked).
     pub off_cpu: Option<OffCpu>,
+    /// Off-CPU: when the block whose stacks these are began (the key of its
+    /// [`OffCpuCopyEvent`], if one was sent).
+    pub stack_ns: MonoNs,
     /// Where the kernel's table walk stopped for want of a table, with a copy of the user
-    /// stack from there (`SAMPLE_STACK_COPY`), for userspace to continue the walk.
+    /// stack from there (`SAMPLE_STACK_COPY`, or an `EVENT_OFF_CPU_COPY` joined to it), for
+    /// userspace to continue the walk.
     pub stack_copy: Option<Box<StackCopy>>,
 }
 
@@ -175,6 +179,19 @@ pub enum KernelEvent {
     Usdt(RawUsdtHit),
     Map(MapEvent),
     LabelDepth(LabelDepthEvent),
+    OffCpuCopy(OffCpuCopyEvent),
+}
+
+/// A thread blocked at `time` where the kernel could not walk its user stack to the end
+/// (`EVENT_OFF_CPU_COPY`): the walk continues over `copy` (from the last of the `frames` the
+/// kernel walked) when the off-CPU record whose `stack_ns` is `time` arrives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffCpuCopyEvent {
+    pub time: MonoNs,
+    pub pid: Pid,
+    pub tid: Tid,
+    pub frames: u32,
+    pub copy: StackCopy,
 }
 
 /// A label pushed where the kernel's table walk could not finish (`EVENT_LABEL_DEPTH`): the
@@ -301,6 +318,7 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
     };
     let frame = |i: usize| u64_at(b, fixed + i * 8);
     let mut stack_copy = None;
+    let mut stack_ns = 0;
     let (cgroup_id, cpu_time_ns, flags, off_cpu) = if kind == EVENT_SAMPLE {
         let flags = u32_at(b, std::mem::offset_of!(SampleHeader, flags));
         if flags & SAMPLE_STACK_COPY != 0 {
@@ -317,6 +335,7 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
             state: u32_at(b, std::mem::offset_of!(OffCpuHeader, state)),
         };
         let cgroup_id = u64_at(b, std::mem::offset_of!(OffCpuHeader, cgroup_id));
+        stack_ns = u64_at(b, std::mem::offset_of!(OffCpuHeader, stack_ns));
         (cgroup_id, 0, u32_at(b, std::mem::offset_of!(OffCpuHeader, flags)), Some(off_cpu))
     };
     s.time = MonoNs(time_ns);
@@ -337,6 +356,7 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
         LabelRef { addr, depth }
     }));
     s.off_cpu = off_cpu;
+    s.stack_ns = MonoNs(stack_ns);
     s.stack_copy = stack_copy;
     Ok(true)
 }
@@ -361,6 +381,16 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 label: u64_at(b, std::mem::offset_of!(LabelDepthHeader, label)),
                 index: u32_at(b, std::mem::offset_of!(LabelDepthHeader, index)),
                 frames: u32_at(b, std::mem::offset_of!(LabelDepthHeader, frames)),
+                copy,
+            }))
+        }
+        EVENT_OFF_CPU_COPY => {
+            let copy = stack_copy_at(b, OFF_CPU_COPY_RECORD_FIXED).ok_or(short)?;
+            Ok(KernelEvent::OffCpuCopy(OffCpuCopyEvent {
+                time: MonoNs(time_ns),
+                pid: Pid(pid),
+                tid: Tid(tid),
+                frames: u32_at(b, std::mem::offset_of!(OffCpuCopyHeader, frames)),
                 copy,
             }))
         }
@@ -608,6 +638,26 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn decodes_off_cpu_copy_record() {
+        let h = OffCpuCopyHeader {
+            header: EventHeader { kind: EVENT_OFF_CPU_COPY, cpu: 0, time_ns: 40, pid: 10, tid: 12 },
+            frames: 1,
+            _pad: 0,
+        };
+        let copy = StackCopyHeader { pc: 0x401, sp: 0x7ff0, bp: 3, len: 16, flags: 1 };
+        let mut b = bytes_of(&h, OFF_CPU_COPY_RECORD_FIXED);
+        b.extend_from_slice(&bytes_of(&copy, STACK_COPY_HEADER_SIZE));
+        b.extend([7u8; 16]);
+        let KernelEvent::OffCpuCopy(e) = decode(&b).unwrap() else { panic!() };
+        assert_eq!((e.time, e.pid, e.tid, e.frames), (MonoNs(40), Pid(10), Tid(12), 1));
+        assert_eq!((e.copy.pc, e.copy.sp, e.copy.bytes.len()), (0x401, 0x7ff0, 16));
+        assert!(matches!(decode(&b[..b.len() - 1]), Err(RecordError::Short { .. })));
+        // The off-CPU record names the block the copy was taken at.
+        let KernelEvent::Sample(s) = decode(&off_cpu_record()).unwrap() else { panic!() };
+        assert_eq!(s.stack_ns, MonoNs(40));
+    }
+
     /// An off-CPU record: 2 kernel frames, 1 user frame.
     fn off_cpu_record() -> Vec<u8> {
         let mut r = profiler_common::OffCpuRecord {
@@ -625,6 +675,7 @@ mod tests {
                 pending_ns: 123,
                 pending_blocks: 4,
                 off_cpu: 0,
+                stack_ns: 40,
             },
             frames: [0; 2 * MAX_STACK_DEPTH],
             track: profiler_common::OffCpuTrack {

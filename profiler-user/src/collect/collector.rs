@@ -71,7 +71,15 @@ pub struct CollectorStats {
     /// that stack gave, and those whose depth stayed unknown (shown above the leaf).
     pub label_depths_found: u64,
     pub label_depths_unknown: u64,
+    /// Off-CPU records whose user stack was finished from a copy sent at the switch-out, and
+    /// copies dropped because too many threads held one.
+    pub off_cpu_copies_used: u64,
+    pub off_cpu_copies_dropped: u64,
 }
+
+/// Threads holding an off-CPU stack copy at once: each waits for its thread's off-CPU record
+/// (sent when the thread wakes), so only threads blocked since the copy hold one.
+const MAX_OFF_CPU_COPIES: usize = 4096;
 
 pub struct Collector<S> {
     pub store: S,
@@ -83,6 +91,8 @@ pub struct Collector<S> {
     pub label_samples: std::collections::HashMap<(Pid, LabelId), u64>,
     /// Finishes user stack walks the kernel stopped for want of a table (stack copies).
     pub copies: CopiedStacks,
+    /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
+    off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
     frames: Vec<FrameAddr>,
     /// Reused for every sample record (see `handle_record`).
     sample: Sample,
@@ -117,6 +127,7 @@ impl<S: SampleSink> Collector<S> {
             outbox: Outbox::default(),
             label_samples: Default::default(),
             copies: CopiedStacks::default(),
+            off_cpu_copies: Default::default(),
             frames: Vec::with_capacity(256),
             sample: Sample::default(),
             stack_cache: StackCache::default(),
@@ -159,7 +170,20 @@ impl<S: SampleSink> Collector<S> {
             KernelEvent::Usdt(u) => self.outbox.usdt_hit(u),
             KernelEvent::Map(m) => self.on_map(m),
             KernelEvent::LabelDepth(l) => self.on_label_depth(l),
+            KernelEvent::OffCpuCopy(c) => self.on_off_cpu_copy(c),
         }
+    }
+
+    /// Kept until the thread's off-CPU record for that block arrives (when it wakes), which
+    /// continues its walk over the copy as a sample's would be.
+    fn on_off_cpu_copy(&mut self, c: decode::OffCpuCopyEvent) {
+        if self.off_cpu_copies.len() >= MAX_OFF_CPU_COPIES
+            && !self.off_cpu_copies.contains_key(&c.tid)
+        {
+            self.stats.off_cpu_copies_dropped += 1;
+            return;
+        }
+        self.off_cpu_copies.insert(c.tid, c);
     }
 
     /// Adds an already running process (e.g. `-p PID`) before any sample arrives.
@@ -263,6 +287,18 @@ impl<S: SampleSink> Collector<S> {
             && let Some(p) = self.processes.processes.get(&s.pid)
         {
             p.resolve_label_depths(s.tid, &mut s.labels);
+        }
+        if s.off_cpu.is_some()
+            && s.stack_copy.is_none()
+            && let Some(c) = self.off_cpu_copies.get(&s.tid)
+            && c.time == s.stack_ns
+            && c.pid == s.pid
+            && c.frames as usize == s.user_stack.len()
+        {
+            // A sum of short blocks may carry the same block's stack again: the copy stays
+            // until the thread blocks with another copy or exits.
+            s.stack_copy = Some(Box::new(c.copy.clone()));
+            self.stats.off_cpu_copies_used += 1;
         }
         if s.stack_copy.is_some() {
             // The mapping records sent before this sample are applied: the process's address
@@ -515,6 +551,7 @@ impl<S: SampleSink> Collector<S> {
                 p.meta.threads.entry(t.tid).or_default().end = Some(t.time);
                 p.thread_exited(t.tid);
                 self.outbox.thread_exited(t.tid);
+                self.off_cpu_copies.remove(&t.tid);
                 if t.pid.0 != t.tid.0 {
                     self.processes.pending_thread_exits.push_back((t.time, t.pid, t.tid));
                 }
@@ -627,6 +664,7 @@ mod tests {
                 user_stack: vec![TEXT + 0x10 + u64::from(k)],
                 labels: Vec::new(),
                 off_cpu: None,
+                stack_ns: MonoNs(0),
                 stack_copy: None,
             }));
         }
@@ -647,6 +685,7 @@ mod tests {
             user_stack,
             labels,
             off_cpu: None,
+            stack_ns: MonoNs(0),
             stack_copy: None,
         })
     }
@@ -953,6 +992,7 @@ mod tests {
                     user_stack: Vec::new(),
                     labels: Vec::new(),
                     off_cpu: None,
+                    stack_ns: MonoNs(0),
                     stack_copy: None,
                 }));
             }

@@ -250,6 +250,16 @@ pub fn render(i: &SummaryInput) -> String {
             c.get(counter::OFF_CPU_WALKS),
             c.get(counter::OFF_CPU_STACK_ERRORS),
         );
+        let (copies, lost) = (c.get(counter::OFF_CPU_COPIES), c.get(counter::OFF_CPU_COPY_LOST));
+        if copies + lost > 0 {
+            let _ = writeln!(
+                s,
+                "  user stacks of blocks whose tables were not loaded yet: {copies} sent with a \
+                 copy of the stack ({} finished from it in userspace, {} copies dropped), {lost} \
+                 without (copy budget, unreadable stack or ring full: cut and flagged)",
+                i.stats.off_cpu_copies_used, i.stats.off_cpu_copies_dropped,
+            );
+        }
         let sent = c.get(counter::OFF_CPU_SENT)
             + c.get(counter::OFF_CPU_SUMS_SENT)
             + c.get(counter::OFF_CPU_NOT_CAPTURED);
