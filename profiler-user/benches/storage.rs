@@ -149,6 +149,11 @@ fn main() {
                 FrameAddr::Label { label, .. } => {
                     (FrameKind::Label, format!("label {:x}", label.0), String::new())
                 }
+                FrameAddr::Jit { symbol, .. } => (
+                    FrameKind::Jit(profiler_user::model::stacks::JitLanguage::Other),
+                    format!("jit {}", symbol.0),
+                    "[jit]".to_owned(),
+                ),
                 FrameAddr::OffCpuNotCaptured => (
                     FrameKind::User,
                     "[off-CPU: stack not captured]".to_owned(),

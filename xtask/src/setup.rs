@@ -14,7 +14,7 @@ pub const BPF_LINKER_VERSION: &str = "0.10.4";
 /// profiler, systemtap-sdt-dev provides <sys/sdt.h> for USDT fixtures. `setup` (for the tests)
 /// adds those Go's pprof is built from (`tests::go_pprof::DEBIAN_PACKAGES`) and the ClickHouse
 /// server the ClickHouse sink's tests start (`tests::clickhouse::DEBIAN_PACKAGES`).
-pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"];
+pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev", "nodejs"];
 
 /// `cargo xtask setup`: every check on its own line.
 pub fn setup() -> anyhow::Result<()> {

@@ -129,6 +129,8 @@ fn frame_text(f: &Frame) -> String {
     let text = if unnamed { format!("{}+{}", f.module, f.function) } else { f.function.clone() };
     match f.kind {
         FrameKind::Kernel => format!("{}_[k]", clean(&text)),
+        // FlameGraph's own mark for JIT frames (its `--color=java` paints them apart).
+        FrameKind::Jit(_) => format!("{}_[j]", clean(&text)),
         FrameKind::User | FrameKind::Label | FrameKind::Truncated => clean(&text),
     }
 }

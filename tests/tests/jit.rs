@@ -1,0 +1,120 @@
+//! JIT code named from perf maps: real runtimes (Debian's `nodejs`) write `/tmp/perf-PID.map`
+//! while an `--all` recording runs, and their samples carry the runtime's own names. Needs
+//! root; run serially (`--test-threads=1`). A runtime that is missing fails the test, saying
+//! which package to install (`cargo xtask setup` installs it).
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+use tests::{
+    fixtures,
+    gecko_schema::validate,
+    harness::{Recording, output_path},
+    profile_query::{frame_categories, function_name, module_name, sample_stacks, threads_of_pid},
+};
+
+fn valid(profile: &Value) {
+    if let Err(problems) = validate(profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+}
+
+/// Removes a runtime's perf map when the test ends (the runtimes leave them in /tmp).
+struct RemoveMap(String);
+
+impl Drop for RemoveMap {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn node() -> &'static str {
+    let node = "/usr/bin/node";
+    assert!(
+        Path::new(node).is_file(),
+        "{node} is missing: install Debian's nodejs (`cargo xtask setup` does)"
+    );
+    node
+}
+
+/// `node --perf-basic-prof jsplit.js`, started during an `--all` recording: nearly all of its
+/// main thread's samples are in the two hot functions, named as V8 names them, split 2:1, and
+/// their stacks go on below the JS frames into node's own native frames.
+#[test]
+fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
+    let script = fixtures::source_dir().join("jsplit.js");
+    let output = output_path("jit_node", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let mut cmd = Command::new(node());
+    // V8's perf flags also write an `isolate-*-v8.log` into the working directory.
+    cmd.current_dir(output.parent().expect("output in a directory"));
+    // No inlining: each hot function keeps frames of its own (TurboFan would fold them into
+    // their caller, which the map then names instead).
+    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg("3");
+    let child = cmd.stdout(Stdio::null()).spawn().expect("start node");
+    let pid = child.id();
+    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let out = child.wait_with_output().expect("node ran");
+    assert!(out.status.success(), "node failed: {}", out.status);
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+
+    let threads = threads_of_pid(&profile, pid);
+    let main = threads
+        .iter()
+        .find(|t| t.tid == u64::from(pid))
+        .unwrap_or_else(|| panic!("no main thread of node {pid} in the profile"));
+    let stacks = sample_stacks(main.thread);
+    let total = stacks.len();
+    assert!(total > 1000, "3 s of a busy node at 999 Hz: ~3000 samples, got {total}");
+    let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).contains(f));
+    let alpha = stacks.iter().filter(|s| holds(s, "JS:*jsHotAlpha")).count();
+    let beta = stacks.iter().filter(|s| holds(s, "JS:*jsHotBeta")).count();
+    let named = stacks.iter().filter(|s| holds(s, "jsHotAlpha") || holds(s, "jsHotBeta")).count();
+    let pct = 100.0 * named as f64 / total as f64;
+    let share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    eprintln!(
+        "node {pid}: {named} of {total} main-thread samples ({pct:.1}%) name a hot JS \
+         function; jsHotAlpha {alpha}, jsHotBeta {beta}: alpha share {share:.1}%"
+    );
+    assert!(pct >= 90.0, "{named} of {total} samples ({pct:.1}%) name a hot function");
+    assert!(
+        (66.7 - 7.0..=66.7 + 7.0).contains(&share),
+        "jsHotAlpha share {share:.1}% (alpha {alpha}, beta {beta}), want 66.7 ± 7"
+    );
+
+    // The frames: V8's names with the script's path, module [jit], category JavaScript.
+    let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("JS:*jsHotAlpha"));
+    let hot = hot.expect("a JS:*jsHotAlpha frame");
+    let script = script.display().to_string();
+    assert!(hot.contains(&format!("{script}:6:20")), "{hot}");
+    assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
+    let cats = frame_categories(&profile, main.thread, function_name(hot));
+    assert!(!cats.is_empty() && cats.iter().all(|c| c == "JavaScript"), "{cats:?}");
+
+    // Below the JS frames: node's native frames (its `main`, in the node executable).
+    let hot_stacks: Vec<&Vec<String>> =
+        stacks.iter().filter(|s| holds(s, "jsHotAlpha") || holds(s, "jsHotBeta")).collect();
+    let rooted = hot_stacks
+        .iter()
+        .filter(|s| {
+            let first_js = s.iter().position(|l| module_name(l) == Some("[jit]")).unwrap();
+            s[..first_js].iter().any(|l| module_name(l) == Some("node"))
+        })
+        .count();
+    let rooted_pct = 100.0 * rooted as f64 / hot_stacks.len() as f64;
+    eprintln!(
+        "{rooted} of {} hot stacks ({rooted_pct:.1}%) have node frames below",
+        hot_stacks.len()
+    );
+    assert!(rooted_pct >= 90.0, "{rooted} of {} hot stacks go on into node", hot_stacks.len());
+
+    let line = done.stderr.lines().find(|l| l.starts_with("JIT frames:"));
+    let line =
+        line.unwrap_or_else(|| panic!("no JIT frames line in the summary:\n{}", done.stderr));
+    assert!(!line.starts_with("JIT frames: 0 named"), "{line}");
+}
