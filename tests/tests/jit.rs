@@ -53,7 +53,7 @@ fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
     cmd.current_dir(output.parent().expect("output in a directory"));
     // No inlining: each hot function keeps frames of its own (TurboFan would fold them into
     // their caller, which the map then names instead).
-    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg("3");
+    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg("5");
     let child = cmd.stdout(Stdio::null()).spawn().expect("start node");
     let pid = child.id();
     let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
@@ -70,7 +70,9 @@ fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
         .unwrap_or_else(|| panic!("no main thread of node {pid} in the profile"));
     let stacks = sample_stacks(main.thread);
     let total = stacks.len();
-    assert!(total > 1000, "3 s of a busy node at 999 Hz: ~3000 samples, got {total}");
+    // Node's start-up (some 100 ms of native code before any JS runs hot) is the rest: 5 s
+    // keeps it a small part even when the test shares its CPUs.
+    assert!(total > 1000, "5 s of a busy node at 999 Hz: ~5000 samples, got {total}");
     let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).contains(f));
     let alpha = stacks.iter().filter(|s| holds(s, "JS:*jsHotAlpha")).count();
     let beta = stacks.iter().filter(|s| holds(s, "JS:*jsHotBeta")).count();
@@ -116,5 +118,6 @@ fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
     let line = done.stderr.lines().find(|l| l.starts_with("JIT frames:"));
     let line =
         line.unwrap_or_else(|| panic!("no JIT frames line in the summary:\n{}", done.stderr));
+    eprintln!("{line}");
     assert!(!line.starts_with("JIT frames: 0 named"), "{line}");
 }
