@@ -121,3 +121,87 @@ fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
     eprintln!("{line}");
     assert!(!line.starts_with("JIT frames: 0 named"), "{line}");
 }
+
+const JDK: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+
+/// OpenJDK 17 running `JSplit` (two hot methods called 2:1) during an `--all` recording, with
+/// a perf map written by `jcmd PID Compiler.perfmap` once the methods are compiled: the lines
+/// read then also name the samples taken before (HotSpot's code cache keeps the methods where
+/// they are), so nearly all of the hot thread's samples carry the hot methods, split 2:1.
+#[test]
+fn java_perf_map_from_jcmd_names_hot_methods_2_to_1() {
+    use std::io::{BufRead as _, BufReader};
+    let (java, javac, jcmd) =
+        (format!("{JDK}/bin/java"), format!("{JDK}/bin/javac"), format!("{JDK}/bin/jcmd"));
+    for tool in [&java, &javac, &jcmd] {
+        assert!(
+            Path::new(tool).is_file(),
+            "{tool} is missing: install Debian's openjdk-17-jdk-headless"
+        );
+    }
+    let output = output_path("jit_java", "json");
+    let classes = output.parent().unwrap().join("java-classes");
+    let src = fixtures::source_dir().join("JSplit.java");
+    let st = Command::new(&javac).arg("-d").arg(&classes).arg(&src).status().expect("javac");
+    assert!(st.success(), "javac {} failed: {st}", src.display());
+
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    // No inlining: each hot method keeps frames of its own (C2 would fold them into `main`).
+    let mut child = Command::new(&java)
+        .args(["-XX:+PreserveFramePointer", "-XX:-Inline", "-cp"])
+        .arg(&classes)
+        .args(["JSplit", "5", "1000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start java");
+    let pid = child.id();
+    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let warm = lines.next().and_then(Result::ok);
+    assert_eq!(warm.as_deref(), Some("warm"), "JSplit did not say it was warm");
+    let st = Command::new(&jcmd)
+        .arg(pid.to_string())
+        .arg("Compiler.perfmap")
+        .stdout(Stdio::null())
+        .status()
+        .expect("jcmd");
+    assert!(st.success(), "jcmd {pid} Compiler.perfmap failed: {st}");
+    let done = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(done.starts_with("done"), "JSplit ended with {done:?}");
+    assert!(child.wait().expect("java ran").success());
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+
+    let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).contains(f));
+    let threads = threads_of_pid(&profile, pid);
+    let hot = threads
+        .iter()
+        .max_by_key(|t| sample_stacks(t.thread).iter().filter(|s| holds(s, "JSplit.hot")).count())
+        .unwrap_or_else(|| panic!("no thread of java {pid} in the profile"));
+    let stacks = sample_stacks(hot.thread);
+    let total = stacks.len();
+    let alpha = stacks.iter().filter(|s| holds(s, "int JSplit.hotAlpha(int)")).count();
+    let beta = stacks.iter().filter(|s| holds(s, "int JSplit.hotBeta(int)")).count();
+    let pct = 100.0 * (alpha + beta) as f64 / total as f64;
+    let share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    eprintln!(
+        "java {pid} thread {}: {} of {total} samples ({pct:.1}%) name a hot method; hotAlpha \
+         {alpha}, hotBeta {beta}: alpha share {share:.1}%",
+        hot.tid,
+        alpha + beta
+    );
+    assert!(total > 1000, "5 s of a busy thread at 999 Hz: ~5000 samples, got {total}");
+    assert!(pct >= 90.0, "{} of {total} samples ({pct:.1}%) name a hot method", alpha + beta);
+    assert!(
+        (66.7 - 7.0..=66.7 + 7.0).contains(&share),
+        "hotAlpha share {share:.1}% (alpha {alpha}, beta {beta}), want 66.7 ± 7"
+    );
+    let frame = stacks.iter().flatten().find(|l| function_name(l) == "int JSplit.hotAlpha(int)");
+    let frame = frame.expect("a hotAlpha frame");
+    assert_eq!(module_name(frame), Some("[jit]"), "{frame}");
+    let cats = frame_categories(&profile, hot.thread, function_name(frame));
+    assert!(!cats.is_empty() && cats.iter().all(|c| c == "Java"), "{cats:?}");
+    let line = done.stderr.lines().find(|l| l.starts_with("JIT frames:")).unwrap_or_default();
+    eprintln!("{line}");
+}

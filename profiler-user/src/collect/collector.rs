@@ -398,6 +398,7 @@ impl<S: SampleSink> Collector<S> {
         // Stacks named from the perf map are cached until it names more.
         if p.perf_map.poll(s.pid, s.time.0) {
             p.space.touch();
+            p.name_late();
         }
         // Label frames depend on more than the addresses (the labels, their depths).
         let cacheable = s.labels.is_empty();
@@ -421,6 +422,7 @@ impl<S: SampleSink> Collector<S> {
         }
         if r.perf_map_grew {
             p.space.touch();
+            p.name_late();
         }
         if s.off_cpu.is_some()
             && s.flags & profiler_common::OFF_CPU_STACK_NOT_CAPTURED != 0
@@ -537,8 +539,9 @@ impl<S: SampleSink> Collector<S> {
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
                     // Lines written up to its exit, before its pid can be reused.
-                    if p.perf_map.finish() {
+                    if p.perf_map.finish(t.pid, t.time.0) {
                         p.space.touch();
+                        p.name_late();
                     }
                     self.stats.perf_maps.add(&p.perf_map.take_stats());
                     p.meta.end = Some(t.time);

@@ -25,6 +25,9 @@ pub const MAX_LABELS: usize = 4096;
 /// Distinct JIT functions kept per process (~100 bytes each): a map naming more code than
 /// this has its further functions shown as addresses.
 pub const MAX_JIT_SYMBOLS: usize = 1 << 18;
+/// Unnamed JIT addresses kept per process for lines read later to name (an address is 8
+/// bytes, plus the set's overhead).
+pub const MAX_UNNAMED_JIT: usize = 1 << 16;
 
 /// How a process's address space became known.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,6 +67,9 @@ pub struct ProcessInfo {
     pub perf_map: ProcessPerfMap,
     /// `meta.jit_symbols` by name, to give a name sampled again its id.
     jit_ids: HashMap<Arc<str>, JitSymbolId>,
+    /// Addresses in anonymous executable memory stored unnamed, for lines read later to name
+    /// (`meta.jit_late`); at most `MAX_UNNAMED_JIT`.
+    unnamed_jit: std::collections::HashSet<u64>,
 }
 
 impl ProcessInfo {
@@ -86,6 +92,33 @@ impl ProcessInfo {
     pub fn forget_perf_map(&mut self) {
         self.perf_map = ProcessPerfMap::default();
         self.jit_ids.clear();
+        self.unnamed_jit.clear();
+    }
+
+    /// Remembers an address in anonymous executable memory stored unnamed.
+    pub fn unnamed_jit(&mut self, addr: u64) {
+        if self.unnamed_jit.len() < MAX_UNNAMED_JIT {
+            self.unnamed_jit.insert(addr);
+        }
+    }
+
+    /// Names the unnamed addresses that the perf map's lines read so far name (the first
+    /// line read after their samples); called when new lines were read.
+    pub fn name_late(&mut self) {
+        if self.unnamed_jit.is_empty() {
+            return;
+        }
+        let named: Vec<(u64, Arc<str>)> = self
+            .unnamed_jit
+            .iter()
+            .filter_map(|&a| Some((a, self.perf_map.lookup(a)?.clone())))
+            .collect();
+        for (addr, name) in named {
+            if let Some(id) = self.jit_symbol(&name) {
+                self.meta.jit_late.insert(addr, id);
+                self.unnamed_jit.remove(&addr);
+            }
+        }
     }
 
     /// CPU time thread `tid` used since its previous sample; 0 for the first one. The counter

@@ -71,6 +71,11 @@ pub fn normalize(
                 continue;
             }
             out.jit_unnamed += 1;
+            if found.is_some() {
+                p.unnamed_jit(lookup);
+                frames.push(FrameAddr::Anon { pid: s.pid, addr: lookup });
+                continue;
+            }
         }
         frames.push(match found {
             Some((module, offset)) => FrameAddr::User { module, offset },

@@ -28,6 +28,13 @@ pub enum FrameAddr {
         pid: Pid,
         symbol: JitSymbolId,
     },
+    /// An address in anonymous executable memory that its process's perf map did not name
+    /// when the sample was collected; a line read later may still name it (a map written at
+    /// exit or on demand), else it shows as `0x… (in [anon])`.
+    Anon {
+        pid: Pid,
+        addr: u64,
+    },
     /// Stands for the stack of an off-CPU block whose stack the kernel did not take (see
     /// `profiler_common::OffCpuTrack`), so its time shows as such, never under no frame.
     OffCpuNotCaptured,
@@ -65,6 +72,11 @@ impl Hash for FrameAddr {
                 state.write_u8(6);
                 pid.hash(state);
                 symbol.hash(state);
+            }
+            FrameAddr::Anon { pid, addr } => {
+                state.write_u8(7);
+                pid.hash(state);
+                state.write_u64(addr);
             }
             FrameAddr::OffCpuNotCaptured => state.write_u8(4),
             FrameAddr::Truncated { end, module } => {

@@ -189,13 +189,30 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
 /// Whether `a` is named from its process's metadata (`name_labels`, `name_jit`), not by the
 /// symbolizer.
 pub fn named_from_processes(a: &FrameAddr) -> bool {
-    matches!(a, FrameAddr::Label { .. } | FrameAddr::Jit { .. })
+    matches!(a, FrameAddr::Label { .. } | FrameAddr::Jit { .. } | FrameAddr::Anon { .. })
 }
 
-/// Adds a frame for every JIT address, named as its process's perf map named it.
+/// The "library" of frames in anonymous executable memory no perf map named.
+pub const ANON_MODULE: &str = "[anon]";
+
+/// Adds a frame for every JIT address, named as its process's perf map named it (at the
+/// sample, or by a line read later), or `0x… (in [anon])`.
 pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &ProcessesMeta) {
     for &a in addrs {
-        let FrameAddr::Jit { pid, symbol } = a else { continue };
+        let (pid, symbol) = match a {
+            FrameAddr::Jit { pid, symbol } => (pid, symbol),
+            FrameAddr::Anon { pid, addr } => {
+                let late = processes.get(&pid).and_then(|p| p.jit_late.get(&addr));
+                match late {
+                    Some(&symbol) => (pid, symbol),
+                    None => {
+                        symbols.insert(a, vec![unknown(FrameKind::User, addr, ANON_MODULE)]);
+                        continue;
+                    }
+                }
+            }
+            _ => continue,
+        };
         let named = processes.get(&pid).and_then(|p| p.jit_symbols.get(symbol.0 as usize));
         let (function, kind) = match named {
             Some(s) => (s.name.clone(), FrameKind::Jit(s.language)),
@@ -578,7 +595,7 @@ impl SymbolizerThread {
                     self.out.insert(a, vec![unknown(FrameKind::User, addr, "[unknown]")]);
                 }
                 // Named from the process's label texts and JIT names, see `name_labels`.
-                FrameAddr::Label { .. } | FrameAddr::Jit { .. } => {}
+                FrameAddr::Label { .. } | FrameAddr::Jit { .. } | FrameAddr::Anon { .. } => {}
                 FrameAddr::OffCpuNotCaptured => {
                     self.out.insert(a, vec![off_cpu_not_captured()]);
                 }

@@ -410,13 +410,23 @@ impl ProcessPerfMap {
     }
 
     /// Reads what the process wrote up to its exit (the file stays open: its pid may be
-    /// reused, or the file removed, after this).
-    pub fn finish(&mut self) -> bool {
+    /// reused, or the file removed, after this). A map not found yet is looked for once more
+    /// (found only while /proc still shows the process).
+    pub fn finish(&mut self, pid: Pid, now_ns: u64) -> bool {
+        if self.file.is_none() && self.wanted {
+            self.next_open = 0;
+            self.try_open(pid, now_ns);
+        }
         self.file.as_mut().is_some_and(MapFile::read_tail)
     }
 
     pub fn stats(&self) -> PerfMapStats {
         self.file.as_ref().map(|f| f.map.stats).unwrap_or_default()
+    }
+
+    /// What the lines read so far name `addr`, without reading.
+    pub fn lookup(&self, addr: u64) -> Option<&Arc<str>> {
+        self.file.as_ref()?.map.lookup(addr)
     }
 
     pub fn is_open(&self) -> bool {

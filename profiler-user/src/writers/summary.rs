@@ -18,12 +18,9 @@ use crate::{
         stacks::{FrameIndex, FrameKind, SymbolizedStacks},
     },
     store::StoreStats,
-    symbolize::SymbolizeErrors,
+    symbolize::{ANON_MODULE, SymbolizeErrors},
     writers::{EventSink, Format, ProfileContext},
 };
-
-/// The module of frames in anonymous executable memory (`ModuleTable::anon`).
-const ANON_MODULE: &str = "[anon]";
 
 /// What the written profile holds, for the summary.
 #[derive(Clone, Debug, Default)]
