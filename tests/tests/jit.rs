@@ -124,12 +124,32 @@ fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
 
 const JDK: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
 
+/// How the JDK is asked for its perf map.
+#[derive(Clone, Copy, PartialEq)]
+enum JavaMap {
+    /// `jcmd PID Compiler.perfmap` once the hot methods are compiled.
+    Jcmd,
+    /// `-XX:+DumpPerfMapAtExit`: written as the JVM exits, after every sample was collected.
+    AtExit,
+}
+
 /// OpenJDK 17 running `JSplit` (two hot methods called 2:1) during an `--all` recording, with
 /// a perf map written by `jcmd PID Compiler.perfmap` once the methods are compiled: the lines
 /// read then also name the samples taken before (HotSpot's code cache keeps the methods where
 /// they are), so nearly all of the hot thread's samples carry the hot methods, split 2:1.
 #[test]
 fn java_perf_map_from_jcmd_names_hot_methods_2_to_1() {
+    java_split("jit_java_jcmd", JavaMap::Jcmd);
+}
+
+/// The same with `-XX:+DumpPerfMapAtExit`: the map is read at the process's exit (from our
+/// own root, as /proc no longer shows the exiting process's).
+#[test]
+fn java_perf_map_at_exit_names_hot_methods_2_to_1() {
+    java_split("jit_java_exit", JavaMap::AtExit);
+}
+
+fn java_split(test: &str, how: JavaMap) {
     use std::io::{BufRead as _, BufReader};
     let (java, javac, jcmd) =
         (format!("{JDK}/bin/java"), format!("{JDK}/bin/javac"), format!("{JDK}/bin/jcmd"));
@@ -139,7 +159,7 @@ fn java_perf_map_from_jcmd_names_hot_methods_2_to_1() {
             "{tool} is missing: install Debian's openjdk-17-jdk-headless"
         );
     }
-    let output = output_path("jit_java", "json");
+    let output = output_path(test, "json");
     let classes = output.parent().unwrap().join("java-classes");
     let src = fixtures::source_dir().join("JSplit.java");
     let st = Command::new(&javac).arg("-d").arg(&classes).arg(&src).status().expect("javac");
@@ -148,7 +168,12 @@ fn java_perf_map_from_jcmd_names_hot_methods_2_to_1() {
     let rec = Recording::start(&["--all"], output.clone()).expect("start");
     // No inlining: each hot method keeps frames of its own (C2 would fold them into `main`).
     let mut child = Command::new(&java)
-        .args(["-XX:+PreserveFramePointer", "-XX:-Inline", "-cp"])
+        .args(["-XX:+PreserveFramePointer", "-XX:-Inline"])
+        .args(match how {
+            JavaMap::Jcmd => &[][..],
+            JavaMap::AtExit => &["-XX:+UnlockDiagnosticVMOptions", "-XX:+DumpPerfMapAtExit"],
+        })
+        .arg("-cp")
         .arg(&classes)
         .args(["JSplit", "5", "1000"])
         .stdout(Stdio::piped())
@@ -159,13 +184,15 @@ fn java_perf_map_from_jcmd_names_hot_methods_2_to_1() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let warm = lines.next().and_then(Result::ok);
     assert_eq!(warm.as_deref(), Some("warm"), "JSplit did not say it was warm");
-    let st = Command::new(&jcmd)
-        .arg(pid.to_string())
-        .arg("Compiler.perfmap")
-        .stdout(Stdio::null())
-        .status()
-        .expect("jcmd");
-    assert!(st.success(), "jcmd {pid} Compiler.perfmap failed: {st}");
+    if how == JavaMap::Jcmd {
+        let st = Command::new(&jcmd)
+            .arg(pid.to_string())
+            .arg("Compiler.perfmap")
+            .stdout(Stdio::null())
+            .status()
+            .expect("jcmd");
+        assert!(st.success(), "jcmd {pid} Compiler.perfmap failed: {st}");
+    }
     let done = lines.next().and_then(Result::ok).unwrap_or_default();
     assert!(done.starts_with("done"), "JSplit ended with {done:?}");
     assert!(child.wait().expect("java ran").success());

@@ -260,7 +260,38 @@ fn status(pid: Pid) -> Option<(u32, [u32; 4])> {
 /// user ids is returned.
 pub fn open(pid: Pid) -> Result<File, OpenError> {
     let (nstgid, uids) = status(pid).ok_or(OpenError::Missing)?;
-    let root = CString::new(format!("/proc/{}/root", pid.0)).expect("no NUL");
+    open_in(&format!("/proc/{}/root", pid.0), nstgid, uids)
+}
+
+/// Who a process is, learnt while /proc showed it, to find its map after it exited.
+#[derive(Clone, Copy, Debug)]
+pub struct Identity {
+    nstgid: u32,
+    uids: [u32; 4],
+}
+
+impl Identity {
+    /// The process's identity, if it lives and shares the profiler's root (its map is then
+    /// `/tmp/perf-NSPID.map` here too, after its root is gone from /proc).
+    pub fn of(pid: Pid) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let (nstgid, uids) = status(pid)?;
+        let theirs = std::fs::metadata(format!("/proc/{}/root", pid.0)).ok()?;
+        let ours = std::fs::metadata("/").ok()?;
+        (theirs.dev() == ours.dev() && theirs.ino() == ours.ino())
+            .then_some(Identity { nstgid, uids })
+    }
+
+    /// Opens the map of a process that exited (a JDK's `DumpPerfMapAtExit` map is written
+    /// as it exits, when /proc no longer shows its root), with the same checks as `open`.
+    pub fn open(&self) -> Result<File, OpenError> {
+        open_in("/", self.nstgid, self.uids)
+    }
+}
+
+/// Opens `tmp/perf-NSTGID.map` under `root` (see `open`).
+fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
+    let root = CString::new(root).expect("no NUL");
     // SAFETY: plain syscalls on NUL-terminated paths; each fd returned is owned once.
     let root_fd =
         unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
@@ -328,6 +359,9 @@ pub struct ProcessPerfMap {
     next_poll: u64,
     /// Why the map was refused, once (a refused map is not tried again).
     pub refused: Option<&'static str>,
+    /// The process, as found at the first JIT address, for `finish` to find a map written
+    /// at exit.
+    identity: Option<Identity>,
     /// Opening and refusing, counted in `stats`.
     opens: PerfMapStats,
     /// What [`ProcessPerfMap::take_stats`] reported so far.
@@ -353,7 +387,10 @@ impl ProcessPerfMap {
             return None;
         }
         self.next_miss_read = now_ns.saturating_add(MISS_READ_NS);
-        self.wanted = true;
+        if !self.wanted {
+            self.wanted = true;
+            self.identity = Identity::of(pid);
+        }
         if self.file.is_none() {
             self.try_open(pid, now_ns);
         }
@@ -365,10 +402,14 @@ impl ProcessPerfMap {
     }
 
     fn try_open(&mut self, pid: Pid, now_ns: u64) {
+        self.try_open_with(now_ns, || open(pid));
+    }
+
+    fn try_open_with(&mut self, now_ns: u64, open: impl FnOnce() -> Result<File, OpenError>) {
         if self.refused.is_some() || now_ns < self.next_open {
             return;
         }
-        match open(pid) {
+        match open() {
             Ok(file) => {
                 self.file = Some(MapFile::new(file));
                 self.next_poll = now_ns.saturating_add(POLL_NS);
@@ -410,12 +451,17 @@ impl ProcessPerfMap {
     }
 
     /// Reads what the process wrote up to its exit (the file stays open: its pid may be
-    /// reused, or the file removed, after this). A map not found yet is looked for once more
-    /// (found only while /proc still shows the process).
+    /// reused, or the file removed, after this). A map not found yet is looked for once more:
+    /// through /proc while it still shows the process, else in our own root for a process
+    /// that shared it.
     pub fn finish(&mut self, pid: Pid, now_ns: u64) -> bool {
         if self.file.is_none() && self.wanted {
             self.next_open = 0;
             self.try_open(pid, now_ns);
+            if let (None, Some(id)) = (&self.file, self.identity) {
+                self.next_open = 0;
+                self.try_open_with(now_ns, || id.open());
+            }
         }
         self.file.as_mut().is_some_and(MapFile::read_tail)
     }

@@ -314,10 +314,10 @@ pub fn render(i: &SummaryInput) -> String {
             "  perf maps: {} read ({} lines, {}), {} garbage lines skipped, {} stopped at the              {} bound, {} refused (symlink, not a regular file, or another user's)",
             m.opened,
             m.lines,
-            human_bytes(m.bytes as usize),
+            human_bytes(m.bytes as usize).trim(),
             m.garbage,
             m.over_bound,
-            human_bytes(crate::symbolize::perfmap::MAX_MAP_BYTES as usize),
+            human_bytes(crate::symbolize::perfmap::MAX_MAP_BYTES as usize).trim(),
             m.refused
         );
     }
