@@ -199,6 +199,21 @@ mod tests {
     }
 
     #[test]
+    fn jit_frames_carry_flamegraphs_jit_mark() {
+        use crate::model::stacks::{Frame, FrameKind, JitLanguage};
+        let f = Frame {
+            kind: FrameKind::Jit(JitLanguage::JavaScript),
+            function: "JS:*jsHotAlpha /x.js:3:20".into(),
+            module: "[jit]".into(),
+            file: None,
+            line: None,
+            column: None,
+            inlined: false,
+        };
+        assert_eq!(super::frame_text(&f), "JS:*jsHotAlpha /x.js:3:20_[j]");
+    }
+
+    #[test]
     fn nothing_recorded_is_an_empty_file() {
         assert!(lines(&[]).is_empty());
     }
