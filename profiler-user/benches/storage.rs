@@ -149,6 +149,14 @@ fn main() {
                 FrameAddr::Label { label, .. } => {
                     (FrameKind::Label, format!("label {:x}", label.0), String::new())
                 }
+                FrameAddr::Anon { addr, .. } => {
+                    (FrameKind::User, format!("0x{addr:x}"), "[anon]".to_owned())
+                }
+                FrameAddr::Jit { symbol, .. } => (
+                    FrameKind::Jit(profiler_user::model::stacks::JitLanguage::Other),
+                    format!("jit {}", symbol.0),
+                    "[jit]".to_owned(),
+                ),
                 FrameAddr::OffCpuNotCaptured => (
                     FrameKind::User,
                     "[off-CPU: stack not captured]".to_owned(),

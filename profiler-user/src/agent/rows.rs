@@ -10,8 +10,8 @@ use prost::Message as _;
 
 use crate::{
     agent::spool::WindowMeta,
-    model::stacks::{Frame, FrameKind},
-    symbolize::{KERNEL_MODULE, LABEL_MODULE},
+    model::stacks::{Frame, FrameKind, JitLanguage},
+    symbolize::{JIT_MODULE, KERNEL_MODULE, LABEL_MODULE},
     writers::pprof::proto,
 };
 
@@ -46,6 +46,7 @@ pub fn kind_of(module: &str) -> FrameKind {
     match module {
         KERNEL_MODULE => FrameKind::Kernel,
         LABEL_MODULE => FrameKind::Label,
+        JIT_MODULE => FrameKind::Jit(JitLanguage::Other),
         _ => FrameKind::User,
     }
 }

@@ -23,6 +23,7 @@ use crate::{
         time::MonoNs,
     },
     store::{SampleSink, codec::StoredSample},
+    symbolize::perfmap::PerfMapStats,
     system::procfs,
     unwind::copied::CopiedStacks,
 };
@@ -75,6 +76,8 @@ pub struct CollectorStats {
     /// copies dropped because too many threads held one.
     pub off_cpu_copies_used: u64,
     pub off_cpu_copies_dropped: u64,
+    /// What reading processes' perf maps did.
+    pub perf_maps: PerfMapStats,
 }
 
 /// Threads holding an off-CPU stack copy at once: each waits for its thread's off-CPU record
@@ -412,6 +415,7 @@ impl<S: SampleSink> Collector<S> {
     /// CPU time reading) and its stack.
     fn observe_task(&mut self, s: &Sample) -> (u64, Option<StackId>) {
         known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats, &mut self.outbox);
+        let anon = self.modules.anon();
         let main_thread = s.tid.0 == s.pid.0;
         let cgroup_paths = &mut self.processes.cgroup_paths;
         let p = self.processes.processes.get_mut(&s.pid).expect("just added");
@@ -426,6 +430,11 @@ impl<S: SampleSink> Collector<S> {
                 == crate::model::address::UserStackEnd::NoTable
         {
             self.outbox.table_wanted(s.pid);
+        }
+        // Stacks named from the perf map are cached until it names more.
+        if p.perf_map.poll(s.pid, s.time.0) {
+            p.space.touch();
+            p.name_late();
         }
         // Label frames depend on more than the addresses (the labels, their depths).
         let cacheable = s.labels.is_empty();
@@ -442,8 +451,15 @@ impl<S: SampleSink> Collector<S> {
             self.stats.unmapped_frames += unmapped;
             return (cpu_delta, stack);
         }
-        let r = stack::normalize(s, p, &mut self.frames);
+        let r = stack::normalize(s, p, anon, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
+        if r.jit_named + r.jit_unnamed > 0 {
+            self.stats.perf_maps.add(&p.perf_map.take_stats());
+        }
+        if r.perf_map_grew {
+            p.space.touch();
+            p.name_late();
+        }
         if s.off_cpu.is_some()
             && s.flags & profiler_common::OFF_CPU_STACK_NOT_CAPTURED != 0
             && self.frames.is_empty()
@@ -503,6 +519,8 @@ impl<S: SampleSink> Collector<S> {
                 *p = Default::default();
             }
             p.space = space;
+            // The parent's JIT code is named by the parent's map, the child's by its own.
+            p.space.touch();
             p.mm = mm;
             p.space_source = SpaceSource::Kernel;
         }
@@ -533,6 +551,8 @@ impl<S: SampleSink> Collector<S> {
                 p.mm = mm;
                 p.exe_module = None;
                 p.forget_label_depths();
+                self.stats.perf_maps.add(&p.perf_map.take_stats());
+                p.forget_perf_map();
                 p.space_source = SpaceSource::Kernel;
                 if vdso != 0
                     && let Some(len) = vdso_len()
@@ -557,6 +577,12 @@ impl<S: SampleSink> Collector<S> {
                 }
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
+                    // Lines written up to its exit, before its pid can be reused.
+                    if p.perf_map.finish(t.pid, t.time.0) {
+                        p.space.touch();
+                        p.name_late();
+                    }
+                    self.stats.perf_maps.add(&p.perf_map.take_stats());
                     p.meta.end = Some(t.time);
                     p.exited = true;
                     self.processes.pending_exits.push_back((t.time, t.pid));

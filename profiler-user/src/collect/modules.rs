@@ -572,6 +572,13 @@ impl AddressSpace {
         self.version
     }
 
+    /// Gives the space a new version though its mappings did not change: what depended on
+    /// more than them changed (its perf map named more code, or the space was copied to a
+    /// new process, whose JIT frames are named by its own map).
+    pub fn touch(&mut self) {
+        self.version = next_version();
+    }
+
     /// The modules mapped (with repeats).
     pub fn modules(&self) -> impl Iterator<Item = ModuleId> + '_ {
         self.mappings.iter().map(|m| m.module)

@@ -2,22 +2,32 @@
 //! profile shows (`model::process`), plus what collecting needs: the current address space,
 //! each thread's last CPU time, and the process's cgroup.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::Arc,
+};
 
 use crate::{
     bpf::decode::LabelRef,
     collect::modules::AddressSpace,
     model::{
-        ids::{LabelId, ModuleId, Pid, Tid},
-        process::{ProcessMeta, ProcessesMeta},
+        ids::{JitSymbolId, LabelId, ModuleId, Pid, Tid},
+        process::{JitSymbol, ProcessMeta, ProcessesMeta},
         time::MonoNs,
     },
+    symbolize::perfmap::{self, ProcessPerfMap},
     system::cgroup::{fs::PathCache, membership::ProcessCgroup},
 };
 
 /// Distinct labels kept per process: a program pushing computed strings must not grow the
 /// table without bound (further labels show as their address).
 pub const MAX_LABELS: usize = 4096;
+/// Distinct JIT functions kept per process (~100 bytes each): a map naming more code than
+/// this has its further functions shown as addresses.
+pub const MAX_JIT_SYMBOLS: usize = 1 << 18;
+/// Unnamed JIT addresses kept per process for lines read later to name (an address is 8
+/// bytes, plus the set's overhead).
+pub const MAX_UNNAMED_JIT: usize = 1 << 16;
 
 /// How a process's address space became known.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,9 +63,64 @@ pub struct ProcessInfo {
     /// Depths of labels pushed before the kernel could walk the pusher's stack, found from a
     /// copy of it: (thread, index in its label stack) → (label address, depth).
     label_depths: HashMap<(Tid, u32), (u64, u32)>,
+    /// Its perf map, followed from its first JIT address on (see `symbolize::perfmap`).
+    pub perf_map: ProcessPerfMap,
+    /// `meta.jit_symbols` by name, to give a name sampled again its id.
+    jit_ids: HashMap<Arc<str>, JitSymbolId>,
+    /// Addresses in anonymous executable memory stored unnamed, for lines read later to name
+    /// (`meta.jit_late`); at most `MAX_UNNAMED_JIT`.
+    unnamed_jit: std::collections::HashSet<u64>,
 }
 
 impl ProcessInfo {
+    /// The id of JIT function `name` (None past `MAX_JIT_SYMBOLS`).
+    pub fn jit_symbol(&mut self, name: &Arc<str>) -> Option<JitSymbolId> {
+        if let Some(&id) = self.jit_ids.get(name) {
+            return Some(id);
+        }
+        if self.jit_ids.len() >= MAX_JIT_SYMBOLS {
+            return None;
+        }
+        let id = JitSymbolId(self.meta.jit_symbols.len() as u32);
+        let language = perfmap::language(name, &self.meta.exe);
+        self.meta.jit_symbols.push(JitSymbol { name: name.to_string(), language });
+        self.jit_ids.insert(name.clone(), id);
+        Some(id)
+    }
+
+    /// A new image: its JIT code and perf map are new (ids already given stay valid).
+    pub fn forget_perf_map(&mut self) {
+        self.perf_map = ProcessPerfMap::default();
+        self.jit_ids.clear();
+        self.unnamed_jit.clear();
+    }
+
+    /// Remembers an address in anonymous executable memory stored unnamed.
+    pub fn unnamed_jit(&mut self, addr: u64) {
+        if self.unnamed_jit.len() < MAX_UNNAMED_JIT {
+            self.unnamed_jit.insert(addr);
+        }
+    }
+
+    /// Names the unnamed addresses that the perf map's lines read so far name (the first
+    /// line read after their samples); called when new lines were read.
+    pub fn name_late(&mut self) {
+        if self.unnamed_jit.is_empty() {
+            return;
+        }
+        let named: Vec<(u64, Arc<str>)> = self
+            .unnamed_jit
+            .iter()
+            .filter_map(|&a| Some((a, self.perf_map.lookup(a)?.clone())))
+            .collect();
+        for (addr, name) in named {
+            if let Some(id) = self.jit_symbol(&name) {
+                self.meta.jit_late.insert(addr, id);
+                self.unnamed_jit.remove(&addr);
+            }
+        }
+    }
+
     /// CPU time thread `tid` used since its previous sample; 0 for the first one. The counter
     /// only grows, but a tid reused by a new thread restarts it, hence the saturating
     /// difference.

@@ -11,7 +11,7 @@ use crate::{
     },
     model::{
         address::FrameAddr,
-        ids::{LabelId, Pid},
+        ids::{LabelId, ModuleId, Pid},
     },
     system::procfs::ProcError,
 };
@@ -23,13 +23,26 @@ pub struct Normalized {
     pub unmapped: u64,
     /// The user stack walk did not reach the root (a `Truncated` root frame was added).
     pub truncated: bool,
+    /// Frames in anonymous executable memory or in no mapping that the process's perf map
+    /// named, and those it did not (kept as addresses).
+    pub jit_named: u64,
+    pub jit_unnamed: u64,
+    /// The perf map was read on the way and named more code.
+    pub perf_map_grew: bool,
 }
 
 /// Fills `frames` (cleared first) with the normalized stack of `s`, a sample of process `p`.
 /// An address outside every known mapping is counted and kept as an address: the mappings
 /// come from the kernel as they are made, so /proc would not know better (and by now may
-/// describe another image or nothing).
-pub fn normalize(s: &Sample, p: &ProcessInfo, frames: &mut Vec<FrameAddr>) -> Normalized {
+/// describe another image or nothing). Such an address, and one in anonymous memory (module
+/// `anon`), is looked up in the process's perf map: JIT code it names becomes a
+/// `FrameAddr::Jit`.
+pub fn normalize(
+    s: &Sample,
+    p: &mut ProcessInfo,
+    anon: ModuleId,
+    frames: &mut Vec<FrameAddr>,
+) -> Normalized {
     frames.clear();
     let mut out = Normalized::default();
     let n = s.user_stack.len();
@@ -49,7 +62,22 @@ pub fn normalize(s: &Sample, p: &ProcessInfo, frames: &mut Vec<FrameAddr>) -> No
         }
         // Callers' entries are return addresses; look up the call instruction.
         let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
-        frames.push(match p.space.lookup(lookup) {
+        let found = p.space.lookup(lookup);
+        if found.is_none_or(|(m, _)| m == anon) {
+            let name = p.perf_map.name(s.pid, lookup, s.time.0, &mut out.perf_map_grew);
+            if let Some(symbol) = name.and_then(|n| p.jit_symbol(&n)) {
+                out.jit_named += 1;
+                frames.push(FrameAddr::Jit { pid: s.pid, symbol });
+                continue;
+            }
+            out.jit_unnamed += 1;
+            if found.is_some() {
+                p.unnamed_jit(lookup);
+                frames.push(FrameAddr::Anon { pid: s.pid, addr: lookup });
+                continue;
+            }
+        }
+        frames.push(match found {
             Some((module, offset)) => FrameAddr::User { module, offset },
             None => {
                 out.unmapped += 1;

@@ -29,8 +29,8 @@ use crate::{
         snapshot::{StoreSnapshot, read_events},
     },
     symbolize::{
-        ModuleSource, SymbolizeErrors, Symbols, module_build_ids, module_sources, name_labels,
-        symbolize,
+        ModuleSource, SymbolizeErrors, Symbols, module_build_ids, module_sources, name_jit,
+        name_labels, symbolize,
     },
     writers::{
         EventSink, Format, ProfileContext,
@@ -177,13 +177,14 @@ impl ExportJob {
             None => self.snapshot.unique_frames(),
         };
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
-            frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
+            frames.into_iter().partition(crate::symbolize::named_from_processes);
         let build_ids = module_build_ids(&self.modules);
         let (mut symbols, errors) = match symbolizer {
             Some(s) => s.symbolize(addrs, std::mem::take(&mut self.modules))?,
             None => symbolize(addrs, std::mem::take(&mut self.modules))?,
         };
         name_labels(&mut symbols, &labels, &self.processes);
+        name_jit(&mut symbols, &labels, &self.processes);
         let me = Pid(std::process::id());
         self.processes
             .entry(me)
@@ -284,13 +285,14 @@ impl ExportJob {
     pub fn symbolize_used(self, service: Option<&crate::symbolize::Service>) -> Result<Symbolized> {
         let frames = self.used_frames();
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
-            frames.into_iter().partition(|a| matches!(a, FrameAddr::Label { .. }));
+            frames.into_iter().partition(crate::symbolize::named_from_processes);
         let build_ids = module_build_ids(&self.modules);
         let (mut symbols, errors) = match service {
             Some(s) => s.symbolize(addrs, self.modules)?,
             None => symbolize(addrs, self.modules)?,
         };
         name_labels(&mut symbols, &labels, &self.processes);
+        name_jit(&mut symbols, &labels, &self.processes);
         Ok(Symbolized {
             snapshot: self.snapshot,
             processes: self.processes,

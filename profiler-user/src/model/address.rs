@@ -2,7 +2,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use super::ids::{LabelId, ModuleId, Pid};
+use super::ids::{JitSymbolId, LabelId, ModuleId, Pid};
 
 /// A return address or instruction pointer, normalized so it means the same thing after the
 /// process that ran it is gone. Callers' return addresses are stored minus one (the call
@@ -21,6 +21,19 @@ pub enum FrameAddr {
     Label {
         pid: Pid,
         label: LabelId,
+    },
+    /// JIT code its process's perf map named (at the sample's time: the map can name a reused
+    /// address differently later).
+    Jit {
+        pid: Pid,
+        symbol: JitSymbolId,
+    },
+    /// An address in anonymous executable memory that its process's perf map did not name
+    /// when the sample was collected; a line read later may still name it (a map written at
+    /// exit or on demand), else it shows as `0x… (in [anon])`.
+    Anon {
+        pid: Pid,
+        addr: u64,
     },
     /// Stands for the stack of an off-CPU block whose stack the kernel did not take (see
     /// `profiler_common::OffCpuTrack`), so its time shows as such, never under no frame.
@@ -54,6 +67,16 @@ impl Hash for FrameAddr {
                 state.write_u8(3);
                 pid.hash(state);
                 label.hash(state);
+            }
+            FrameAddr::Jit { pid, symbol } => {
+                state.write_u8(6);
+                pid.hash(state);
+                symbol.hash(state);
+            }
+            FrameAddr::Anon { pid, addr } => {
+                state.write_u8(7);
+                pid.hash(state);
+                state.write_u64(addr);
             }
             FrameAddr::OffCpuNotCaptured => state.write_u8(4),
             FrameAddr::Truncated { end, module } => {

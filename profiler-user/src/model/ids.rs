@@ -66,6 +66,11 @@ pub struct ModuleId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LabelId(pub u64);
 
+/// A JIT function a process's perf map named, by its index in that process's
+/// `ProcessMeta::jit_symbols`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JitSymbolId(pub u32);
+
 /// A cgroup v2 id (the inode number of its directory; `bpf_get_current_cgroup_id`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CgroupId(pub u64);

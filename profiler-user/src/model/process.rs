@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use super::{
     container::Identity,
     ids::{LabelId, Pid, ThreadKey, Tid},
+    stacks::JitLanguage,
     time::MonoNs,
 };
 
@@ -54,6 +55,17 @@ pub struct ProcessMeta {
     pub container: Option<Identity>,
     /// `rsprof:label_push` texts.
     pub labels: HashMap<LabelId, String>,
+    /// JIT functions its perf map named in samples, by `JitSymbolId`.
+    pub jit_symbols: Vec<JitSymbol>,
+    /// Addresses of `FrameAddr::Anon` frames that lines read after their samples named.
+    pub jit_late: HashMap<u64, super::ids::JitSymbolId>,
+}
+
+/// A JIT function as its runtime named it in its perf map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JitSymbol {
+    pub name: String,
+    pub language: JitLanguage,
 }
 
 impl ProcessMeta {

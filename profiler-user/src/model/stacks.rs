@@ -15,6 +15,19 @@ pub enum FrameKind {
     /// The root pseudo-frame of a user stack whose walk did not reach the outermost frame
     /// (`FrameAddr::Truncated`): `function` says why.
     Truncated,
+    /// JIT-compiled code named from its process's perf map: `function` is the name the runtime
+    /// wrote, the module `[jit]`.
+    Jit(JitLanguage),
+}
+
+/// The language of a JIT frame, for its category in profiles that show one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JitLanguage {
+    JavaScript,
+    Java,
+    Python,
+    /// .NET and any other runtime writing a perf map.
+    Other,
 }
 
 /// One symbolized frame. An address whose function could not be named keeps its module and

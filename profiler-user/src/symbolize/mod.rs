@@ -6,6 +6,7 @@
 pub mod cache;
 mod dwarf;
 pub mod pages;
+pub mod perfmap;
 
 use std::{
     collections::HashMap,
@@ -27,11 +28,13 @@ use crate::{
         address::FrameAddr,
         ids::ModuleId,
         process::ProcessesMeta,
-        stacks::{Frame, FrameKind},
+        stacks::{Frame, FrameKind, JitLanguage},
     },
 };
 
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+/// The "library" of JIT frames named from perf maps.
+pub const JIT_MODULE: &str = "[jit]";
 /// The "library" of the root pseudo-frame of a truncated user stack.
 pub const TRUNCATED_MODULE: &str = "rsprof unwind";
 
@@ -174,6 +177,54 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
                 kind: FrameKind::Label,
                 function,
                 module: LABEL_MODULE.into(),
+                file: None,
+                line: None,
+                column: None,
+                inlined: false,
+            }],
+        );
+    }
+}
+
+/// Whether `a` is named from its process's metadata (`name_labels`, `name_jit`), not by the
+/// symbolizer.
+pub fn named_from_processes(a: &FrameAddr) -> bool {
+    matches!(a, FrameAddr::Label { .. } | FrameAddr::Jit { .. } | FrameAddr::Anon { .. })
+}
+
+/// The "library" of frames in anonymous executable memory no perf map named.
+pub const ANON_MODULE: &str = "[anon]";
+
+/// Adds a frame for every JIT address, named as its process's perf map named it (at the
+/// sample, or by a line read later), or `0x… (in [anon])`.
+pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &ProcessesMeta) {
+    for &a in addrs {
+        let (pid, symbol) = match a {
+            FrameAddr::Jit { pid, symbol } => (pid, symbol),
+            FrameAddr::Anon { pid, addr } => {
+                let late = processes.get(&pid).and_then(|p| p.jit_late.get(&addr));
+                match late {
+                    Some(&symbol) => (pid, symbol),
+                    None => {
+                        symbols.insert(a, vec![unknown(FrameKind::User, addr, ANON_MODULE)]);
+                        continue;
+                    }
+                }
+            }
+            _ => continue,
+        };
+        let named = processes.get(&pid).and_then(|p| p.jit_symbols.get(symbol.0 as usize));
+        let (function, kind) = match named {
+            Some(s) => (s.name.clone(), FrameKind::Jit(s.language)),
+            // Its process was forgotten while the frame was stored (not expected).
+            None => (format!("jit {}", symbol.0), FrameKind::Jit(JitLanguage::Other)),
+        };
+        symbols.insert(
+            a,
+            vec![Frame {
+                kind,
+                function,
+                module: JIT_MODULE.into(),
                 file: None,
                 line: None,
                 column: None,
@@ -543,8 +594,8 @@ impl SymbolizerThread {
                 FrameAddr::Unmapped(addr) => {
                     self.out.insert(a, vec![unknown(FrameKind::User, addr, "[unknown]")]);
                 }
-                // Named from the process's label texts, see `name_labels`.
-                FrameAddr::Label { .. } => {}
+                // Named from the process's label texts and JIT names, see `name_labels`.
+                FrameAddr::Label { .. } | FrameAddr::Jit { .. } | FrameAddr::Anon { .. } => {}
                 FrameAddr::OffCpuNotCaptured => {
                     self.out.insert(a, vec![off_cpu_not_captured()]);
                 }

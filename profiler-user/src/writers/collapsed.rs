@@ -129,6 +129,8 @@ fn frame_text(f: &Frame) -> String {
     let text = if unnamed { format!("{}+{}", f.module, f.function) } else { f.function.clone() };
     match f.kind {
         FrameKind::Kernel => format!("{}_[k]", clean(&text)),
+        // FlameGraph's own mark for JIT frames (its `--color=java` paints them apart).
+        FrameKind::Jit(_) => format!("{}_[j]", clean(&text)),
         FrameKind::User | FrameKind::Label | FrameKind::Truncated => clean(&text),
     }
 }
@@ -194,6 +196,21 @@ mod tests {
             let (stack, n) = line.rsplit_once(' ').unwrap();
             assert!(n.parse::<u64>().unwrap() > 0 && !stack.is_empty());
         }
+    }
+
+    #[test]
+    fn jit_frames_carry_flamegraphs_jit_mark() {
+        use crate::model::stacks::{Frame, FrameKind, JitLanguage};
+        let f = Frame {
+            kind: FrameKind::Jit(JitLanguage::JavaScript),
+            function: "JS:*jsHotAlpha /x.js:3:20".into(),
+            module: "[jit]".into(),
+            file: None,
+            line: None,
+            column: None,
+            inlined: false,
+        };
+        assert_eq!(super::frame_text(&f), "JS:*jsHotAlpha /x.js:3:20_[j]");
     }
 
     #[test]

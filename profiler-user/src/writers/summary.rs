@@ -13,12 +13,12 @@ use crate::{
     collect::collector::CollectorStats,
     model::{
         Sample,
-        ids::{Pid, ThreadKey},
+        ids::{Pid, StackId, ThreadKey},
         markers::Marker,
-        stacks::{FrameIndex, SymbolizedStacks},
+        stacks::{FrameIndex, FrameKind, SymbolizedStacks},
     },
     store::StoreStats,
-    symbolize::SymbolizeErrors,
+    symbolize::{ANON_MODULE, SymbolizeErrors},
     writers::{EventSink, Format, ProfileContext},
 };
 
@@ -39,6 +39,11 @@ pub struct ProfileStats {
     pub dropped_events: u64,
     /// Corrupt chunks or blocks found while reading storage (skipped).
     pub corrupt: Vec<String>,
+    /// Frames of samples named from perf maps, frames in anonymous executable memory left
+    /// unnamed, and the processes with such frames.
+    pub jit_named_frames: u64,
+    pub jit_unnamed_frames: u64,
+    pub jit_unnamed_processes: usize,
 }
 
 /// Tallies a recording's events for the summary.
@@ -48,6 +53,9 @@ pub struct SummaryCounts<'a> {
     threads: HashSet<ThreadKey>,
     processes: HashSet<Option<Pid>>,
     leaves: HashMap<FrameIndex, u64>,
+    /// (JIT frames named, anonymous frames unnamed) of each stack, root to leaf.
+    jit: HashMap<StackId, (u32, u32)>,
+    jit_unnamed_processes: HashSet<Pid>,
 }
 
 impl<'a> SummaryCounts<'a> {
@@ -58,7 +66,37 @@ impl<'a> SummaryCounts<'a> {
             threads: HashSet::new(),
             processes: HashSet::new(),
             leaves: HashMap::new(),
+            jit: HashMap::new(),
+            jit_unnamed_processes: HashSet::new(),
         }
+    }
+
+    /// JIT frames named and anonymous frames left unnamed on stack `id`, each node counted
+    /// once.
+    fn jit_frames(&mut self, id: StackId) -> (u32, u32) {
+        let mut path = Vec::new();
+        let mut cur = Some(id);
+        let mut base = (0, 0);
+        while let Some(i) = cur {
+            if let Some(&known) = self.jit.get(&i) {
+                base = known;
+                break;
+            }
+            let Some((parent, _)) = self.stacks.node(i) else { break };
+            path.push(i);
+            cur = parent;
+        }
+        for &i in path.iter().rev() {
+            for &f in self.stacks.node(i).map(|n| n.1).unwrap_or_default() {
+                match self.stacks.frame(f) {
+                    Some(f) if matches!(f.kind, FrameKind::Jit(_)) => base.0 += 1,
+                    Some(f) if f.kind == FrameKind::User && f.module == ANON_MODULE => base.1 += 1,
+                    _ => {}
+                }
+            }
+            self.jit.insert(i, base);
+        }
+        base
     }
 
     fn thread(&mut self, t: ThreadKey) {
@@ -78,6 +116,7 @@ impl<'a> SummaryCounts<'a> {
             stats.dropped_events = r.events;
         }
         stats.corrupt = corrupt.to_vec();
+        stats.jit_unnamed_processes = self.jit_unnamed_processes.len();
         stats
     }
 }
@@ -94,6 +133,14 @@ impl EventSink for SummaryCounts<'_> {
             self.stats.idle_samples += 1;
         } else if let Some(leaf) = s.stack.and_then(|id| self.stacks.leaf(id)) {
             *self.leaves.entry(leaf).or_default() += 1;
+        }
+        if let Some(id) = s.stack {
+            let (named, unnamed) = self.jit_frames(id);
+            self.stats.jit_named_frames += u64::from(named);
+            self.stats.jit_unnamed_frames += u64::from(unnamed);
+            if let (true, Some(pid)) = (unnamed > 0, thread.pid()) {
+                self.jit_unnamed_processes.insert(pid);
+            }
         }
     }
 
@@ -270,6 +317,28 @@ pub fn render(i: &SummaryInput) -> String {
                 i.stats.off_cpu_samples
             );
         }
+    }
+    let p = i.profile;
+    if p.jit_named_frames + p.jit_unnamed_frames > 0 {
+        let _ = writeln!(
+            s,
+            "JIT frames: {} named from perf maps, {} unnamed in {} processes",
+            p.jit_named_frames, p.jit_unnamed_frames, p.jit_unnamed_processes
+        );
+    }
+    let m = &i.stats.perf_maps;
+    if m.opened + m.refused > 0 {
+        let _ = writeln!(
+            s,
+            "  perf maps: {} read ({} lines, {}), {} garbage lines skipped, {} stopped at the              {} bound, {} refused (symlink, not a regular file, or another user's)",
+            m.opened,
+            m.lines,
+            human_bytes(m.bytes as usize).trim(),
+            m.garbage,
+            m.over_bound,
+            human_bytes(crate::symbolize::perfmap::MAX_MAP_BYTES as usize).trim(),
+            m.refused
+        );
     }
     if i.stats.maps_errors > 0 {
         let _ = writeln!(

@@ -31,7 +31,7 @@ use serde_json::{Value, json, value::RawValue};
 
 use crate::model::{
     ids::{Pid, StackId, Tid},
-    stacks::{FrameIndex, FrameKind, SymbolizedStacks},
+    stacks::{FrameIndex, FrameKind, JitLanguage, SymbolizedStacks},
 };
 
 pub const GECKO_VERSION: u32 = 36;
@@ -51,8 +51,15 @@ pub const CATEGORY_USDT: u32 = 5;
 pub const CATEGORY_OFF_CPU: u32 = 6;
 /// The root pseudo-frame of a user stack that is not complete (see `FrameKind::Truncated`).
 pub const CATEGORY_TRUNCATED: u32 = 7;
+/// JIT frames named from perf maps, one category per language. JavaScript has the
+/// front-end's own colour for it (yellow, as its Firefox categories); the front-end has none
+/// for the others, so they take colours no other category here uses.
+pub const CATEGORY_JAVASCRIPT: u32 = 8;
+pub const CATEGORY_JAVA: u32 = 9;
+pub const CATEGORY_PYTHON: u32 = 10;
+pub const CATEGORY_JIT_OTHER: u32 = 11;
 
-const CATEGORIES: [(&str, &str); 8] = [
+const CATEGORIES: [(&str, &str); 12] = [
     ("Other", "grey"),
     ("Idle", "transparent"),
     ("User", "yellow"),
@@ -61,6 +68,10 @@ const CATEGORIES: [(&str, &str); 8] = [
     ("USDT", "magenta"),
     ("Off-CPU", "purple"),
     ("Truncated stack", "red"),
+    ("JavaScript", "yellow"),
+    ("Java", "green"),
+    ("Python", "blue"),
+    ("JIT", "brown"),
 ];
 
 fn categories() -> Value {
@@ -339,6 +350,10 @@ impl ThreadTables {
             FrameKind::Kernel => CATEGORY_KERNEL,
             FrameKind::Label => CATEGORY_LABEL,
             FrameKind::Truncated => CATEGORY_TRUNCATED,
+            FrameKind::Jit(JitLanguage::JavaScript) => CATEGORY_JAVASCRIPT,
+            FrameKind::Jit(JitLanguage::Java) => CATEGORY_JAVA,
+            FrameKind::Jit(JitLanguage::Python) => CATEGORY_PYTHON,
+            FrameKind::Jit(JitLanguage::Other) => CATEGORY_JIT_OTHER,
         });
         if let Some(&id) = self.frame_ids.get(&(f, category)) {
             return Some(id);
@@ -831,7 +846,20 @@ mod tests {
             j["meta"]["categories"].as_array().unwrap().iter().map(|c| c["name"].clone()).collect();
         assert_eq!(
             cats,
-            ["Other", "Idle", "User", "Kernel", "Label", "USDT", "Off-CPU", "Truncated stack"]
+            [
+                "Other",
+                "Idle",
+                "User",
+                "Kernel",
+                "Label",
+                "USDT",
+                "Off-CPU",
+                "Truncated stack",
+                "JavaScript",
+                "Java",
+                "Python",
+                "JIT"
+            ]
         );
         assert_eq!(j["threads"].as_array().unwrap().len(), 0);
         // One sub-process per process, busiest first, main thread first.

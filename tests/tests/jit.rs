@@ -1,0 +1,234 @@
+//! JIT code named from perf maps: real runtimes (Debian's `nodejs`) write `/tmp/perf-PID.map`
+//! while an `--all` recording runs, and their samples carry the runtime's own names. Needs
+//! root; run serially (`--test-threads=1`). A runtime that is missing fails the test, saying
+//! which package to install (`cargo xtask setup` installs it).
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+use tests::{
+    fixtures,
+    gecko_schema::validate,
+    harness::{Recording, output_path},
+    profile_query::{frame_categories, function_name, module_name, sample_stacks, threads_of_pid},
+};
+
+fn valid(profile: &Value) {
+    if let Err(problems) = validate(profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+}
+
+/// Removes a runtime's perf map when the test ends (the runtimes leave them in /tmp).
+struct RemoveMap(String);
+
+impl Drop for RemoveMap {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn node() -> &'static str {
+    let node = "/usr/bin/node";
+    assert!(
+        Path::new(node).is_file(),
+        "{node} is missing: install Debian's nodejs (`cargo xtask setup` does)"
+    );
+    node
+}
+
+/// `node --perf-basic-prof jsplit.js`, started during an `--all` recording: nearly all of its
+/// main thread's samples are in the two hot functions, named as V8 names them, split 2:1, and
+/// their stacks go on below the JS frames into node's own native frames.
+#[test]
+fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
+    let script = fixtures::source_dir().join("jsplit.js");
+    let output = output_path("jit_node", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let mut cmd = Command::new(node());
+    // V8's perf flags also write an `isolate-*-v8.log` into the working directory.
+    cmd.current_dir(output.parent().expect("output in a directory"));
+    // No inlining: each hot function keeps frames of its own (TurboFan would fold them into
+    // their caller, which the map then names instead).
+    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg("5");
+    let child = cmd.stdout(Stdio::null()).spawn().expect("start node");
+    let pid = child.id();
+    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let out = child.wait_with_output().expect("node ran");
+    assert!(out.status.success(), "node failed: {}", out.status);
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+
+    let threads = threads_of_pid(&profile, pid);
+    let main = threads
+        .iter()
+        .find(|t| t.tid == u64::from(pid))
+        .unwrap_or_else(|| panic!("no main thread of node {pid} in the profile"));
+    let stacks = sample_stacks(main.thread);
+    let total = stacks.len();
+    // Node's start-up (some 100 ms of native code before any JS runs hot) is the rest: 5 s
+    // keeps it a small part even when the test shares its CPUs.
+    assert!(total > 1000, "5 s of a busy node at 999 Hz: ~5000 samples, got {total}");
+    let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).contains(f));
+    let alpha = stacks.iter().filter(|s| holds(s, "JS:*jsHotAlpha")).count();
+    let beta = stacks.iter().filter(|s| holds(s, "JS:*jsHotBeta")).count();
+    let named = stacks.iter().filter(|s| holds(s, "jsHotAlpha") || holds(s, "jsHotBeta")).count();
+    let pct = 100.0 * named as f64 / total as f64;
+    let share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    eprintln!(
+        "node {pid}: {named} of {total} main-thread samples ({pct:.1}%) name a hot JS \
+         function; jsHotAlpha {alpha}, jsHotBeta {beta}: alpha share {share:.1}%"
+    );
+    assert!(pct >= 90.0, "{named} of {total} samples ({pct:.1}%) name a hot function");
+    assert!(
+        (66.7 - 7.0..=66.7 + 7.0).contains(&share),
+        "jsHotAlpha share {share:.1}% (alpha {alpha}, beta {beta}), want 66.7 ± 7"
+    );
+
+    // The frames: V8's names with the script's path, module [jit], category JavaScript.
+    let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("JS:*jsHotAlpha"));
+    let hot = hot.expect("a JS:*jsHotAlpha frame");
+    let script = script.display().to_string();
+    assert!(hot.contains(&format!("{script}:6:20")), "{hot}");
+    assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
+    let cats = frame_categories(&profile, main.thread, function_name(hot));
+    assert!(!cats.is_empty() && cats.iter().all(|c| c == "JavaScript"), "{cats:?}");
+
+    // Below the JS frames: node's native frames (its `main`, in the node executable).
+    let hot_stacks: Vec<&Vec<String>> =
+        stacks.iter().filter(|s| holds(s, "jsHotAlpha") || holds(s, "jsHotBeta")).collect();
+    let rooted = hot_stacks
+        .iter()
+        .filter(|s| {
+            let first_js = s.iter().position(|l| module_name(l) == Some("[jit]")).unwrap();
+            s[..first_js].iter().any(|l| module_name(l) == Some("node"))
+        })
+        .count();
+    let rooted_pct = 100.0 * rooted as f64 / hot_stacks.len() as f64;
+    eprintln!(
+        "{rooted} of {} hot stacks ({rooted_pct:.1}%) have node frames below",
+        hot_stacks.len()
+    );
+    assert!(rooted_pct >= 90.0, "{rooted} of {} hot stacks go on into node", hot_stacks.len());
+
+    let line = done.stderr.lines().find(|l| l.starts_with("JIT frames:"));
+    let line =
+        line.unwrap_or_else(|| panic!("no JIT frames line in the summary:\n{}", done.stderr));
+    eprintln!("{line}");
+    assert!(!line.starts_with("JIT frames: 0 named"), "{line}");
+}
+
+const JDK: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+
+/// How the JDK is asked for its perf map.
+#[derive(Clone, Copy, PartialEq)]
+enum JavaMap {
+    /// `jcmd PID Compiler.perfmap` once the hot methods are compiled.
+    Jcmd,
+    /// `-XX:+DumpPerfMapAtExit`: written as the JVM exits, after every sample was collected.
+    AtExit,
+}
+
+/// OpenJDK 17 running `JSplit` (two hot methods called 2:1) during an `--all` recording, with
+/// a perf map written by `jcmd PID Compiler.perfmap` once the methods are compiled: the lines
+/// read then also name the samples taken before (HotSpot's code cache keeps the methods where
+/// they are), so nearly all of the hot thread's samples carry the hot methods, split 2:1.
+#[test]
+fn java_perf_map_from_jcmd_names_hot_methods_2_to_1() {
+    java_split("jit_java_jcmd", JavaMap::Jcmd);
+}
+
+/// The same with `-XX:+DumpPerfMapAtExit`: the map is read at the process's exit (from our
+/// own root, as /proc no longer shows the exiting process's).
+#[test]
+fn java_perf_map_at_exit_names_hot_methods_2_to_1() {
+    java_split("jit_java_exit", JavaMap::AtExit);
+}
+
+fn java_split(test: &str, how: JavaMap) {
+    use std::io::{BufRead as _, BufReader};
+    let (java, javac, jcmd) =
+        (format!("{JDK}/bin/java"), format!("{JDK}/bin/javac"), format!("{JDK}/bin/jcmd"));
+    for tool in [&java, &javac, &jcmd] {
+        assert!(
+            Path::new(tool).is_file(),
+            "{tool} is missing: install Debian's openjdk-17-jdk-headless"
+        );
+    }
+    let output = output_path(test, "json");
+    let classes = output.parent().unwrap().join("java-classes");
+    let src = fixtures::source_dir().join("JSplit.java");
+    let st = Command::new(&javac).arg("-d").arg(&classes).arg(&src).status().expect("javac");
+    assert!(st.success(), "javac {} failed: {st}", src.display());
+
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    // No inlining: each hot method keeps frames of its own (C2 would fold them into `main`).
+    let mut child = Command::new(&java)
+        .args(["-XX:+PreserveFramePointer", "-XX:-Inline"])
+        .args(match how {
+            JavaMap::Jcmd => &[][..],
+            JavaMap::AtExit => &["-XX:+UnlockDiagnosticVMOptions", "-XX:+DumpPerfMapAtExit"],
+        })
+        .arg("-cp")
+        .arg(&classes)
+        .args(["JSplit", "5", "1000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start java");
+    let pid = child.id();
+    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let warm = lines.next().and_then(Result::ok);
+    assert_eq!(warm.as_deref(), Some("warm"), "JSplit did not say it was warm");
+    if how == JavaMap::Jcmd {
+        let st = Command::new(&jcmd)
+            .arg(pid.to_string())
+            .arg("Compiler.perfmap")
+            .stdout(Stdio::null())
+            .status()
+            .expect("jcmd");
+        assert!(st.success(), "jcmd {pid} Compiler.perfmap failed: {st}");
+    }
+    let done = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(done.starts_with("done"), "JSplit ended with {done:?}");
+    assert!(child.wait().expect("java ran").success());
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+
+    let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).contains(f));
+    let threads = threads_of_pid(&profile, pid);
+    let hot = threads
+        .iter()
+        .max_by_key(|t| sample_stacks(t.thread).iter().filter(|s| holds(s, "JSplit.hot")).count())
+        .unwrap_or_else(|| panic!("no thread of java {pid} in the profile"));
+    let stacks = sample_stacks(hot.thread);
+    let total = stacks.len();
+    let alpha = stacks.iter().filter(|s| holds(s, "int JSplit.hotAlpha(int)")).count();
+    let beta = stacks.iter().filter(|s| holds(s, "int JSplit.hotBeta(int)")).count();
+    let pct = 100.0 * (alpha + beta) as f64 / total as f64;
+    let share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    eprintln!(
+        "java {pid} thread {}: {} of {total} samples ({pct:.1}%) name a hot method; hotAlpha \
+         {alpha}, hotBeta {beta}: alpha share {share:.1}%",
+        hot.tid,
+        alpha + beta
+    );
+    assert!(total > 1000, "5 s of a busy thread at 999 Hz: ~5000 samples, got {total}");
+    assert!(pct >= 90.0, "{} of {total} samples ({pct:.1}%) name a hot method", alpha + beta);
+    assert!(
+        (66.7 - 7.0..=66.7 + 7.0).contains(&share),
+        "hotAlpha share {share:.1}% (alpha {alpha}, beta {beta}), want 66.7 ± 7"
+    );
+    let frame = stacks.iter().flatten().find(|l| function_name(l) == "int JSplit.hotAlpha(int)");
+    let frame = frame.expect("a hotAlpha frame");
+    assert_eq!(module_name(frame), Some("[jit]"), "{frame}");
+    let cats = frame_categories(&profile, hot.thread, function_name(frame));
+    assert!(!cats.is_empty() && cats.iter().all(|c| c == "Java"), "{cats:?}");
+    let line = done.stderr.lines().find(|l| l.starts_with("JIT frames:")).unwrap_or_default();
+    eprintln!("{line}");
+}
