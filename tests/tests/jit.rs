@@ -232,3 +232,77 @@ fn java_split(test: &str, how: JavaMap) {
     let line = done.stderr.lines().find(|l| l.starts_with("JIT frames:")).unwrap_or_default();
     eprintln!("{line}");
 }
+
+/// The newest CPython 3.12+ that pyenv built on this machine (`-X perf` is 3.12's).
+fn python_with_perf_maps() -> std::path::PathBuf {
+    let root = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into()))
+        .join(".pyenv/versions");
+    let mut found: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(&root)
+        .map(|d| {
+            d.filter_map(|e| {
+                let name = e.ok()?.file_name().to_string_lossy().into_owned();
+                let minor: u32 = name.strip_prefix("3.")?.split('.').next()?.parse().ok()?;
+                let exe = root.join(&name).join(format!("bin/python3.{minor}"));
+                (minor >= 12 && exe.is_file()).then_some((minor, exe))
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().map(|(_, exe)| exe).unwrap_or_else(|| {
+        panic!(
+            "no CPython 3.12 or newer under {}: -X perf needs one (pyenv install 3.12)",
+            root.display()
+        )
+    })
+}
+
+/// CPython 3.12+ `-X perf`: every Python function gets a trampoline that the perf map names
+/// `py::QUALNAME:FILE`; nearly all samples of the 2:1 fixture carry a hot function, in the
+/// Python category.
+#[test]
+fn python_x_perf_names_hot_python_functions_2_to_1() {
+    let python = python_with_perf_maps();
+    let script = fixtures::source_dir().join("pysplit.py");
+    let output = output_path("jit_python", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let child = Command::new(&python)
+        .args(["-X", "perf"])
+        .arg(&script)
+        .arg("4")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start python");
+    let pid = child.id();
+    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let out = child.wait_with_output().expect("python ran");
+    assert!(out.status.success(), "{} failed: {}", python.display(), out.status);
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+    let threads = threads_of_pid(&profile, pid);
+    let main = threads
+        .iter()
+        .find(|t| t.tid == u64::from(pid))
+        .unwrap_or_else(|| panic!("no main thread of python {pid} in the profile"));
+    let stacks = sample_stacks(main.thread);
+    let total = stacks.len();
+    assert!(total > 1000, "4 s of a busy python at 999 Hz: ~4000 samples, got {total}");
+    let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).starts_with(f));
+    let alpha = stacks.iter().filter(|s| holds(s, "py::py_hot_alpha:")).count();
+    let beta = stacks.iter().filter(|s| holds(s, "py::py_hot_beta:")).count();
+    let pct = 100.0 * (alpha + beta) as f64 / total as f64;
+    let share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    eprintln!(
+        "python {pid}: {} of {total} ({pct:.1}%) named; alpha share {share:.1}%",
+        alpha + beta
+    );
+    assert!(pct >= 90.0, "{} of {total} samples ({pct:.1}%) name a hot function", alpha + beta);
+    assert!((66.7 - 7.0..=66.7 + 7.0).contains(&share), "py_hot_alpha share {share:.1}%");
+    let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("py::py_hot_alpha:"));
+    let hot = hot.expect("a py::py_hot_alpha frame");
+    assert!(hot.contains(&script.display().to_string()), "{hot}");
+    assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
+    let cats = frame_categories(&profile, main.thread, function_name(hot));
+    assert!(!cats.is_empty() && cats.iter().all(|c| c == "Python"), "{cats:?}");
+}
