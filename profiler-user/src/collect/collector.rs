@@ -18,7 +18,7 @@ use crate::{
         stack_cache::StackCache,
     },
     model::{
-        address::FrameAddr,
+        address::{FrameAddr, UserStackEnd},
         ids::{CgroupId, LabelId, Pid, StackId, ThreadKey, Tid},
         time::MonoNs,
     },
@@ -78,6 +78,11 @@ pub struct CollectorStats {
     pub off_cpu_copies_dropped: u64,
     /// What reading processes' perf maps did.
     pub perf_maps: PerfMapStats,
+    /// CPU samples whose user stack was walked with tables, as the profile holds them (stack
+    /// copies finished): (complete, walked) in the first second after the first sample, when
+    /// tables are still landing, and after it.
+    pub user_stacks_first_second: (u64, u64),
+    pub user_stacks_after: (u64, u64),
 }
 
 /// Threads holding an off-CPU stack copy at once: each waits for its thread's off-CPU record
@@ -317,8 +322,18 @@ impl<S: SampleSink> Collector<S> {
             self.stats.off_cpu_blocks += u64::from(o.blocks);
         } else {
             self.stats.samples += 1;
-            self.stats.first_sample.get_or_insert(s.time);
+            let first = *self.stats.first_sample.get_or_insert(s.time);
             self.stats.last_sample = Some(s.time);
+            let end = s.user_stack_end();
+            if end != UserStackEnd::NotWalked {
+                let bucket = if s.time.0.saturating_sub(first.0) < 1_000_000_000 {
+                    &mut self.stats.user_stacks_first_second
+                } else {
+                    &mut self.stats.user_stacks_after
+                };
+                bucket.0 += u64::from(end == UserStackEnd::Complete);
+                bucket.1 += 1;
+            }
             self.count_label(s);
         }
         let (key, cpu_delta_ns, stack) = match s.thread() {

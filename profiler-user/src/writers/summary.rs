@@ -257,6 +257,20 @@ pub fn render(i: &SummaryInput) -> String {
             c.get(counter::UNWIND_FRAME_POINTER),
             c.get(counter::UNWIND_USED_FP),
         );
+        let ((c1, t1), (c2, t2)) = (i.stats.user_stacks_first_second, i.stats.user_stacks_after);
+        if t1 + t2 > 0 {
+            let pct = |c: u64, t: u64| 100.0 * c as f64 / t.max(1) as f64;
+            let after = if t2 > 0 { format!("{:.1}%", pct(c2, t2)) } else { "-".to_owned() };
+            let _ = writeln!(
+                s,
+                "  in the profile (stack copies walked): {} of {} user stacks complete ({:.1}%); \
+                 first second of samples {:.1}%, after it {after}",
+                c1 + c2,
+                t1 + t2,
+                pct(c1 + c2, t1 + t2),
+                pct(c1, t1),
+            );
+        }
         let (copied, failed) =
             (c.get(counter::FORK_WALKER_COPIES), c.get(counter::FORK_WALKER_COPY_FAILED));
         if copied + failed > 0 {
