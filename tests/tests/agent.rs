@@ -213,3 +213,29 @@ fn agent_off_cpu_windows_carry_blocked_time() {
     assert!((500.0..=3000.0).contains(&total_ms), "off-CPU total {total_ms} ms");
     assert!(sleep_ms >= 0.9 * total_ms, "{sleep_ms} of {total_ms} ms under sleep_phase");
 }
+
+/// Fanotify groups among the descriptors of `pid` (their fdinfo says `fanotify flags:`).
+fn fanotify_fds(pid: u32) -> usize {
+    let dir = format!("/proc/{pid}/fdinfo");
+    (fs::read_dir(dir).unwrap().filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()))
+        .filter(|info| info.contains("fanotify flags:"))
+        .count()
+}
+
+/// The agent never holds execs unless asked: no USDT exec gate (no fanotify group) by default;
+/// `--usdt-exec-gate` starts one.
+#[test]
+fn agent_starts_the_exec_gate_only_when_asked() {
+    let dir = spool_dir("agent_gate");
+    let d = dir.to_str().unwrap();
+    let agent = Agent::start(&["--spool", d, "--window", "1"]);
+    let without = fanotify_fds(agent.child.id());
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(without, 0, "the agent watches execs by default");
+    let agent = Agent::start(&["--spool", d, "--window", "1", "--usdt-exec-gate"]);
+    let with = fanotify_fds(agent.child.id());
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(with, 1, "--usdt-exec-gate: one fanotify group");
+}

@@ -145,6 +145,10 @@ pub struct AgentArgs {
     /// SIGUSR1 writes the flight recorder here (created 0700; files 0600).
     #[arg(long, value_name = "DIR")]
     pub dump_dir: Option<PathBuf>,
+    /// Hold the first exec of each new file (at most 50 ms) until its USDT probes are attached,
+    /// as `record --all` does; off by default so the agent can never stall the host's execs.
+    #[arg(long)]
+    pub usdt_exec_gate: bool,
 }
 
 #[derive(Args, Debug, Clone)]
