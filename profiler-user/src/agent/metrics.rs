@@ -241,7 +241,7 @@ impl AgentMetrics {
             Info::new(BuildLabels { version: env!("CARGO_PKG_VERSION").to_owned() }),
         );
         let w = &windows;
-        r.register("windows", "Windows made (one profile per process each)", w.produced.clone());
+        r.register("windows", "Windows made (one profile per service each)", w.produced.clone());
         r.register("window_profiles", "Profiles written for windows", w.profiles.clone());
         r.register(
             "windows_dropped",
