@@ -490,4 +490,36 @@ mod tests {
         let (overlap, _) = placed(&[window(0, 7, &[(7, 1)]), window(5_000, 9, &[(9, 1)])]);
         assert!(!overlap);
     }
+
+    #[test]
+    fn a_service_window_is_one_track_per_process_name_and_rows_select_by_process() {
+        // A per-service window (no pid or process of its own) holding two processes' rows.
+        let mut w = window(0, 0, &[(7, 2), (9, 1)]);
+        w.meta.labels.process.clear();
+        w.rows[1].pid = 9;
+        w.rows[1].process = "helper".into();
+        let (_, got) = placed(std::slice::from_ref(&w));
+        let tracks: Vec<(Pid, Tid)> = (got.iter())
+            .map(|(t, _)| match t {
+                ThreadKey::Task { pid, tid } => (*pid, *tid),
+                ThreadKey::Idle { .. } => panic!("{t:?}"),
+            })
+            .collect();
+        assert_eq!(tracks, [(Pid(1), Tid(7)), (Pid(2), Tid(9))], "app and helper apart");
+        let sel =
+            Selection { to_ms: u64::MAX, processes: vec!["helper".into()], ..Default::default() };
+        assert!(sel.selects(&w.meta), "a service window is selected, then its rows");
+        let rows: Vec<u32> = w.rows.iter().filter(|r| sel.selects_row(r)).map(|r| r.pid).collect();
+        assert_eq!(rows, [9]);
+        // A per-process window of an older agent is selected by its own labels.
+        let old = window(0, 7, &[(7, 1)]);
+        assert!(!sel.selects(&old.meta));
+        assert!(Selection { pids: vec![7], ..sel.clone() }.selects(&WindowMeta {
+            labels: crate::agent::labels::WindowLabels {
+                process: "helper".into(),
+                ..old.meta.labels.clone()
+            },
+            ..old.meta.clone()
+        }));
+    }
 }

@@ -8,7 +8,10 @@
 //!   count, CPU and off-CPU ns. A window is a service's (`agent::labels`): its rows' `pid` and
 //!   `process` are the thread's process, while `rsprof_windows` has 0 and '' there. Tables
 //!   written by agents that wrote a window per process have the same columns with the same
-//!   values in both tables, so they read back unchanged (no migration). `ORDER BY (service_name, host, window_start, …)` makes "service
+//!   values in both tables, so they read back unchanged (no migration). The sort key still
+//!   names a row by (window, tid, thread name, stack): two processes of a service reusing one
+//!   tid under the same thread name in one window would collapse into one row when parts merge
+//!   (pid reuse within a window; rare, and changing the key needs new tables). `ORDER BY (service_name, host, window_start, …)` makes "service
 //!   X, hosts Y, time range Z" a range scan of the primary key; `PARTITION BY` day.
 //! * `rsprof_windows`: one row per window, written last: the commit record.
 //!
