@@ -66,7 +66,13 @@ pub fn command() -> Result<Command> {
 impl Recording {
     /// Starts `rsprof-bpf ARGS -o OUTPUT` and waits for its "sampling" line.
     pub fn start(args: &[&str], output: PathBuf) -> Result<Self> {
+        Self::start_with_env(args, output, &[])
+    }
+
+    /// `start`, with these environment variables set for rsprof-bpf (test hooks).
+    pub fn start_with_env(args: &[&str], output: PathBuf, env: &[(&str, &str)]) -> Result<Self> {
         let mut child = command()?
+            .envs(env.iter().copied())
             .args(args)
             .arg("-o")
             .arg(&output)

@@ -25,8 +25,9 @@ fn spool_dir(test: &str) -> PathBuf {
     d
 }
 
-/// (labels json, profile path) of every window in `dir` whose pid is `pid`.
-fn windows_of(dir: &Path, pid: u32) -> Vec<(Value, PathBuf)> {
+/// (labels json, profile path) of every window in `dir` of service `service` (a process not
+/// in a container or systemd unit is its own service, by name).
+fn windows_of(dir: &Path, service: &str) -> Vec<(Value, PathBuf)> {
     let mut v: Vec<(Value, PathBuf)> = fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| {
@@ -34,7 +35,7 @@ fn windows_of(dir: &Path, pid: u32) -> Vec<(Value, PathBuf)> {
             let name = p.file_name()?.to_str()?.to_owned();
             let stem = name.strip_suffix(".json")?;
             let meta: Value = serde_json::from_slice(&fs::read(&p).ok()?).ok()?;
-            (meta["pid"] == pid).then(|| (meta, dir.join(format!("{stem}.pb.gz"))))
+            (meta["service_name"] == service).then(|| (meta, dir.join(format!("{stem}.pb.gz"))))
         })
         .collect();
     v.sort_by_key(|(m, _)| m["start_ms"].as_u64());
@@ -52,10 +53,11 @@ fn agent_spools_windows_read_by_go_pprof_and_query_merges_them() {
     assert!(status.success(), "agent failed:\n{stderr}");
     assert!(stderr.contains("agent stopped by SIGTERM"), "{stderr}");
 
-    let windows = windows_of(&dir, pid);
+    let windows = windows_of(&dir, "split");
     assert!(windows.len() >= 3, "3 s of split in 1 s windows: {} windows\n{stderr}", windows.len());
     for (meta, profile) in &windows {
-        assert_eq!(meta["process"], "split", "{meta}");
+        // A window is a service's: whose each sample is, is in its pprof labels (below).
+        assert!(meta.get("pid").is_none() && meta.get("process").is_none(), "{meta}");
         assert_eq!(meta["host"], "it-host", "{meta}");
         assert!(meta["service_name"].as_str().is_some_and(|s| !s.is_empty()), "{meta}");
         for p in [profile.clone(), profile.with_extension("").with_extension("json")] {
@@ -197,7 +199,8 @@ fn agent_off_cpu_windows_carry_blocked_time() {
     let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
     assert!(status.success(), "agent failed:\n{stderr}");
 
-    let windows = windows_of(&dir, pid);
+    let windows = windows_of(&dir, "offcpu");
+    assert!(!windows.is_empty(), "no window of the offcpu fixture (pid {pid}):\n{stderr}");
     let (mut total_ms, mut sleep_ms, mut with_off_cpu) = (0.0, 0.0, 0);
     for (_, profile) in &windows {
         let args = ["-top", "-sample_index=off_cpu", "-unit=ms", "-nodecount=1000", "-trim=false"];
@@ -212,4 +215,112 @@ fn agent_off_cpu_windows_carry_blocked_time() {
     // 3 s at 50% asleep: ~1.5 s blocked (less if the fixture was kept from running, never more).
     assert!((500.0..=3000.0).contains(&total_ms), "off-CPU total {total_ms} ms");
     assert!(sleep_ms >= 0.9 * total_ms, "{sleep_ms} of {total_ms} ms under sleep_phase");
+}
+
+/// Fanotify groups among the descriptors of `pid` (their fdinfo says `fanotify flags:`).
+fn fanotify_fds(pid: u32) -> usize {
+    let dir = format!("/proc/{pid}/fdinfo");
+    (fs::read_dir(dir).unwrap().filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()))
+        .filter(|info| info.contains("fanotify flags:"))
+        .count()
+}
+
+/// The agent never holds execs unless asked: no USDT exec gate (no fanotify group) by default;
+/// `--usdt-exec-gate` starts one.
+#[test]
+fn agent_starts_the_exec_gate_only_when_asked() {
+    let dir = spool_dir("agent_gate");
+    let d = dir.to_str().unwrap();
+    let agent = Agent::start(&["--spool", d, "--window", "1"]);
+    let without = fanotify_fds(agent.child.id());
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(without, 0, "the agent watches execs by default");
+    let agent = Agent::start(&["--spool", d, "--window", "1", "--usdt-exec-gate"]);
+    let with = fanotify_fds(agent.child.id());
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(with, 1, "--usdt-exec-gate: one fanotify group");
+}
+
+/// A storm of short-lived processes of one program folds into one profile per window: spool
+/// windows are bounded by the services (+ 1), not the processes, and `query --process` /
+/// `--pid` still select one process by the samples' labels.
+#[test]
+fn agent_folds_short_lived_processes_into_one_window_per_service() {
+    let dir = spool_dir("agent_churn");
+    let d = dir.to_str().unwrap();
+    // A program of our own name, each run burning a few ms of CPU so many are sampled.
+    let exe = output_path("agent_churn", "bin");
+    let _ = fs::remove_dir_all(&exe);
+    fs::create_dir_all(&exe).unwrap();
+    let exe = exe.join("rsprof_churn");
+    fs::copy("/bin/dd", &exe).unwrap();
+    let agent = Agent::start(&["--spool", d, "--window", "2", "-F", "499", "--host", "churn"]);
+    let started = std::time::Instant::now();
+    let mut pids = std::collections::HashSet::new();
+    for _ in 0..300 {
+        let mut run = std::process::Command::new(&exe)
+            .args(["if=/dev/zero", "of=/dev/null", "bs=64k", "count=400", "status=none"])
+            .spawn()
+            .unwrap();
+        pids.insert(u64::from(run.id()));
+        assert!(run.wait().unwrap().success());
+    }
+    // Two windows at least, whatever the runs took.
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(started.elapsed()));
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "{stderr}");
+    eprintln!("300 runs in {:?}", started.elapsed());
+
+    // Per window (start time): at most one profile per service, plus one.
+    let mut by_start: std::collections::BTreeMap<u64, Vec<Value>> = Default::default();
+    for e in fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let meta: Value = serde_json::from_slice(&fs::read(&p).unwrap()).unwrap();
+            by_start.entry(meta["start_ms"].as_u64().unwrap()).or_default().push(meta);
+        }
+    }
+    assert!(by_start.len() >= 2, "{} windows:\n{stderr}", by_start.len());
+    let mut churn_windows = 0;
+    for (start, metas) in &by_start {
+        let services: std::collections::HashSet<_> =
+            metas.iter().map(|m| m["service_name"].as_str().unwrap()).collect();
+        assert!(
+            metas.len() <= services.len() + 1,
+            "window {start}: {} profiles for {} services",
+            metas.len(),
+            services.len()
+        );
+        let churn = metas.iter().filter(|m| m["service_name"] == "rsprof_churn").count();
+        assert!(churn <= 1, "window {start}: {churn} profiles of rsprof_churn");
+        churn_windows += churn;
+    }
+    assert!(churn_windows >= 1, "rsprof_churn never sampled:\n{stderr}");
+
+    // The churn's processes, from the merged profile: one track, many pids (their tids).
+    let gecko = output_path("agent_churn", "json");
+    let query = |extra: &[&str]| {
+        let mut args = vec!["query", "--spool", d, "--host", "churn", "-o"];
+        args.push(gecko.to_str().unwrap());
+        args.extend_from_slice(extra);
+        let q = tests::harness::run(&args).unwrap();
+        assert!(q.status.success(), "query {extra:?} failed:\n{}", q.stderr);
+        gecko_schema::load(&gecko).expect("query's profile loads")
+    };
+    let profile = query(&["--process", "rsprof_churn"]);
+    let ts = threads(&profile);
+    assert!(ts.iter().all(|t| t.process_name.starts_with("rsprof_churn")), "only the churn");
+    let sampled: Vec<u64> = ts.iter().map(|t| t.tid).filter(|t| pids.contains(t)).collect();
+    assert!(sampled.len() >= 10, "{} of 300 runs sampled: {sampled:?}", sampled.len());
+    // One of them alone.
+    let one = sampled[sampled.len() / 2].to_string();
+    let profile = query(&["--pid", &one]);
+    let ts = threads(&profile);
+    assert!(
+        !ts.is_empty() && ts.iter().all(|t| t.tid.to_string() == one),
+        "--pid {one}: {:?}",
+        ts.iter().map(|t| t.tid).collect::<Vec<_>>()
+    );
 }

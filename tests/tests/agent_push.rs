@@ -349,7 +349,7 @@ fn agent_pushes_to_pyroscope_with_labels_auth_and_backlog_once() {
     assert!(child.wait().unwrap().success());
     agent.wait_for("delivery failed, windows wait in the spool", Duration::from_secs(30));
     agent.wait_for("window:", Duration::from_secs(30));
-    // Windows (one per process and window) spooled during the outage, at least.
+    // Windows (one per service and window) spooled during the outage, at least.
     let backlog = count_suffix(&dir, ".json");
     let receiver = Receiver::start(port, 200);
     // The backlog is delivered (backoff is at most 60 s): every window marked as sent.
@@ -388,18 +388,23 @@ fn agent_pushes_to_pyroscope_with_labels_auth_and_backlog_once() {
         assert_eq!(r.headers["x-scope-orgid"], "team-a");
     }
 
-    // The fixture's windows: labels by Pyroscope's rules, its odd name intact as UTF-8.
-    let pid_s = pid.to_string();
-    let mine: Vec<&Pushed> =
-        pushed.iter().filter(|p| p.labels.get("pid") == Some(&pid_s)).collect();
-    assert!(mine.len() >= 2, "4 s in 2 s windows: {} pushed", mine.len());
+    // The fixture's windows (its service: its name, being in no unit or container): labels
+    // by Pyroscope's rules, its odd name intact as UTF-8. A series per service, not per
+    // process: no pid or process label; the samples carry the pid.
     let want_name = String::from_utf8_lossy(name).into_owned();
+    let mine: Vec<&Pushed> =
+        pushed.iter().filter(|p| p.labels.get("service_name") == Some(&want_name)).collect();
+    assert!(mine.len() >= 2, "4 s in 2 s windows: {} pushed", mine.len());
+    let mut pid_label = false;
     for p in &mine {
         let l = &p.labels;
         assert_eq!(l["__name__"], "process_cpu");
         assert_eq!(l["host"], "it-host");
-        assert_eq!(l["process"], want_name, "{l:?}");
-        assert!(!l["service_name"].is_empty(), "{l:?}");
+        assert!(!l.contains_key("pid") && !l.contains_key("process"), "{l:?}");
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(p.profile.as_slice()).read_to_end(&mut raw).unwrap();
+        // A pprof Label { key: "pid", num: PID }: its num field (3) holds the pid.
+        pid_label |= protoc(&["--decode_raw"], &raw).contains(&format!("3: {pid}\n"));
         for n in l.keys() {
             let ok = n
                 .chars()
@@ -408,6 +413,7 @@ fn agent_pushes_to_pyroscope_with_labels_auth_and_backlog_once() {
             assert!(ok, "label name {n:?}");
         }
     }
+    assert!(pid_label, "no sample labelled with pid {pid}");
     // Their pprof payloads, merged by Go's pprof: the split's 3:1 share.
     let files: Vec<PathBuf> = mine
         .iter()
@@ -523,14 +529,14 @@ fn agent_killed_while_pyroscope_is_down_sends_the_backlog_after_restart() {
     }
     let (status, _) = agent.stop(libc::SIGKILL, Duration::from_secs(5));
     assert!(!status.success());
-    // The backlog: (pid, start ms) of each window the first run queued.
+    // The backlog: (service, start ms) of each window the first run queued.
     let backlog: Vec<(String, u64)> = names_in(&dir)
         .iter()
         .filter(|n| n.ends_with(".json"))
         .map(|n| {
             let v: serde_json::Value =
                 serde_json::from_slice(&fs::read(dir.join(n)).unwrap()).unwrap();
-            (v["pid"].to_string(), v["start_ms"].as_u64().unwrap())
+            (v["service_name"].as_str().unwrap().to_owned(), v["start_ms"].as_u64().unwrap())
         })
         .collect();
     assert!(!backlog.is_empty(), "the first run queued windows: {:?}", names_in(&dir));
@@ -545,11 +551,11 @@ fn agent_killed_while_pyroscope_is_down_sends_the_backlog_after_restart() {
         let pushed = decode_all(&receiver.requests());
         let got: Vec<(String, u64)> = pushed
             .iter()
-            .map(|p| (p.labels.get("pid").cloned().unwrap_or("0".into()), time_ms(&p.profile)))
+            .map(|p| (p.labels["service_name"].clone(), time_ms(&p.profile)))
             .collect();
         let missing = backlog
             .iter()
-            .filter(|(pid, ms)| !got.iter().any(|(p, m)| p == pid && m.abs_diff(*ms) <= 1))
+            .filter(|(svc, ms)| !got.iter().any(|(s, m)| s == svc && m.abs_diff(*ms) <= 1))
             .count();
         if missing == 0 {
             break got.len();

@@ -843,3 +843,40 @@ fn python_gc_probes_without_a_path_are_found_in_processes_started_before_and_aft
         assert!(intervals >= 25, "pid {pid}: {intervals} gen-2 gc intervals");
     }
 }
+
+/// The exec gate answers every exec within its deadline (50 ms): a file whose scan is made to
+/// take 2 s (the hidden `RSPROF_TEST_SLOW_SCAN` hook sleeps inside the scan) still runs at
+/// once, and the summary counts the hold as let go at the deadline.
+#[test]
+fn a_slow_scan_holds_an_exec_no_longer_than_the_gate_deadline() {
+    let out = output_path("slow_scan", "json");
+    // A fresh copy (a file the gate has not seen) under a name only this test uses.
+    let exe = output_path("rsprof_slow_scan_true", "bin");
+    std::fs::copy("/bin/true", &exe).unwrap();
+    let name = exe.file_name().unwrap().to_str().unwrap().to_owned();
+    let hook = format!("{name}:2000");
+    let rec = Recording::start_with_env(&["--all"], out, &[("RSPROF_TEST_SLOW_SCAN", &hook)]);
+    let rec = rec.unwrap();
+    let t = Instant::now();
+    assert!(Command::new(&exe).status().unwrap().success());
+    let took = t.elapsed();
+    // Past the scanner's lock (still held by the slow scan): a second new file is also let go.
+    let other = output_path("rsprof_slow_scan_other", "bin");
+    std::fs::copy("/bin/true", &other).unwrap();
+    let t = Instant::now();
+    assert!(Command::new(&other).status().unwrap().success());
+    let took_other = t.elapsed();
+    let done = rec.interrupt().unwrap();
+    assert!(done.status.success(), "{}", done.stderr);
+    eprintln!("slow-scan file ran in {took:?}, the next new file in {took_other:?}");
+    // The deadline plus a margin for a loaded 2-CPU machine: far below the 2 s scan.
+    let bound = Duration::from_millis(50 + 300);
+    assert!(took < bound, "the exec of a file scanned for 2 s took {took:?}");
+    assert!(took_other < bound, "a new file behind the slow scan took {took_other:?}");
+    let gate = done.stderr.lines().find(|l| l.contains("exec gate:")).expect(&done.stderr);
+    let expired: u64 = (gate.split(" let go at the 50 ms deadline").next())
+        .and_then(|l| l.rsplit(", ").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no deadline count: {gate}"));
+    assert!(expired >= 1, "{gate}");
+}

@@ -73,6 +73,7 @@ pub struct FileConfig {
     pub flight_recorder: Option<ConfigDuration>,
     pub dump_socket: Option<PathBuf>,
     pub dump_dir: Option<PathBuf>,
+    pub usdt_exec_gate: Option<bool>,
 }
 
 impl FileConfig {
@@ -202,9 +203,14 @@ impl AgentPlan {
         let metrics = parse_metrics_addr(
             args.metrics.or(file.metrics).as_deref().unwrap_or(metrics::DEFAULT_ADDR),
         )?;
+        let mut record = RecordPlan::from_args(record)?;
+        // Off unless asked: a fleet agent must never be able to stall the host's execs (a
+        // stopped agent would hold them until the deadline); the first hits of brand-new
+        // binaries are worth less.
+        record.usdt_exec_gate = args.usdt_exec_gate || file.usdt_exec_gate.unwrap_or(false);
         Ok(Self {
             metrics,
-            record: RecordPlan::from_args(record)?,
+            record,
             window,
             keep_spool: args.spool.is_some() || file.spool.is_some() || !remote,
             spool: (args.spool.or(file.spool))
@@ -277,6 +283,7 @@ mod tests {
         assert!(parse_metrics_addr(metrics::DEFAULT_ADDR).unwrap().unwrap().ip().is_loopback());
         let e = FileConfig::parse("frequency = \"fast\"").unwrap_err().to_string();
         assert!(e.starts_with("line 1: invalid type"), "{e}");
+        assert_eq!(FileConfig::parse("usdt-exec-gate = true").unwrap().usdt_exec_gate, Some(true));
         let c = FileConfig::parse("unwind = \"dwarf-fp\"\nunwind-table-mb = 16").unwrap();
         assert_eq!((c.unwind, c.unwind_table_mb), (Some(Unwind::DwarfFp), Some(16)));
         let e = FileConfig::parse("unwind = \"lbr\"").unwrap_err().to_string();

@@ -241,7 +241,7 @@ impl AgentMetrics {
             Info::new(BuildLabels { version: env!("CARGO_PKG_VERSION").to_owned() }),
         );
         let w = &windows;
-        r.register("windows", "Windows made (one profile per process each)", w.produced.clone());
+        r.register("windows", "Windows made (one profile per service each)", w.produced.clone());
         r.register("window_profiles", "Profiles written for windows", w.profiles.clone());
         r.register(
             "windows_dropped",
@@ -509,6 +509,39 @@ impl Collector for LiveCollector {
             )?;
             gauge(e, "unwind_files_without_cfi", "Files with no usable CFI", None, no_cfi)?;
         }
+        if let Some(g) = s.exec_gate {
+            // Only with --usdt-exec-gate: how many execs waited for a scan, and how many were
+            // let go at the deadline before it was done.
+            counter(
+                e,
+                "usdt_exec_gate_execs",
+                "Exec opens the USDT exec gate answered",
+                None,
+                g.execs,
+            )?;
+            counter(
+                e,
+                "usdt_exec_gate_held",
+                "Execs held by the USDT exec gate while their new file was scanned",
+                None,
+                g.held,
+            )?;
+            counter(
+                e,
+                "usdt_exec_gate_expired",
+                "Held execs let go at the exec gate's deadline before their scan was done \
+                 (their probes possibly attached late)",
+                None,
+                g.expired,
+            )?;
+            counter(
+                e,
+                "usdt_exec_gate_hold",
+                "Time execs were held by the USDT exec gate",
+                Some(&Unit::Seconds),
+                g.hold_ns_total as f64 / 1e9,
+            )?;
+        }
         gauge(
             e,
             "store",
@@ -689,6 +722,7 @@ mod tests {
         m.spool_write(false, Duration::from_millis(1));
         let live = LiveStats {
             bpf_programs: vec![("on_cpu_clock".into(), 10, Duration::from_micros(20))],
+            exec_gate: Some(crate::usdt::gate::GateStats { expired: 3, ..Default::default() }),
             ..Default::default()
         };
         let text = m.encode(Some(live));
@@ -709,6 +743,7 @@ mod tests {
             "process_cpu_seconds_total{host=\"h\\\"1\"} ",
             "process_resident_memory_bytes{host=\"h\\\"1\"} ",
             "rsprof_recorder_up{host=\"h\\\"1\"} 1",
+            "rsprof_usdt_exec_gate_expired_total{host=\"h\\\"1\"} 3",
         ] {
             assert!(text.contains(needle), "{needle} in\n{text}");
         }

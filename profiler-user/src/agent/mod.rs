@@ -1,5 +1,5 @@
 //! Continuous profiling: `rsprof-bpf agent` records all the time and, every window, turns what
-//! was sampled into one pprof profile per (service, process) (`windows`, labelled by `labels`)
+//! was sampled into one pprof profile per service (`windows`, labelled by `labels`)
 //! for its sinks (`spool`). `query` reads a spool back as one profile.
 //!
 //! The agent reuses the recording pipeline: `session::Recorder` samples and collects into the

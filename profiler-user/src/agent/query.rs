@@ -2,7 +2,8 @@
 //! writers. Two sources give the same windows-with-stacks (`agent::rows`): a spool directory,
 //! whose gzipped pprof files are decoded, and a ClickHouse database the agent wrote to. One
 //! process per host × service × process name, its samples spread over their window's time span
-//! so a timeline shows when each was hot.
+//! so a timeline shows when each was hot. A window holds a whole service; `--process` and
+//! `--pid` select its rows by the process each row's samples came from.
 
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap, hash_map::Entry},
@@ -14,6 +15,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{
     agent::{
+        labels::WindowLabels,
         rows::{self, Stacks, WindowRows},
         sinks::clickhouse,
         spool::{WindowMeta, read_windows},
@@ -45,22 +47,40 @@ pub struct Selection {
     pub services: Vec<String>,
     /// Container ids or unique prefixes of them.
     pub containers: Vec<String>,
+    /// Process names and pids: they select rows (`selects_row`); a window of an older agent
+    /// (one profile per process) is also selected by its own labels.
     pub processes: Vec<String>,
+    pub pids: Vec<u32>,
 }
 
 impl Selection {
+    /// Whether window `m` is selected (its rows may still be filtered, `selects_row`).
     pub fn selects(&self, m: &WindowMeta) -> bool {
         let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
         let l = &m.labels;
+        let per_process = !l.process.is_empty();
         m.end_ms > self.from_ms
             && m.start_ms < self.to_ms
             && any(&self.hosts, &l.host)
             && any(&self.services, &l.service_name)
-            && any(&self.processes, &l.process)
+            && (!per_process || any(&self.processes, &l.process))
+            && (!per_process || self.pids.is_empty() || self.pids.contains(&l.pid))
             && (self.containers.is_empty()
                 || l.container_id.as_deref().is_some_and(|id| {
                     self.containers.iter().any(|c| !c.is_empty() && id.starts_with(c.as_str()))
                 }))
+    }
+}
+
+impl Selection {
+    /// Whether rows are selected one by one (`--process`, `--pid`).
+    pub fn filters_rows(&self) -> bool {
+        !self.processes.is_empty() || !self.pids.is_empty()
+    }
+
+    pub fn selects_row(&self, r: &rows::StackRow) -> bool {
+        (self.processes.is_empty() || self.processes.contains(&r.process))
+            && (self.pids.is_empty() || self.pids.contains(&r.pid))
     }
 }
 
@@ -85,7 +105,14 @@ impl Source<'_> {
                         std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
                     let p =
                         rows::read_pprof_gz(&raw).with_context(|| format!("{}", path.display()))?;
-                    out.push(rows::from_pprof(meta, &p, &mut stacks)?);
+                    let mut w = rows::from_pprof(meta, &p, &mut stacks)?;
+                    if sel.filters_rows() {
+                        w.rows.retain(|r| sel.selects_row(r));
+                        if w.rows.is_empty() {
+                            continue;
+                        }
+                    }
+                    out.push(w);
                 }
                 Ok((out, stacks))
             }
@@ -147,6 +174,7 @@ impl<'a> Query<'a> {
             services: args.service.clone(),
             containers: args.container.clone(),
             processes: args.process.clone(),
+            pids: args.pid.clone(),
         };
         Ok(Self { args, format, selection })
     }
@@ -286,25 +314,36 @@ impl Merged {
         parent
     }
 
-    /// Registers window `i`'s track, threads and stacks (windows in start order).
+    /// The track of `process` in a window labelled `l`, registered if new.
+    fn track(&mut self, l: &WindowLabels, process: &str) -> Pid {
+        let key = (l.host.clone(), l.service_name.clone(), process.to_owned());
+        let next_pid = Pid(self.tracks.len() as u32 + 1);
+        let pid = *self.tracks.entry(key).or_insert(next_pid);
+        self.processes.entry(pid).or_insert_with(|| ProcessMeta {
+            name: if l.service_name == process {
+                format!("{process} @ {}", l.host)
+            } else {
+                format!("{process} ({}) @ {}", l.service_name, l.host)
+            },
+            ..Default::default()
+        });
+        pid
+    }
+
+    /// The track of an already registered row's process.
+    fn track_of(&self, l: &WindowLabels, process: &str) -> Pid {
+        self.tracks[&(l.host.clone(), l.service_name.clone(), process.to_owned())]
+    }
+
+    /// Registers window `i`'s tracks, threads and stacks (windows in start order).
     fn add(&mut self, i: usize, w: &WindowRows, stacks: &Stacks) {
         if w.period_ns > 0 {
             self.frequency = self.frequency.max((1e9 / w.period_ns as f64).round() as u64);
         }
         let l = &w.meta.labels;
-        let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
-        let next_pid = Pid(self.tracks.len() as u32 + 1);
-        let pid = *self.tracks.entry(key).or_insert(next_pid);
-        self.processes.entry(pid).or_insert_with(|| ProcessMeta {
-            name: if l.service_name == l.process {
-                format!("{} @ {}", l.process, l.host)
-            } else {
-                format!("{} ({}) @ {}", l.process, l.service_name, l.host)
-            },
-            ..Default::default()
-        });
         let (start, end) = window_ns(w);
         for r in &w.rows {
+            let pid = self.track(l, &r.process);
             let tid = Tid(r.tid);
             let process = self.processes.get_mut(&pid).expect("inserted above");
             process.threads.entry(tid).or_default().observe_name(&r.thread);
@@ -330,20 +369,20 @@ impl Merged {
     /// stack's samples evenly over the window, interleaved with the others'.
     fn place(&self, w: &WindowRows, mut out: impl FnMut(ThreadKey, &[Sample])) {
         let l = &w.meta.labels;
-        let key = (l.host.clone(), l.service_name.clone(), l.process.clone());
-        let pid = self.tracks[&key];
-        // Per thread: (stack, count, cpu ns) of this window.
-        let mut by_thread: HashMap<Tid, Vec<(Option<StackId>, u64, u64)>> = HashMap::default();
+        // Per thread (of a track): (stack, count, cpu ns) of this window.
+        type Rows = Vec<(Option<StackId>, u64, u64)>;
+        let mut by_thread: HashMap<(Pid, Tid), Rows> = HashMap::default();
         for r in &w.rows {
             let stack = if r.stack == 0 { None } else { self.stack_ids[&r.stack] };
-            by_thread.entry(Tid(r.tid)).or_default().push((stack, r.samples, r.cpu_ns));
+            let key = (self.track_of(l, &r.process), Tid(r.tid));
+            by_thread.entry(key).or_default().push((stack, r.samples, r.cpu_ns));
         }
         let (start, end) = window_ns(w);
         let span = end - start;
         let mut threads: Vec<_> = by_thread.into_iter().collect();
         threads.sort_by_key(|t| t.0);
         let (mut placed, mut run) = (Vec::new(), Vec::new());
-        for (tid, stacks) in threads {
+        for ((pid, tid), stacks) in threads {
             placed.clear();
             for (stack, n, cpu) in stacks {
                 for k in 0..n {
@@ -407,6 +446,8 @@ mod tests {
         };
         let rows = (rows.iter())
             .map(|&(tid, samples)| rows::StackRow {
+                pid,
+                process: "app".into(),
                 tid,
                 thread: "t".into(),
                 stack: 0,
@@ -448,5 +489,37 @@ mod tests {
         // Different tids in them: no thread overlaps.
         let (overlap, _) = placed(&[window(0, 7, &[(7, 1)]), window(5_000, 9, &[(9, 1)])]);
         assert!(!overlap);
+    }
+
+    #[test]
+    fn a_service_window_is_one_track_per_process_name_and_rows_select_by_process() {
+        // A per-service window (no pid or process of its own) holding two processes' rows.
+        let mut w = window(0, 0, &[(7, 2), (9, 1)]);
+        w.meta.labels.process.clear();
+        w.rows[1].pid = 9;
+        w.rows[1].process = "helper".into();
+        let (_, got) = placed(std::slice::from_ref(&w));
+        let tracks: Vec<(Pid, Tid)> = (got.iter())
+            .map(|(t, _)| match t {
+                ThreadKey::Task { pid, tid } => (*pid, *tid),
+                ThreadKey::Idle { .. } => panic!("{t:?}"),
+            })
+            .collect();
+        assert_eq!(tracks, [(Pid(1), Tid(7)), (Pid(2), Tid(9))], "app and helper apart");
+        let sel =
+            Selection { to_ms: u64::MAX, processes: vec!["helper".into()], ..Default::default() };
+        assert!(sel.selects(&w.meta), "a service window is selected, then its rows");
+        let rows: Vec<u32> = w.rows.iter().filter(|r| sel.selects_row(r)).map(|r| r.pid).collect();
+        assert_eq!(rows, [9]);
+        // A per-process window of an older agent is selected by its own labels.
+        let old = window(0, 7, &[(7, 1)]);
+        assert!(!sel.selects(&old.meta));
+        assert!(Selection { pids: vec![7], ..sel.clone() }.selects(&WindowMeta {
+            labels: crate::agent::labels::WindowLabels {
+                process: "helper".into(),
+                ..old.meta.labels.clone()
+            },
+            ..old.meta.clone()
+        }));
     }
 }

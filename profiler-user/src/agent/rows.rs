@@ -27,6 +27,10 @@ pub struct WindowRows {
 /// A thread's samples of one stack in one window.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StackRow {
+    /// The thread's process (its pid and name): a window holds all of a service's processes.
+    /// 0 for the idle tasks.
+    pub pid: u32,
+    pub process: String,
     /// 0 for the idle tasks.
     pub tid: u32,
     pub thread: String,
@@ -112,7 +116,7 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
     // Two pprof samples can have the same frames (different addresses of a function without
     // line information): one row, their values summed, as the row's key is the frames' hash.
     let mut rows: Vec<StackRow> = Vec::with_capacity(p.sample.len());
-    let mut index: HashMap<(u32, String, u64), usize> = HashMap::new();
+    let mut index: HashMap<(u32, u32, String, u64), usize> = HashMap::new();
     for smp in &p.sample {
         let num = |k: &str| smp.label.iter().find(|x| s(x.key) == k && x.str == 0).map(|x| x.num);
         let string =
@@ -127,9 +131,17 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
         let value =
             |i: Option<usize>| i.and_then(|i| smp.value.get(i)).copied().unwrap_or(0).max(0) as u64;
         let tid = u32::try_from(num("tid").unwrap_or(0)).unwrap_or(0);
+        // A per-service window's samples say whose they are; a per-process window (an older
+        // agent's) is one process, as its labels say (and its rows in ClickHouse were stored).
+        let per_process = !meta.labels.process.is_empty();
+        let pid = match num("pid") {
+            _ if per_process => meta.labels.pid,
+            Some(p) => u32::try_from(p).unwrap_or(0),
+            None => 0,
+        };
         let thread = string("thread").unwrap_or_default().to_owned();
         let (samples, cpu_ns, off_cpu_ns) = (value(Some(count_i)), value(cpu_i), value(off_i));
-        match index.entry((tid, thread, stack)) {
+        match index.entry((pid, tid, thread, stack)) {
             std::collections::hash_map::Entry::Occupied(e) => {
                 let r = &mut rows[*e.get()];
                 r.samples += samples;
@@ -137,9 +149,23 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
                 r.off_cpu_ns += off_cpu_ns;
             }
             std::collections::hash_map::Entry::Vacant(e) => {
-                let thread = e.key().1.clone();
+                let thread = e.key().2.clone();
+                let process = match string("process") {
+                    _ if per_process => meta.labels.process.clone(),
+                    Some(p) => p.to_owned(),
+                    None => String::new(),
+                };
                 e.insert(rows.len());
-                rows.push(StackRow { tid, thread, stack, samples, cpu_ns, off_cpu_ns });
+                rows.push(StackRow {
+                    pid,
+                    process,
+                    tid,
+                    thread,
+                    stack,
+                    samples,
+                    cpu_ns,
+                    off_cpu_ns,
+                });
             }
         }
     }

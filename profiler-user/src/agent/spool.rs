@@ -33,7 +33,8 @@ const SENT_EXT: &str = ".sent-";
 /// A window's labels file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WindowMeta {
-    /// Unique per host: `START_MS-PID-HASH`, also the file stem.
+    /// Unique per host: `START_MS-PID-HASH`, also the file stem (PID 0 in a per-service
+    /// window).
     pub window_id: String,
     pub start_ms: u64,
     pub end_ms: u64,
@@ -324,7 +325,8 @@ impl Spool {
 }
 
 /// `START_MS-PID-HASH`: the start time first (zero-padded) so names sort by time; the hash of
-/// the labels tells apart two processes that had the same pid in one window.
+/// the labels tells apart the services of one window. PID is 0 since windows are per service
+/// (the form is kept so the windows of older agents sort and read alike).
 fn window_id(w: &WindowProfile) -> String {
     let json = serde_json::to_vec(&w.labels).unwrap_or_default();
     format!("{:013}-{}-{:08x}", w.start_ms, w.labels.pid, crc32fast::hash(&json))

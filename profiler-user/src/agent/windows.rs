@@ -1,5 +1,6 @@
-//! One window of a running agent: its events, symbolized, as one pprof profile per
-//! (service, process).
+//! One window of a running agent: its events, symbolized, as one pprof profile per service
+//! (`labels`): all the processes of a service fold into one profile, their samples labelled
+//! with their pid, tid and names.
 
 use std::collections::HashMap;
 
@@ -13,7 +14,7 @@ use crate::{
     writers::{EventSink, ProfileContext, ProfileWriter, pprof::PprofWriter},
 };
 
-/// A window's profile of one (service, process).
+/// A window's profile of one service.
 pub struct WindowProfile {
     pub labels: WindowLabels,
     /// Wall-clock ms since the epoch.
@@ -34,29 +35,39 @@ pub struct WindowReport {
     pub symbolize_time: std::time::Duration,
 }
 
-/// Routes each thread's events to the writer of its process.
-struct ByProcess<'a> {
+/// Routes each thread's events to the writer of its service.
+struct ByService<'a> {
     ctx: &'a ProfileContext<'a>,
     host: &'a str,
-    writers: HashMap<u32, (WindowLabels, PprofWriter<'a>)>,
+    writers: Vec<(WindowLabels, PprofWriter<'a>)>,
+    services: HashMap<WindowLabels, usize>,
+    /// pid (0: idle) → its service's writer, so the labels are worked out once per process.
+    by_pid: HashMap<u32, usize>,
 }
 
-impl EventSink for ByProcess<'_> {
+impl EventSink for ByService<'_> {
     fn sample(&mut self, thread: ThreadKey, s: &Sample) {
         let pid = thread.pid().map_or(0, |p| p.0);
-        let (ctx, host) = (self.ctx, self.host);
-        let (_, w) = self.writers.entry(pid).or_insert_with(|| {
-            let labels = WindowLabels::of(ctx.processes, thread, host);
-            let w = PprofWriter::with_labels(ctx, labels.extra_sample_labels());
-            (labels, w)
-        });
-        w.sample(thread, s);
+        let i = match self.by_pid.get(&pid) {
+            Some(&i) => i,
+            None => {
+                let labels = WindowLabels::of(self.ctx.processes, thread, self.host);
+                let i = *self.services.entry(labels.clone()).or_insert_with(|| {
+                    let w = PprofWriter::with_labels(self.ctx, labels.extra_sample_labels());
+                    self.writers.push((labels, w));
+                    self.writers.len() - 1
+                });
+                self.by_pid.insert(pid, i);
+                i
+            }
+        };
+        self.writers[i].1.sample(thread, s);
     }
 
     fn marker(&mut self, _: ThreadKey, _: &Marker) {}
 }
 
-/// Symbolizes the window's events and writes one profile per process that was sampled.
+/// Symbolizes the window's events and writes one profile per service that was sampled.
 pub fn profiles(
     job: ExportJob,
     host: &str,
@@ -76,12 +87,18 @@ pub fn profiles(
         recycled: Default::default(),
         buffer_bytes: sym.snapshot.buffer_bytes,
     };
-    let mut router = ByProcess { ctx: &ctx, host, writers: HashMap::new() };
+    let mut router = ByService {
+        ctx: &ctx,
+        host,
+        writers: Vec::new(),
+        services: HashMap::new(),
+        by_pid: HashMap::new(),
+    };
     let corrupt = sym.replay(&mut [&mut router]);
     let start_ms = info.start_wall_ms.round() as u64;
     let end_ms = start_ms + (info.end.0.saturating_sub(info.start.0) / 1_000_000);
     let mut out = Vec::new();
-    for (_, (labels, w)) in router.writers {
+    for (labels, w) in router.writers {
         let samples = w.samples() as u64;
         let mut pprof = Vec::new();
         Box::new(w).write(&corrupt, &mut pprof)?;

@@ -73,7 +73,7 @@ pub struct AgentArgs {
     #[arg(short = 'F', long, value_name = "HZ")]
     pub frequency: Option<u64>,
     /// Length of a window (e.g. 10s, 1m; a plain number is seconds): each window gives one
-    /// profile per process [default: 10s].
+    /// profile per service [default: 10s].
     #[arg(long, value_name = "DURATION", value_parser = duration::secs)]
     pub window: Option<Duration>,
     /// Spool directory for the windows [default: /var/lib/rsprof-bpf/spool]. With remote
@@ -145,6 +145,10 @@ pub struct AgentArgs {
     /// SIGUSR1 writes the flight recorder here (created 0700; files 0600).
     #[arg(long, value_name = "DIR")]
     pub dump_dir: Option<PathBuf>,
+    /// Hold the first exec of each new file (at most 50 ms) until its USDT probes are attached,
+    /// as `record --all` does; off by default so the agent can never stall the host's execs.
+    #[arg(long)]
+    pub usdt_exec_gate: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -170,9 +174,13 @@ pub struct QueryArgs {
     /// Only these services (`service_name`). Repeatable.
     #[arg(long, value_name = "SERVICE")]
     pub service: Vec<String>,
-    /// Only processes of these names. Repeatable.
+    /// Only processes of these names (samples of a service's window are selected by their
+    /// process). Repeatable.
     #[arg(long, value_name = "NAME")]
     pub process: Vec<String>,
+    /// Only the processes with these pids (with --host, pids being per host). Repeatable.
+    #[arg(long, value_name = "PID")]
+    pub pid: Vec<u32>,
     /// Only containers with this id (or a prefix of it; LXC: name). Repeatable.
     #[arg(long, value_name = "ID")]
     pub container: Vec<String>,

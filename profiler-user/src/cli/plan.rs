@@ -52,6 +52,9 @@ pub struct RecordPlan {
     pub unwind_rows: u32,
     /// Hidden `--bpf-timing`.
     pub bpf_timing: bool,
+    /// Hold first execs of new files for their USDT probes (`usdt::gate`) with `--all` or a
+    /// command: on for `record`, where someone is watching; the agent's `--usdt-exec-gate`.
+    pub usdt_exec_gate: bool,
 }
 
 impl RecordPlan {
@@ -127,6 +130,7 @@ impl RecordPlan {
             unwind_mode,
             unwind_rows: unwind_rows as u32,
             bpf_timing: args.bpf_timing,
+            usdt_exec_gate: true,
         })
     }
 

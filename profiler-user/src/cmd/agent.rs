@@ -1,5 +1,5 @@
 //! `rsprof-bpf agent`: samples until SIGTERM/SIGINT and, every window, hands the window's
-//! events to a writer thread that symbolizes them and spools one pprof profile per process.
+//! events to a writer thread that symbolizes them and spools one pprof profile per service.
 //! Sampling and draining go on while a window is written; the last window is written before
 //! exit. Remote sinks each have a forwarder thread delivering spooled windows
 //! (`agent::sinks::forward`); on stop they get what is left of the exit budget.

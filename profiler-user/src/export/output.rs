@@ -162,7 +162,10 @@ impl PendingOutput {
             _ => {}
         }
         let sink = Sink::atomic(dest, dest.to_path_buf(), mode)?;
-        Ok(Self { dest: dest.to_path_buf(), gzip: false, sink })
+        // A `.gz` name is gzipped, as `create` does (the spool's `.pb.gz` windows, which
+        // `query` and the sinks gunzip).
+        let gzip = dest.extension().is_some_and(|e| e == "gz");
+        Ok(Self { dest: dest.to_path_buf(), gzip, sink })
     }
 
     /// Gzip whatever the name (`--compress`); a `.gz` name always is.
@@ -737,5 +740,9 @@ mod tests {
             .commit(|w| w.write_all(b"x"))
             .unwrap();
         assert_eq!(fs::read(d.join("new")).unwrap(), b"x");
+        // A spool window's `.pb.gz` is gzipped.
+        let gz = d.join("w2.pb.gz");
+        PendingOutput::create_file(&gz, 0o600).unwrap().commit(|w| w.write_all(b"x")).unwrap();
+        assert_eq!(fs::read(&gz).unwrap()[..2], [0x1f, 0x8b]);
     }
 }

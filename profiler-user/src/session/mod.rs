@@ -123,6 +123,8 @@ pub struct LiveStats {
     /// Unwind tables: (tables loaded, rows loaded, rows capacity, files without CFI); None
     /// with `--unwind fp`.
     pub unwind: Option<(u64, u64, u64, u64)>,
+    /// The USDT exec gate's counters, when it runs.
+    pub exec_gate: Option<crate::usdt::gate::GateStats>,
 }
 
 /// Questions another task asks the recording loop, answered between drains.
@@ -262,18 +264,19 @@ impl<'p> Recorder<'p> {
         };
         targets.extend(gated.as_ref().map(|g| g.pid));
         bpf.add_targets(&targets)?;
+        // With `-p`, only the given processes are profiled: no gate.
+        let gate = plan.usdt_exec_gate && matches!(plan.target, Target::All | Target::Command(_));
         let mut usdt = UsdtSession::new(
             &mut bpf,
             plan.usdt_requests.clone(),
             plan.usdt_intervals.clone(),
             plan.usdt_dump.as_deref(),
-            // `-p`: no exec gate, so nothing needs the program before a file with probes is
-            // found; most processes carry none.
-            matches!(plan.target, Target::Pids(_)),
+            // No exec gate (`-p`, or an agent not asked for one), so nothing needs the program
+            // before a file with probes is found; most processes carry none.
+            !gate,
         )?;
-        // Programs first exec'd during the recording get their probes before they run (with
-        // `-p`, only the given processes are profiled: no gate).
-        if matches!(plan.target, Target::All | Target::Command(_)) {
+        // Programs first exec'd during the recording get their probes before they run.
+        if gate {
             usdt.start_gate();
         }
         // The command's own binary is attached before it runs; its libraries are found when the
@@ -439,6 +442,7 @@ impl<'p> Recorder<'p> {
                 let tables = st.tables_loaded - st.tables_evicted;
                 (tables, st.rows_loaded - st.rows_evicted, st.rows_capacity, st.files_without_cfi)
             }),
+            exec_gate: self.usdt.gate_stats(),
         }
     }
 

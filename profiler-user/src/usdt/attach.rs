@@ -317,6 +317,11 @@ impl UsdtSession {
         }
     }
 
+    /// The exec gate's counters so far, if it runs (read without waiting for a scan).
+    pub fn gate_stats(&self) -> Option<GateStats> {
+        self.gate.as_ref().map(ExecGate::stats)
+    }
+
     /// Reads `open` (shown as `display`) once and attaches its requested probes.
     pub fn scan_file(&mut self, open: &Path, display: &str, strict: bool) -> Result<()> {
         lock_attacher(&self.shared).scan_file(open, display, strict)
@@ -457,10 +462,11 @@ impl UsdtSession {
     /// Stops the exec gate (execs it holds proceed) and detaches every probe (semaphores drop
     /// back); hits already sent stay in the ring.
     pub fn detach(&mut self) {
-        if let Some(g) = self.gate.take() {
-            g.stop();
-        }
+        let gate = self.gate.take().map(ExecGate::stop);
         let mut a = lock_attacher(&self.shared);
+        if let Some(g) = gate {
+            a.stats.gate = g;
+        }
         a.links.clear();
         a.detached = true;
     }

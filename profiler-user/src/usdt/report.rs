@@ -43,7 +43,12 @@ pub struct UsdtReport {
 impl UsdtReport {
     /// Whether the summary has anything to say.
     pub fn is_empty(&self) -> bool {
-        self.sites == 0 && self.hits == 0 && self.not_found.is_empty() && self.warnings.is_empty()
+        self.sites == 0
+            && self.hits == 0
+            && self.not_found.is_empty()
+            && self.warnings.is_empty()
+            // Execs let go before their scan was done are worth a line even without probes.
+            && self.discovery.gate.expired == 0
     }
 
     /// Summary lines (after the sampling summary).
@@ -77,14 +82,17 @@ impl UsdtReport {
             let _ = writeln!(
                 s,
                 "  exec gate: {} filesystems watched ({} refused); {} execs answered, {} held while \
-                 their new file was scanned (avg {:.0} µs, max {:.0} µs), {} files skip the gate \
-                 (ignore marks), {} errors",
+                 their new file was scanned (avg {:.0} µs, max {:.0} µs), {} let go at the {} ms \
+                 deadline before their scan was done (possibly attached late), {} files skip the \
+                 gate (ignore marks), {} errors",
                 g.filesystems,
                 g.filesystems_failed,
                 g.execs,
                 g.held,
                 g.hold_ns_total as f64 / g.held.max(1) as f64 / 1e3,
                 g.hold_ns_max as f64 / 1e3,
+                g.expired,
+                super::gate::HOLD_DEADLINE.as_millis(),
                 g.ignore_marks,
                 g.errors
             );

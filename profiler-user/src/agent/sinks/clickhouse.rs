@@ -5,7 +5,13 @@
 //!   the same on every host), frames root → leaf as parallel arrays (function, module, file,
 //!   line, column, inlined). Day partitions let retention drop old stacks with old samples.
 //! * `rsprof_samples`: one row per (window, thread, stack) with the window's labels, sample
-//!   count, CPU and off-CPU ns. `ORDER BY (service_name, host, window_start, …)` makes "service
+//!   count, CPU and off-CPU ns. A window is a service's (`agent::labels`): its rows' `pid` and
+//!   `process` are the thread's process, while `rsprof_windows` has 0 and '' there. Tables
+//!   written by agents that wrote a window per process have the same columns with the same
+//!   values in both tables, so they read back unchanged (no migration). The sort key still
+//!   names a row by (window, tid, thread name, stack): two processes of a service reusing one
+//!   tid under the same thread name in one window would collapse into one row when parts merge
+//!   (pid reuse within a window; rare, and changing the key needs new tables). `ORDER BY (service_name, host, window_start, …)` makes "service
 //!   X, hosts Y, time range Z" a range scan of the primary key; `PARTITION BY` day.
 //! * `rsprof_windows`: one row per window, written last: the commit record.
 //!
@@ -282,7 +288,10 @@ struct LabelRow {
     end_ms: u64,
     host: String,
     service_name: String,
+    /// Written per row (`SampleRow`, `WindowRow`): a sample row's are its thread's process.
+    #[serde(skip_serializing)]
     process: String,
+    #[serde(skip_serializing)]
     pid: u32,
     container_runtime: String,
     container_id: String,
@@ -339,6 +348,8 @@ impl LabelRow {
 struct SampleRow<'a> {
     #[serde(flatten)]
     labels: &'a LabelRow,
+    process: &'a str,
+    pid: u32,
     tid: u32,
     thread_name: &'a str,
     stack_hash: u64,
@@ -351,6 +362,8 @@ struct SampleRow<'a> {
 struct WindowRow<'a> {
     #[serde(flatten)]
     labels: &'a LabelRow,
+    process: &'a str,
+    pid: u32,
     samples: u64,
     sample_rows: u64,
     period_ns: u64,
@@ -590,6 +603,8 @@ impl ClickHouseSink {
         let samples = new.iter().flat_map(|&(w, labels)| {
             w.rows.iter().map(move |r| SampleRow {
                 labels,
+                process: &r.process,
+                pid: r.pid,
                 tid: r.tid,
                 thread_name: &r.thread,
                 stack_hash: r.stack,
@@ -604,6 +619,8 @@ impl ClickHouseSink {
         }
         let windows = new.iter().map(|&(w, labels)| WindowRow {
             labels,
+            process: &labels.process,
+            pid: labels.pid,
             samples: w.rows.iter().map(|r| r.samples).sum(),
             sample_rows: w.rows.len() as u64,
             period_ns: w.period_ns.max(0) as u64,
@@ -686,8 +703,10 @@ fn decode(
         .map_err(|e| SinkError::Reject(e.context(format!("window {}", meta.window_id))))
 }
 
-/// The SQL conditions of a selection on the label columns (samples and windows tables).
-fn conditions(sel: &Selection) -> String {
+/// The SQL conditions of a selection on the label columns of the samples table (`rows`) or
+/// the windows table: a window of a service has no process of its own, its rows do (a window
+/// of an older agent has one, also on its rows).
+fn conditions(sel: &Selection, rows: bool) -> String {
     let from_s = (sel.from_ms / 1000).saturating_sub(MAX_WINDOW_SECS);
     let to_s = (sel.to_ms / 1000).saturating_add(1).min(u64::from(u32::MAX));
     let mut w = format!(
@@ -696,12 +715,18 @@ fn conditions(sel: &Selection) -> String {
         sel.from_ms, sel.to_ms
     );
     let list = |v: &[String]| v.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ");
-    for (col, values) in
-        [("host", &sel.hosts), ("service_name", &sel.services), ("process", &sel.processes)]
-    {
+    for (col, values) in [("host", &sel.hosts), ("service_name", &sel.services)] {
         if !values.is_empty() {
             let _ = write!(w, " AND {col} IN ({})", list(values));
         }
+    }
+    let pids = sel.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+    let either = if rows { "0" } else { "process = ''" };
+    if !sel.processes.is_empty() {
+        let _ = write!(w, " AND ({either} OR process IN ({}))", list(&sel.processes));
+    }
+    if !sel.pids.is_empty() {
+        let _ = write!(w, " AND ({either} OR pid IN ({pids}))");
     }
     if !sel.containers.is_empty() {
         let any: Vec<String> = (sel.containers.iter().filter(|c| !c.is_empty()))
@@ -791,7 +816,7 @@ impl<R: std::io::BufRead> RowBinary<R> {
 /// same form `query` reads from a spool.
 pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stacks)> {
     let client = Client::new(url, Duration::from_secs(600))?;
-    let cond = conditions(sel);
+    let (cond, row_cond) = (conditions(sel, false), conditions(sel, true));
     let labels = "start_ms, end_ms, host, service_name, process, pid, container_runtime, container_id, pod_uid, pod_qos, \
                   systemd_unit, window_id";
     let windows: Vec<ReadWindow> = json_rows(&client.query(&format!(
@@ -834,18 +859,21 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
     // the bench-agent fleet, faster than grouping by the whole sort key: that hashes every
     // row's strings). RowBinary: half of JSON's bytes, and cheap to parse.
     let body = (client.run_reader(&format!(
-        "SELECT service_name, host, window_id, tid, thread_name, stack_hash, samples, cpu_ns, \
-         off_cpu_ns FROM rsprof_samples FINAL WHERE {cond} FORMAT RowBinary"
+        "SELECT service_name, host, window_id, process, pid, tid, thread_name, stack_hash, \
+         samples, cpu_ns, off_cpu_ns FROM rsprof_samples FINAL WHERE {row_cond} FORMAT RowBinary"
     )))
     .map_err(Failure::into_error)?;
     let mut rd = RowBinary { r: std::io::BufReader::with_capacity(1 << 20, body) };
-    let (mut k, mut thread) = (Vec::new(), Vec::new());
+    let (mut k, mut thread, mut process) = (Vec::new(), Vec::new(), Vec::new());
     while !rd.at_end()? {
         k.clear();
         for _ in 0..3 {
             rd.string(&mut k)?;
             k.push(0xff);
         }
+        process.clear();
+        rd.string(&mut process)?;
+        let pid = rd.u32()?;
         let tid = rd.u32()?;
         thread.clear();
         rd.string(&mut thread)?;
@@ -853,6 +881,8 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
         // Rows of a window without its commit record (a delivery that never completed).
         let Some(&i) = index.get(k.as_slice()) else { continue };
         out[i].rows.push(rows::StackRow {
+            pid,
+            process: String::from_utf8_lossy(&process).into_owned(),
             tid,
             thread: String::from_utf8_lossy(&thread).into_owned(),
             stack,
@@ -862,8 +892,12 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
         });
     }
     // A committed window has all its rows (they are inserted before its commit record): fewer
-    // means the answer was cut short (an error after the server started sending).
-    for (w, &want) in out.iter().zip(&sample_rows) {
+    // means the answer was cut short (an error after the server started sending). With rows
+    // selected by process, a window has fewer by design, and none when no row matched.
+    if sel.filters_rows() {
+        out.retain(|w| !w.rows.is_empty());
+    }
+    for (w, &want) in out.iter().zip(&sample_rows).filter(|_| !sel.filters_rows()) {
         anyhow::ensure!(
             w.rows.len() as u64 == want,
             "ClickHouse returned {} sample rows of window {} of host {}, its commit record says {want}",
@@ -885,7 +919,7 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
     let stack_rows: Vec<StackRow> = json_rows(&client.query(&format!(
         "SELECT stack_hash, any(functions) AS functions, any(modules) AS modules, any(files) AS \
          files, any(lines) AS lines, any(cols) AS cols, any(inlined) AS inlined FROM \
-         rsprof_stacks WHERE stack_hash IN (SELECT stack_hash FROM rsprof_samples WHERE {cond}) \
+         rsprof_stacks WHERE stack_hash IN (SELECT stack_hash FROM rsprof_samples WHERE {row_cond}) \
          GROUP BY stack_hash FORMAT JSONEachRow"
     ))?)?;
     let stacks = stack_rows.into_iter().map(|r| (r.stack_hash, r.frames())).collect();
@@ -1010,6 +1044,8 @@ mod tests {
         let row_labels = LabelRow::of(&meta);
         let samples = w.rows.iter().map(|r| SampleRow {
             labels: &row_labels,
+            process: &r.process,
+            pid: r.pid,
             tid: r.tid,
             thread_name: &r.thread,
             stack_hash: r.stack,
@@ -1054,6 +1090,8 @@ mod tests {
                 let labels = LabelRow::of(m);
                 json_lines(w.rows.iter().map(|r| SampleRow {
                     labels: &labels,
+                    process: &r.process,
+                    pid: r.pid,
                     tid: r.tid,
                     thread_name: &r.thread,
                     stack_hash: r.stack,
@@ -1082,13 +1120,16 @@ mod tests {
         let mut hosts: Vec<&str> = windows.iter().map(|w| w.meta.labels.host.as_str()).collect();
         hosts.sort_unstable();
         assert_eq!(hosts, ["h1", "h2", "h3", "h4"]);
+        // The same rows but for the process, each window's own (per-process windows).
+        let whose = |rows: &[rows::StackRow]| {
+            sorted(
+                rows.iter()
+                    .map(|r| rows::StackRow { process: String::new(), ..r.clone() })
+                    .collect(),
+            )
+        };
         for got in &windows {
-            assert_eq!(
-                sorted(got.rows.clone()),
-                sorted(w.rows.clone()),
-                "{}",
-                got.meta.labels.host
-            );
+            assert_eq!(whose(&got.rows), whose(&w.rows), "{}", got.meta.labels.host);
         }
         server.query("OPTIMIZE TABLE rsprof_samples FINAL").unwrap();
         assert_eq!(count("rsprof_samples"), 4 * n);
@@ -1146,6 +1187,24 @@ mod tests {
         );
         assert_eq!(pick(Selection { from_ms: t + 5_000, to_ms: t + 6_000, ..all() }).len(), 3);
         assert!(pick(Selection { hosts: s(&["c"]), ..all() }).is_empty());
+
+        // A per-service window: no process of its own, its rows have theirs (the sample
+        // labels): `app` (5 samples) and the idle tasks (1).
+        let (meta, gz) = window(t, WindowLabels { pid: 0, ..labels("c", "svc", "", None) });
+        sink.deliver(&meta, &gz).unwrap();
+        let c = |sel: Selection| {
+            let (w, _) = read_windows(&url, &Selection { hosts: s(&["c"]), ..sel }).unwrap();
+            let procs: Vec<(u32, String, u64)> = (w.iter().flat_map(|w| &w.rows))
+                .map(|r| (r.pid, r.process.clone(), r.samples))
+                .collect();
+            (w.len(), procs.iter().map(|p| p.2).sum::<u64>(), procs)
+        };
+        assert_eq!(c(all()).1, 6);
+        let (n, samples, procs) = c(Selection { processes: s(&["app"]), ..all() });
+        assert_eq!((n, samples), (1, 5), "{procs:?}");
+        assert!(procs.iter().all(|p| p.0 == testdata::APP.0 && p.1 == "app"), "{procs:?}");
+        assert_eq!(c(Selection { pids: vec![testdata::APP.0], ..all() }).1, 5);
+        assert_eq!(c(Selection { processes: s(&["none"]), ..all() }).0, 0);
     }
 
     #[test]
