@@ -105,6 +105,11 @@ pub const UNWIND_MAPPING_ANON: u32 = 1 << 2;
 /// With `NOT_LOADED`: a stack copy would not help, userspace does not build this file's table
 /// while draining (too large), so a walk stopping here sends none and spends no copy budget.
 pub const UNWIND_MAPPING_NO_COPY: u32 = 1 << 3;
+/// With `ANON`: CPython 3.12+'s perf trampoline arena (`-X perf`; its perf map names the code
+/// `py::…`). Each trampoline is `sub $8,%rsp; call *%rcx; add $8,%rsp; ret`, with no CFI and
+/// no frame pointer, so the walker steps over it by that shape: in the call, the return
+/// address to its caller is 16 bytes above rsp and rbp is untouched.
+pub const UNWIND_MAPPING_PY_TRAMPOLINES: u32 = 1 << 4;
 
 /// One executable mapping of a process as the walker sees it: `start..end` at runtime, the
 /// load bias to subtract from a PC to get the file-relative address the rows use, the

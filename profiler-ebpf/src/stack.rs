@@ -24,16 +24,16 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use profiler_common::{
-    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT,
-    SAMPLE_UNWIND_USED_FP, SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX,
-    STACK_COPY_PC_IS_RETURN, StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT,
-    UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
+    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP,
+    SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX, STACK_COPY_PC_IS_RETURN,
+    StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP,
+    UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
     UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
     UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
-    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAX_MAPPINGS,
-    UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP, UNWIND_PAGE_SHIFT, UNWIND_PAGE_STEPS,
-    UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindMapping, UnwindProcess, UnwindRow,
-    counter,
+    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
+    UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP,
+    UNWIND_PAGE_SHIFT, UNWIND_PAGE_STEPS, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED,
+    UnwindMapping, UnwindProcess, UnwindRow, counter,
 };
 
 use crate::{config, count, run_loop};
@@ -400,6 +400,9 @@ unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u3
         return Err(UNWIND_END_NO_MAPPING);
     };
     if m.count == 0 {
+        if m.flags & UNWIND_MAPPING_PY_TRAMPOLINES != 0 {
+            return unsafe { py_trampoline_step(st) };
+        }
         let unloaded = m.flags & UNWIND_MAPPING_NOT_LOADED != 0;
         // A table not loaded yet ends the walk even with the frame-pointer fallback: the
         // sample (or off-CPU switch-out) then carries a stack copy that userspace walks with
@@ -467,6 +470,25 @@ unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u3
     st.pc = ra;
     st.sp = cfa;
     st.pc_is_return = 1;
+    Ok(())
+}
+
+/// A CPython perf trampoline (see `UNWIND_MAPPING_PY_TRAMPOLINES`) that called the frame
+/// below: CFA = rsp + 16, the return address just under it, rbp untouched. Sampled in the
+/// trampoline itself (a leaf at one of its four instructions) the rule depends on the
+/// instruction, which the arena does not tell: that ends the walk as unsupported.
+#[inline(always)]
+unsafe fn py_trampoline_step(st: &mut WalkState) -> Result<(), u32> {
+    if st.pc_is_return == 0 {
+        return Err(UNWIND_END_UNSUPPORTED);
+    }
+    let cfa = st.sp.wrapping_add(16);
+    let ra = read_stack(st, cfa.wrapping_sub(8))?;
+    if ra == 0 {
+        return Err(UNWIND_END_NO_CFI);
+    }
+    st.pc = ra;
+    st.sp = cfa;
     Ok(())
 }
 

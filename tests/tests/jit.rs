@@ -233,8 +233,8 @@ fn java_split(test: &str, how: JavaMap) {
     eprintln!("{line}");
 }
 
-/// The newest CPython 3.12+ that pyenv built on this machine (`-X perf` is 3.12's).
-fn python_with_perf_maps() -> std::path::PathBuf {
+/// Every CPython 3.12+ that pyenv built on this machine (`-X perf` is 3.12's), oldest first.
+fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
     let root = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into()))
         .join(".pyenv/versions");
     let mut found: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(&root)
@@ -249,24 +249,29 @@ fn python_with_perf_maps() -> std::path::PathBuf {
         })
         .unwrap_or_default();
     found.sort();
-    found.pop().map(|(_, exe)| exe).unwrap_or_else(|| {
-        panic!(
-            "no CPython 3.12 or newer under {}: -X perf needs one (pyenv install 3.12)",
-            root.display()
-        )
-    })
+    assert!(
+        !found.is_empty(),
+        "no CPython 3.12 or newer under {}: -X perf needs one (pyenv install 3.12)",
+        root.display()
+    );
+    found.into_iter().map(|(_, exe)| exe).collect()
 }
 
 /// CPython 3.12+ `-X perf`: every Python function gets a trampoline that the perf map names
 /// `py::QUALNAME:FILE`; nearly all samples of the 2:1 fixture carry a hot function, in the
-/// Python category.
+/// Python category, under its caller py_driver, down to the interpreter's `main`.
 #[test]
 fn python_x_perf_names_hot_python_functions_2_to_1() {
-    let python = python_with_perf_maps();
+    for python in pythons_with_perf_maps() {
+        python_x_perf(&python);
+    }
+}
+
+fn python_x_perf(python: &Path) {
     let script = fixtures::source_dir().join("pysplit.py");
     let output = output_path("jit_python", "json");
     let rec = Recording::start(&["--all"], output.clone()).expect("start");
-    let child = Command::new(&python)
+    let child = Command::new(python)
         .args(["-X", "perf"])
         .arg(&script)
         .arg("4")
@@ -305,4 +310,38 @@ fn python_x_perf_names_hot_python_functions_2_to_1() {
     assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
     let cats = frame_categories(&profile, main.thread, function_name(hot));
     assert!(!cats.is_empty() && cats.iter().all(|c| c == "Python"), "{cats:?}");
+
+    // The walker steps over each trampoline (no CFI, no frame pointer): the stacks go on to
+    // the caller, py_driver, and down to the interpreter's start, not cut at the first one.
+    // Only once the perf map naming the trampoline arena has been read, at the first drain of
+    // the ring after the arena ran (up to a drain period, about a second): before, the
+    // stacks end at the first trampoline, flagged. So: samples after the first 1.5 s.
+    let times = tests::profile_query::sample_times(main.thread);
+    let t0 = times.first().copied().unwrap_or(0.0);
+    let hot_stacks: Vec<&Vec<String>> = stacks
+        .iter()
+        .zip(&times)
+        .filter(|(_, t)| **t >= t0 + 1500.0)
+        .map(|(s, _)| s)
+        .filter(|s| holds(s, "py::py_hot_alpha:") || holds(s, "py::py_hot_beta:"))
+        .collect();
+    assert!(hot_stacks.len() > 500, "{} hot samples after 1.5 s", hot_stacks.len());
+    let whole = |s: &Vec<String>| {
+        let names: Vec<&str> = s.iter().map(|l| function_name(l)).collect();
+        let driver = names.iter().position(|n| n.starts_with("py::py_driver:"));
+        let hot = names.iter().position(|n| n.starts_with("py::py_hot_"));
+        !names[0].starts_with("[truncated")
+            && names.iter().any(|n| *n == "main" || *n == "_start")
+            && matches!((driver, hot), (Some(d), Some(h)) if d < h)
+    };
+    let complete = hot_stacks.iter().filter(|s| whole(s)).count();
+    let complete_pct = 100.0 * complete as f64 / hot_stacks.len().max(1) as f64;
+    if let Some(bad) = hot_stacks.iter().find(|s| !whole(s)) {
+        eprintln!("e.g. {bad:?}");
+    }
+    assert!(
+        complete_pct >= 90.0,
+        "{complete} of {} hot stacks ({complete_pct:.1}%) go from main through py_driver",
+        hot_stacks.len()
+    );
 }

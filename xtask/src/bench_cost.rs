@@ -73,6 +73,11 @@ pub struct BenchCostArgs {
     /// the sample buffer fills and recycles even on an otherwise idle host.
     #[arg(long, default_value_t = 1)]
     busy_loops: usize,
+    /// The JIT scenario instead: Node.js with `--perf-basic-prof` running a JIT-heavy script
+    /// (functions compiled all the time, so its perf map keeps growing), both tools naming its
+    /// frames from the map; reports the map's growth too. Written to its own section.
+    #[arg(long)]
+    node_jit: bool,
 }
 
 struct Run {
@@ -237,10 +242,15 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
         return r;
     }
     let mut runs = Vec::new();
-    for (scenario, busy, storm) in
-        [("idle", false, false), ("busy", true, false), ("busy + exec storm", true, true)]
-    {
+    let scenarios: &[(&'static str, bool, bool)] = if args.node_jit {
+        &[("node --perf-basic-prof", false, false)]
+    } else {
+        &[("idle", false, false), ("busy", true, false), ("busy + exec storm", true, true)]
+    };
+    let mut jit_note = String::new();
+    for &(scenario, busy, storm) in scenarios {
         let _load = load(if busy { online_cpus() as usize } else { 0 }, storm)?;
+        let node = if args.node_jit { Some(NodeJit::start(&dir)?) } else { None };
         for &freq in &args.freqs {
             let groups: Vec<Vec<&'static str>> = if args.together {
                 vec![vec!["rsprof-bpf", "perf"]]
@@ -278,26 +288,96 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
                         }
                     }
                 }
+                let map0 = node.as_ref().map_or(0, NodeJit::map_bytes);
+                let t0 = Instant::now();
                 runs.extend(measure(scenario, freq, tools, args.seconds)?);
+                if let Some(n) = &node {
+                    let grew = n.map_bytes().saturating_sub(map0);
+                    let _ = writeln!(
+                        jit_note,
+                        "- -F {freq}: node's perf map grew {:.1} KiB in {:.0} s ({:.1} KiB/s; {} \
+                         KiB in all); rsprof-bpf reads only what was appended, perf reads the \
+                         whole map once, in `perf script`.",
+                        grew as f64 / 1024.0,
+                        t0.elapsed().as_secs_f64(),
+                        grew as f64 / 1024.0 / t0.elapsed().as_secs_f64(),
+                        n.map_bytes() / 1024
+                    );
+                }
             }
         }
     }
     let _ = fs::remove_dir_all(&dir);
-    let table = render(&args, &runs);
+    let mut table = render(&args, &runs);
+    if !jit_note.is_empty() {
+        table.push_str(&jit_note);
+        table.push('\n');
+    }
     print!("{table}");
     if !args.no_write {
         let path = workspace_root().join("BENCHMARKS.md");
-        crate::bench::update_section(&path, SECTION_BEGIN, SECTION_END, &table)?;
+        let (begin, end) =
+            if args.node_jit { (JIT_BEGIN, JIT_END) } else { (SECTION_BEGIN, SECTION_END) };
+        crate::bench::update_section(&path, begin, end, &table)?;
         step(&format!("bench-cost: updated {}", path.display()));
     }
     Ok(())
 }
 
+const JIT_BEGIN: &str =
+    "<!-- BEGIN cargo xtask bench-cost --node-jit (generated; edits are overwritten) -->";
+const JIT_END: &str = "<!-- END cargo xtask bench-cost --node-jit -->";
+
+/// Node.js running `tests/fixtures/jit_churn.js` with `--perf-basic-prof`, killed (and its perf
+/// map removed) when dropped.
+struct NodeJit {
+    child: Child,
+    map: PathBuf,
+}
+
+impl NodeJit {
+    fn start(dir: &std::path::Path) -> anyhow::Result<Self> {
+        let script = workspace_root().join("tests/fixtures/jit_churn.js");
+        let child = Command::new("node")
+            .arg("--perf-basic-prof")
+            .arg(&script)
+            .arg("3600")
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .context("start node (cargo xtask setup installs it)")?;
+        let map = PathBuf::from(format!("/tmp/perf-{}.map", child.id()));
+        // Its start-up and first compilations are not what is measured.
+        thread::sleep(Duration::from_secs(2));
+        Ok(Self { child, map })
+    }
+
+    fn map_bytes(&self) -> u64 {
+        fs::metadata(&self.map).map_or(0, |m| m.len())
+    }
+}
+
+impl Drop for NodeJit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_file(&self.map);
+    }
+}
+
 fn render(args: &BenchCostArgs, runs: &[Run]) -> String {
     let mib = |k: u64| k as f64 / 1024.0;
     let mut s = String::new();
-    let _ = writeln!(s, "## Own cost while recording system-wide: `cargo xtask bench-cost`\n");
+    if args.node_jit {
+        let _ =
+            writeln!(s, "## JIT code named from perf maps: `cargo xtask bench-cost --node-jit`\n");
+    } else {
+        let _ = writeln!(s, "## Own cost while recording system-wide: `cargo xtask bench-cost`\n");
+    }
     let mut cmd = "cargo xtask bench-cost".to_owned();
+    if args.node_jit {
+        cmd.push_str(" --node-jit");
+    }
     if args.seconds != 30 {
         let _ = write!(cmd, " --seconds {}", args.seconds);
     }

@@ -450,6 +450,9 @@ impl<S: SampleSink> Collector<S> {
         if p.perf_map.poll(s.pid, s.time.0) {
             p.space.touch();
             p.name_late();
+            if p.find_py_trampoline_arenas(anon) {
+                self.outbox.maps_changed(s.pid);
+            }
         }
         // Label frames depend on more than the addresses (the labels, their depths).
         let cacheable = s.labels.is_empty();
@@ -474,6 +477,9 @@ impl<S: SampleSink> Collector<S> {
         if r.perf_map_grew {
             p.space.touch();
             p.name_late();
+            if p.find_py_trampoline_arenas(anon) {
+                self.outbox.maps_changed(s.pid);
+            }
         }
         if s.off_cpu.is_some()
             && s.flags & profiler_common::OFF_CPU_STACK_NOT_CAPTURED != 0

@@ -70,6 +70,9 @@ pub struct ProcessInfo {
     /// Addresses in anonymous executable memory stored unnamed, for lines read later to name
     /// (`meta.jit_late`); at most `MAX_UNNAMED_JIT`.
     unnamed_jit: std::collections::HashSet<u64>,
+    /// Starts of its anonymous executable mappings that hold CPython perf trampolines (the
+    /// perf map names their first one `py::…`), flagged to the walker, sorted.
+    pub py_trampoline_arenas: Vec<u64>,
 }
 
 impl ProcessInfo {
@@ -93,6 +96,27 @@ impl ProcessInfo {
         self.perf_map = ProcessPerfMap::default();
         self.jit_ids.clear();
         self.unnamed_jit.clear();
+        self.py_trampoline_arenas.clear();
+    }
+
+    /// After its perf map named more code: finds the anonymous mappings (module `anon`) whose
+    /// first trampoline it names `py::…` (CPython fills an arena with trampolines from its
+    /// start); true when that set changed, so the walker's entry needs rewriting.
+    pub fn find_py_trampoline_arenas(&mut self, anon: ModuleId) -> bool {
+        let mut arenas: Vec<u64> = self
+            .space
+            .mappings()
+            .iter()
+            .filter(|m| m.module == anon)
+            .filter(|m| self.perf_map.lookup(m.start).is_some_and(|n| n.starts_with("py::")))
+            .map(|m| m.start)
+            .collect();
+        arenas.sort_unstable();
+        if arenas == self.py_trampoline_arenas {
+            return false;
+        }
+        self.py_trampoline_arenas = arenas;
+        true
     }
 
     /// Remembers an address in anonymous executable memory stored unnamed.

@@ -336,7 +336,12 @@ fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
 }
 
 /// How long after a failed open the map is looked for again (a process may start writing one
-/// later, e.g. `jcmd PID Compiler.perfmap`).
+/// later, e.g. `jcmd PID Compiler.perfmap`): from `REOPEN_FIRST_NS`, doubling after each miss
+/// up to `REOPEN_NS`. A runtime may run JIT code a moment before its map's first line exists
+/// (CPython 3.13 `-X perf`): a second's wait left its first second of stacks unnamed and cut
+/// at the trampolines, while a process that never writes one costs a few opens, then one a
+/// second.
+const REOPEN_FIRST_NS: u64 = 25_000_000;
 const REOPEN_NS: u64 = 1_000_000_000;
 /// Tail reads for JIT addresses no line names are at least this far apart, so a process with
 /// code its map never names costs a read now and then, not one per sample.
@@ -353,8 +358,9 @@ pub struct ProcessPerfMap {
     file: Option<MapFile>,
     /// A JIT address was looked up: the map is worth looking for.
     wanted: bool,
-    /// When opening may be tried again (after a failure).
+    /// When opening may be tried again (after a failure), and the wait after the next one.
     next_open: u64,
+    reopen_gap: u64,
     next_miss_read: u64,
     next_poll: u64,
     /// Why the map was refused, once (a refused map is not tried again).
@@ -415,7 +421,11 @@ impl ProcessPerfMap {
                 self.next_poll = now_ns.saturating_add(POLL_NS);
                 self.opens.opened += 1;
             }
-            Err(OpenError::Missing) => self.next_open = now_ns.saturating_add(REOPEN_NS),
+            Err(OpenError::Missing) => {
+                let gap = self.reopen_gap.clamp(REOPEN_FIRST_NS, REOPEN_NS);
+                self.next_open = now_ns.saturating_add(gap);
+                self.reopen_gap = gap.saturating_mul(2);
+            }
             Err(OpenError::Refused(why)) => {
                 self.refused = Some(why);
                 self.opens.refused += 1;

@@ -31,7 +31,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{
     UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
-    UNWIND_MAX_MAPPINGS, UnwindMapping, UnwindProcess, UnwindRow,
+    UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UnwindMapping, UnwindProcess, UnwindRow,
 };
 
 use crate::{
@@ -427,6 +427,7 @@ impl UnwindLoader {
             return;
         }
         let mappings = p.space.mappings().to_vec();
+        let arenas = p.py_trampoline_arenas.clone();
         let mut n = 0usize;
         let mut names = Vec::new();
         for m in &mappings {
@@ -434,8 +435,11 @@ impl UnwindLoader {
                 self.stats.mappings_over_limit += 1;
                 continue;
             }
-            let (entry, loaded) =
+            let (mut entry, loaded) =
                 self.entry(&collector.modules, pid, m.module, m.start, m.end, m.file_offset);
+            if entry.flags & UNWIND_MAPPING_ANON != 0 && arenas.binary_search(&m.start).is_ok() {
+                entry.flags |= UNWIND_MAPPING_PY_TRAMPOLINES;
+            }
             self.scratch.mappings[n] = entry;
             names.extend(loaded);
             n += 1;
