@@ -345,3 +345,58 @@ fn python_x_perf(python: &Path) {
         hot_stacks.len()
     );
 }
+
+/// The agent's spooled windows name JIT code too: Node.js `--perf-basic-prof` under the agent,
+/// its windows read by Go's pprof (independent of our decoder) hold the hot JS functions in
+/// mapping `[jit]`, split 2:1.
+#[test]
+fn agent_windows_read_by_go_pprof_name_js_functions() {
+    use tests::{agent::Agent, go_pprof};
+    let spool = output_path("jit_agent", "spool");
+    let _ = std::fs::remove_dir_all(&spool);
+    let d = spool.to_str().unwrap();
+    let agent = Agent::start(&["--spool", d, "--window", "1", "-F", "499"]);
+    let script = fixtures::source_dir().join("jsplit.js");
+    let out = Command::new(node())
+        .args(["--perf-basic-prof", "--no-turbo-inlining"])
+        .arg(&script)
+        .arg("4")
+        .current_dir(spool.parent().expect("in a directory"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start node");
+    let _map = RemoveMap(format!("/tmp/perf-{}.map", out.id()));
+    let status = out.wait_with_output().expect("node ran").status;
+    assert!(status.success(), "node failed: {status}");
+    let (status, stderr) = agent.stop(libc::SIGTERM, std::time::Duration::from_secs(10));
+    assert!(status.success(), "agent failed:\n{stderr}");
+    // The node service's windows (a process outside containers and units is its own service).
+    let mut files: Vec<String> = std::fs::read_dir(&spool)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            let stem = p.file_name()?.to_str()?.strip_suffix(".json")?.to_owned();
+            let meta: Value = serde_json::from_slice(&std::fs::read(&p).ok()?).ok()?;
+            (meta["service_name"] == "node")
+                .then(|| spool.join(format!("{stem}.pb.gz")).display().to_string())
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "4 s of node in 1 s windows: {files:?}\n{stderr}");
+    let mut args = vec!["-top", "-sample_index=samples", "-nodecount=100000", "-trim=false"];
+    args.extend(files[1..].iter().map(String::as_str));
+    let top = go_pprof::run(&args, Path::new(&files[0])).expect("pprof -top");
+    // Rows: flat flat% sum% cum cum% NAME, the name possibly with spaces (V8's have a path).
+    let cum_of = |f: &str| -> f64 {
+        top.lines()
+            .filter(|l| l.contains(f))
+            .filter_map(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok())
+            .sum()
+    };
+    let (a, b) = (cum_of("JS:*jsHotAlpha"), cum_of("JS:*jsHotBeta"));
+    assert!(a + b > 500.0, "4 s at 499 Hz: {a} + {b} samples in the hot JS functions:\n{top}");
+    let share = 100.0 * a / (a + b);
+    assert!((66.7 - 7.0..=66.7 + 7.0).contains(&share), "jsHotAlpha share {share:.1}%:\n{top}");
+    let raw = go_pprof::run(&["-raw"], Path::new(&files[files.len() / 2])).expect("pprof -raw");
+    assert!(raw.contains("[jit]"), "no [jit] mapping in a window:\n{raw}");
+}
