@@ -45,21 +45,45 @@ fn node() -> &'static str {
 /// their stacks go on below the JS frames into node's own native frames.
 #[test]
 fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
+    node_split(false);
+}
+
+/// The same with node started first, its map already long when the recording finds it (read
+/// from its start at node's first JIT address).
+#[test]
+fn node_started_before_the_recording_is_named_too() {
+    node_split(true);
+}
+
+fn node_split(started_before: bool) {
     let script = fixtures::source_dir().join("jsplit.js");
-    let output = output_path("jit_node", "json");
-    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let output = output_path(if started_before { "jit_node_before" } else { "jit_node" }, "json");
+    let mut rec =
+        (!started_before).then(|| Recording::start(&["--all"], output.clone()).expect("start"));
     let mut cmd = Command::new(node());
     // V8's perf flags also write an `isolate-*-v8.log` into the working directory.
     cmd.current_dir(output.parent().expect("output in a directory"));
+    // Started first, it runs longer: the recording starts once BPF is loaded (seconds).
+    let secs = if started_before { "8" } else { "5" };
     // No inlining: each hot function keeps frames of its own (TurboFan would fold them into
     // their caller, which the map then names instead).
-    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg("5");
+    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg(secs);
     let child = cmd.stdout(Stdio::null()).spawn().expect("start node");
     let pid = child.id();
-    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let map = format!("/tmp/perf-{pid}.map");
+    let _map = RemoveMap(map.clone());
+    if started_before {
+        // Running its hot code already: the map names it.
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(&map).is_ok_and(|m| m.contains("jsHotAlpha")) {
+            assert!(t0.elapsed().as_secs() < 20, "node wrote no jsHotAlpha line to {map}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        rec = Some(Recording::start(&["--all"], output.clone()).expect("start"));
+    }
     let out = child.wait_with_output().expect("node ran");
     assert!(out.status.success(), "node failed: {}", out.status);
-    let done = rec.interrupt().expect("stop recording");
+    let done = rec.expect("recording").interrupt().expect("stop recording");
     let profile = done.profile().expect("profile written");
     valid(&profile);
 
