@@ -499,6 +499,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     let old_pid: u64 = ctx.arg(1);
     usdt::forget_thread(old_pid as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
+    maptrack::forget_code_of(tgid);
     unsafe {
         task_header(EVENT_EXEC, rec, tgid, tid);
         let task = bpf_get_current_task();

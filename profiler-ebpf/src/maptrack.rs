@@ -37,7 +37,7 @@ use aya_ebpf::{
         },
     },
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray, ProgramArray},
+    maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray},
     programs::TracePointContext,
 };
 use profiler_common::{
@@ -262,7 +262,7 @@ pub fn on_exit_mmap(ctx: TracePointContext) -> u32 {
         (*rec).len = (p.len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
         if p.flags & MAP_ANONYMOUS != 0 {
             (*rec).flags = MAP_ANON;
-            send(rec, MAP_RECORD_FIXED as u64, false);
+            send(rec, MAP_RECORD_FIXED as u64, first_code_of(tgid));
             return 0;
         }
         (*rec).offset = p.off;
@@ -468,6 +468,29 @@ struct RangeWalk {
 #[map]
 static RANGE_WALK: PerCpuArray<RangeWalk> = PerCpuArray::with_max_entries(1, 0);
 
+/// Processes that made anonymous code (JIT) since their exec (value unused; forgotten at exec).
+#[map]
+static MADE_CODE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
+
+/// Whether a record of anonymous code should wake userspace: only a process's first, so that
+/// what names its JIT code (its perf map, and the walker's rule for CPython's trampolines,
+/// which userspace sets from the map) is read within milliseconds, not at the next timed
+/// drain a second later. Later ones do not wake: a JIT remaps code all the time.
+#[inline(always)]
+fn first_code_of(tgid: u32) -> bool {
+    if MADE_CODE.get_ptr(&tgid).is_some() {
+        return false;
+    }
+    let _ = MADE_CODE.insert(&tgid, &1, 0);
+    crate::wake_for_unwinder(&config())
+}
+
+/// A new image: its anonymous code is new.
+#[inline(always)]
+pub fn forget_code_of(tgid: u32) {
+    let _ = MADE_CODE.remove(&tgid);
+}
+
 /// `bpf_loop` callback: one VMA of the range. 0 continues, 1 stops.
 #[inline(never)]
 extern "C" fn range_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
@@ -502,7 +525,7 @@ extern "C" fn range_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
                 (*rec).start = addr;
                 (*rec).len = piece_end - addr;
                 (*rec).flags = flags;
-                send(rec, MAP_RECORD_FIXED as u64, false);
+                send(rec, MAP_RECORD_FIXED as u64, exec && first_code_of(w.tgid));
             }
         }
     }

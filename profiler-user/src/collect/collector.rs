@@ -85,6 +85,9 @@ pub struct CollectorStats {
     pub user_stacks_after: (u64, u64),
 }
 
+/// How long after a process's first anonymous code drains follow each other closely.
+const FIRST_CODE_FOLLOW_NS: u64 = 250_000_000;
+
 /// Threads holding an off-CPU stack copy at once: each waits for its thread's off-CPU record
 /// (sent when the thread wakes), so only threads blocked since the copy hold one.
 const MAX_OFF_CPU_COPIES: usize = 4096;
@@ -99,6 +102,8 @@ pub struct Collector<S> {
     pub label_samples: std::collections::HashMap<(Pid, LabelId), u64>,
     /// Finishes user stack walks the kernel stopped for want of a table (stack copies).
     pub copies: CopiedStacks,
+    /// Drains should follow each other closely until then (`Recorder::drain`).
+    pub drain_soon_until: MonoNs,
     /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
     off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
     frames: Vec<FrameAddr>,
@@ -136,6 +141,7 @@ impl<S: SampleSink> Collector<S> {
             label_samples: Default::default(),
             copies: CopiedStacks::default(),
             off_cpu_copies: Default::default(),
+            drain_soon_until: MonoNs(0),
             frames: Vec::with_capacity(256),
             sample: Sample::default(),
             stack_cache: StackCache::default(),
@@ -232,6 +238,14 @@ impl<S: SampleSink> Collector<S> {
                 return;
             }
             MapKind::Anon => {
+                if !p.made_code {
+                    // A runtime's first JIT code: drain often for a moment, so its first
+                    // samples name it (and CPython's trampolines get their walker rule)
+                    // within milliseconds, not at the next timed drain a second later.
+                    p.made_code = true;
+                    let until = MonoNs(m.time.0 + FIRST_CODE_FOLLOW_NS);
+                    self.drain_soon_until = self.drain_soon_until.max(until);
+                }
                 let module = self.modules.anon();
                 vec![Mapping { start: m.start, end: m.end, file_offset: 0, module }]
             }
@@ -572,6 +586,7 @@ impl<S: SampleSink> Collector<S> {
                 p.mm = mm;
                 p.exe_module = None;
                 p.forget_label_depths();
+                p.made_code = false;
                 self.stats.perf_maps.add(&p.perf_map.take_stats());
                 p.forget_perf_map();
                 p.space_source = SpaceSource::Kernel;

@@ -73,6 +73,8 @@ pub struct ProcessInfo {
     /// Starts of its anonymous executable mappings that hold CPython perf trampolines (the
     /// perf map names their first one `py::…`), flagged to the walker, sorted.
     pub py_trampoline_arenas: Vec<u64>,
+    /// It mapped anonymous code (JIT) since its exec.
+    pub made_code: bool,
 }
 
 impl ProcessInfo {

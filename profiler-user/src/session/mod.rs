@@ -401,7 +401,8 @@ impl<'p> Recorder<'p> {
         self.usdt.after_drain(&mut self.collector);
         self.usdt.load_deferred(&mut self.bpf);
         self.drains.add(records, started.elapsed());
-        self.unwind.is_some() && events(&self.collector) != before
+        let soon = MonoNs::now() < self.collector.drain_soon_until;
+        soon || (self.unwind.is_some() && events(&self.collector) != before)
     }
 
     /// Answers `requests` while collecting (`run_until`).
