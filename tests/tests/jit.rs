@@ -22,6 +22,20 @@ fn valid(profile: &Value) {
     }
 }
 
+/// The validated profile's main thread of process `pid`, and its samples' stacks.
+fn main_thread_stacks(
+    profile: &Value,
+    pid: u32,
+) -> (tests::profile_query::ThreadInfo<'_>, Vec<Vec<String>>) {
+    valid(profile);
+    let main = threads_of_pid(profile, pid)
+        .into_iter()
+        .find(|t| t.tid == u64::from(pid))
+        .unwrap_or_else(|| panic!("no main thread of process {pid} in the profile"));
+    let stacks = sample_stacks(main.thread);
+    (main, stacks)
+}
+
 /// Removes a runtime's perf map when the test ends (the runtimes leave them in /tmp).
 struct RemoveMap(String);
 
@@ -85,14 +99,7 @@ fn node_split(started_before: bool) {
     assert!(out.status.success(), "node failed: {}", out.status);
     let done = rec.expect("recording").interrupt().expect("stop recording");
     let profile = done.profile().expect("profile written");
-    valid(&profile);
-
-    let threads = threads_of_pid(&profile, pid);
-    let main = threads
-        .iter()
-        .find(|t| t.tid == u64::from(pid))
-        .unwrap_or_else(|| panic!("no main thread of node {pid} in the profile"));
-    let stacks = sample_stacks(main.thread);
+    let (main, stacks) = main_thread_stacks(&profile, pid);
     let total = stacks.len();
     // Node's start-up (some 100 ms of native code before any JS runs hot) is the rest: 5 s
     // keeps it a small part even when the test shares its CPUs.
@@ -308,13 +315,7 @@ fn python_x_perf(python: &Path) {
     assert!(out.status.success(), "{} failed: {}", python.display(), out.status);
     let done = rec.interrupt().expect("stop recording");
     let profile = done.profile().expect("profile written");
-    valid(&profile);
-    let threads = threads_of_pid(&profile, pid);
-    let main = threads
-        .iter()
-        .find(|t| t.tid == u64::from(pid))
-        .unwrap_or_else(|| panic!("no main thread of python {pid} in the profile"));
-    let stacks = sample_stacks(main.thread);
+    let (main, stacks) = main_thread_stacks(&profile, pid);
     let total = stacks.len();
     assert!(total > 1000, "4 s of a busy python at 999 Hz: ~4000 samples, got {total}");
     let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).starts_with(f));
