@@ -344,7 +344,8 @@ pub fn render(i: &SummaryInput) -> String {
     if m.opened + m.refused > 0 {
         let _ = writeln!(
             s,
-            "  perf maps: {} read ({} lines, {}), {} garbage lines skipped, {} stopped at the              {} bound, {} refused (symlink, not a regular file, or another user's)",
+            "  perf maps: {} read ({} lines, {}), {} garbage lines skipped, {} stopped at the \
+             {} bound, {} refused (symlink, not a regular file, or another user's)",
             m.opened,
             m.lines,
             human_bytes(m.bytes as usize).trim(),
