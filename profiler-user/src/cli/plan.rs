@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 
 use crate::{
     cli::args::{Mode, RecordArgs, Unwind},
+    export::output::Destination,
     model::ids::Pid,
     system::{cgroup::filter::Selection, host},
     usdt::{self, ProbeRequest},
@@ -31,6 +32,8 @@ pub struct RecordPlan {
     pub frequency: u64,
     pub duration: Option<Duration>,
     pub output: PathBuf,
+    /// What `output` is (a file, or a stream written in place), resolved once.
+    pub output_dest: Destination,
     /// `-z`: gzip whatever the output's name.
     pub compress: bool,
     /// From --format, else from the output's name.
@@ -116,6 +119,7 @@ impl RecordPlan {
             cgroups: Selection::from_args(&args.cgroup, &args.container)?,
             frequency: args.frequency,
             duration: args.duration,
+            output_dest: Destination::resolve(&args.output)?,
             output: args.output,
             compress: args.compress,
             format,

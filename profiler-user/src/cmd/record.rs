@@ -13,7 +13,8 @@ use crate::{
 pub fn run(args: RecordArgs) -> Result<()> {
     let plan = RecordPlan::from_args(args)?;
     // Before anything slow: an unwritable path fails now, not after the recording.
-    let output = PendingOutput::create(&plan.output)?.compress(plan.compress);
+    let output =
+        PendingOutput::open(&plan.output, &plan.output_dest, 0o666)?.compress(plan.compress);
     host::check_privileges()?;
     host::check_kernel()?;
     // One thread only until the command is forked.

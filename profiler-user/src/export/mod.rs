@@ -409,22 +409,26 @@ fn resolve_marker(snap: &StoreSnapshot, m: &StoredMarker) -> Marker {
     }
 }
 
+/// Where snapshot `n` of a recording to `output` goes: beside a file output; in the working
+/// directory, as `rsprof.snapshot-N.EXT`, when the output is a stream (`-`, a pipe, a device:
+/// `output` as resolved at the start), which has no directory of its own to put one in.
+pub fn snapshot_dest(
+    output: &Path,
+    resolved: &output::Destination,
+    n: u32,
+    format: Format,
+    compress: bool,
+) -> PathBuf {
+    if !resolved.is_stream() {
+        return snapshot_path(output, n);
+    }
+    let gz = if compress { ".gz" } else { "" };
+    snapshot_path(Path::new(&format!("rsprof{}{gz}", format.extension())), n)
+}
+
 /// `profile.json.gz` → `profile.snapshot-3.json.gz`, `p.pb.gz` → `p.snapshot-3.pb.gz` (the
 /// suffixes of [`Format::from_path`], so a snapshot's name implies the same format);
 /// otherwise appended.
-/// Where snapshot `n` of a recording to `output` goes: beside a file output; in the working
-/// directory, as `rsprof.snapshot-N.EXT`, when the output is a stream (`-`, a pipe, a device),
-/// which has no directory of its own to put one in.
-pub fn snapshot_dest(output: &Path, n: u32, format: Format, compress: bool) -> PathBuf {
-    match output::Destination::resolve(output) {
-        Ok(d) if !d.is_stream() => snapshot_path(output, n),
-        _ => {
-            let gz = if compress { ".gz" } else { "" };
-            snapshot_path(Path::new(&format!("rsprof{}{gz}", format.extension())), n)
-        }
-    }
-}
-
 pub fn snapshot_path(output: &Path, n: u32) -> PathBuf {
     let name = output.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let new = match Format::from_path(output) {
@@ -447,11 +451,17 @@ mod tests {
         assert_eq!(snapshot_path(Path::new("x.pprof"), 4), Path::new("x.snapshot-4.pprof"));
         assert_eq!(snapshot_path(Path::new("x.folded"), 1), Path::new("x.snapshot-1.folded"));
         assert_eq!(snapshot_path(Path::new("x.gz"), 1), Path::new("x.gz.snapshot-1"));
-        let fifo = snapshot_dest(Path::new("/dev/null"), 3, Format::Pprof, true);
+        let dest = |p: &str| {
+            (Path::new(p).to_owned(), output::Destination::resolve(Path::new(p)).unwrap())
+        };
+        let (p, d) = dest("/dev/null");
+        let fifo = snapshot_dest(&p, &d, 3, Format::Pprof, true);
         assert_eq!(fifo, Path::new("rsprof.snapshot-3.pb.gz"));
-        let stdout = snapshot_dest(Path::new("-"), 1, Format::Gecko, false);
+        let (p, d) = dest("-");
+        let stdout = snapshot_dest(&p, &d, 1, Format::Gecko, false);
         assert_eq!(stdout, Path::new("rsprof.snapshot-1.json"));
-        let file = snapshot_dest(Path::new("/tmp/x.pb"), 1, Format::Pprof, false);
+        let (p, d) = dest("/tmp/x.pb");
+        let file = snapshot_dest(&p, &d, 1, Format::Pprof, false);
         assert_eq!(file, Path::new("/tmp/x.snapshot-1.pb"));
         for f in ["a.json.gz", "a.pb.gz", "a.pb", "a.pprof.gz", "a.collapsed", "a.folded.gz"] {
             let snap = snapshot_path(Path::new(f), 2);

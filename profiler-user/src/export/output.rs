@@ -53,7 +53,7 @@ enum Sink {
 }
 
 /// Where a path leads, symlinks followed.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Destination {
     /// One of this process's descriptors (`-`, `/dev/stdout`, `/proc/self/fd/N`).
     Fd(RawFd),
@@ -143,8 +143,14 @@ impl PendingOutput {
 
     /// With file mode `mode` (before the umask) for a new file, e.g. 0o600 for a dump.
     pub fn create_with_mode(dest: &Path, mode: u32) -> Result<Self> {
+        Self::open(dest, &Destination::resolve(dest)?, mode)
+    }
+
+    /// Opens `dest`, already resolved to `resolved` (a recording resolves its output once, in
+    /// its plan, and decides everything else about it from that).
+    pub fn open(dest: &Path, resolved: &Destination, mode: u32) -> Result<Self> {
         let gzip = dest.extension().is_some_and(|e| e == "gz");
-        let sink = match Destination::resolve(dest)? {
+        let sink = match resolved.clone() {
             Destination::File(path) => Sink::atomic(dest, path, mode)?,
             Destination::Fd(fd) => Sink::InPlace(Some(dup_writable(dest, fd)?)),
             Destination::Special(path) => Sink::InPlace(Some(open_in_place(dest, &path)?)),

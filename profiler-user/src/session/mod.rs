@@ -250,10 +250,8 @@ impl<'p> Recorder<'p> {
         }
         let gated = match &plan.target {
             Target::Command(cmd) => {
-                let to_stdout = matches!(
-                    crate::export::output::Destination::resolve(&plan.output),
-                    Ok(crate::export::output::Destination::Fd(libc::STDOUT_FILENO))
-                );
+                let to_stdout =
+                    plan.output_dest == crate::export::output::Destination::Fd(libc::STDOUT_FILENO);
                 Some(launch::spawn_gated(cmd, to_stdout)?)
             }
             _ => None,
@@ -679,7 +677,8 @@ impl<'p> Recorder<'p> {
     fn snapshot(&mut self) -> Result<()> {
         self.drain();
         let n = self.snapshots.len() as u32 + 1;
-        let path = snapshot_dest(&self.plan.output, n, self.plan.format, self.plan.compress);
+        let p = &self.plan;
+        let path = snapshot_dest(&p.output, &p.output_dest, n, p.format, p.compress);
         let (schemas, open) = (self.usdt.marker_schemas(), self.usdt.open_markers());
         let job = ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
         let output = PendingOutput::create(&path).map(|o| o.compress(self.plan.compress));
