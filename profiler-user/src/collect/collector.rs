@@ -461,12 +461,8 @@ impl<S: SampleSink> Collector<S> {
             self.outbox.table_wanted(s.pid);
         }
         // Stacks named from the perf map are cached until it names more.
-        if p.perf_map.poll(s.pid, s.time.0) {
-            p.space.touch();
-            p.name_late();
-            if p.find_py_trampoline_arenas(anon) {
-                self.outbox.maps_changed(s.pid);
-            }
+        if p.perf_map.poll(s.pid, s.time.0) && p.perf_map_named_more(anon) {
+            self.outbox.maps_changed(s.pid);
         }
         // Label frames depend on more than the addresses (the labels, their depths).
         let cacheable = s.labels.is_empty();
@@ -488,12 +484,8 @@ impl<S: SampleSink> Collector<S> {
         if r.jit_named + r.jit_unnamed > 0 {
             self.stats.perf_maps.add(&p.perf_map.take_stats());
         }
-        if r.perf_map_grew {
-            p.space.touch();
-            p.name_late();
-            if p.find_py_trampoline_arenas(anon) {
-                self.outbox.maps_changed(s.pid);
-            }
+        if r.perf_map_grew && p.perf_map_named_more(anon) {
+            self.outbox.maps_changed(s.pid);
         }
         if s.off_cpu.is_some()
             && s.flags & profiler_common::OFF_CPU_STACK_NOT_CAPTURED != 0

@@ -101,10 +101,19 @@ impl ProcessInfo {
         self.py_trampoline_arenas.clear();
     }
 
-    /// After its perf map named more code: finds the anonymous mappings (module `anon`) whose
-    /// first trampoline it names `py::…` (CPython fills an arena with trampolines from its
-    /// start); true when that set changed, so the walker's entry needs rewriting.
-    pub fn find_py_trampoline_arenas(&mut self, anon: ModuleId) -> bool {
+    /// Its perf map named more code: stacks cached with the old names are stale (a new space
+    /// version), addresses stored unnamed may be named now, and a new CPython trampoline
+    /// arena may be known. True when the walker's entry needs rewriting for that.
+    pub fn perf_map_named_more(&mut self, anon: ModuleId) -> bool {
+        self.space.touch();
+        self.name_late();
+        self.find_py_trampoline_arenas(anon)
+    }
+
+    /// Finds the anonymous mappings (module `anon`) whose first trampoline the perf map names
+    /// `py::…` (CPython fills an arena with trampolines from its start); true when that set
+    /// changed.
+    fn find_py_trampoline_arenas(&mut self, anon: ModuleId) -> bool {
         let mut arenas: Vec<u64> = self
             .space
             .mappings()
