@@ -26,10 +26,9 @@ use aya_ebpf::{
 use profiler_common::{
     CMDLINE_MAX, Config, EVENT_EXEC, EVENT_EXIT, EVENT_FORK, EVENT_SAMPLE, EventHeader, FILTER_ALL,
     SAMPLE_CPU_TIME_ERROR, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_RECORD_FIXED, SAMPLE_STACK_COPY,
-    SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, STACK_COPY_HEADER_SIZE,
-    SampleScratch, StackCopyHeader, TASK_RECORD_FIXED, TASK_WALKER_COPIED, TIMING_ENTRIES,
-    TIMING_RING_BYTES, TIMING_SAMPLES, TIMING_USER_FRAMES, TaskRecord, UNWIND_MODE_FP, WAKE_GAP_NS,
-    counter, timing_bucket,
+    SAMPLE_USER_STACK_ERROR, STACK_COPY_HEADER_SIZE, SampleScratch, StackCopyHeader,
+    TASK_RECORD_FIXED, TASK_WALKER_COPIED, TIMING_ENTRIES, TIMING_RING_BYTES, TIMING_SAMPLES,
+    TIMING_USER_FRAMES, TaskRecord, UNWIND_MODE_FP, WAKE_GAP_NS, counter, timing_bucket,
 };
 
 #[unsafe(no_mangle)]
@@ -207,7 +206,7 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
 
         let used = kframes + uframes + labels;
         let mut len = SAMPLE_RECORD_FIXED as u64 + used * 8;
-        let end = (w.errors & SAMPLE_UNWIND_MASK) >> SAMPLE_UNWIND_SHIFT;
+        let end = w.user_end();
         let mut copy_len = 0;
         if stack::wants_copy(end) && stack::copy_useless(stack::SLOT_SAMPLER) {
             count(counter::STACK_COPY_NOT_USEFUL);

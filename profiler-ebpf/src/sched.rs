@@ -32,9 +32,8 @@ use profiler_common::{
     Config, EVENT_OFF_CPU, EVENT_OFF_CPU_COPY, EventHeader, MAX_STACK_DEPTH,
     OFF_CPU_COPY_RECORD_FIXED, OFF_CPU_LONG_SITES, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
     OFF_CPU_SEEN_SITES, OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuCopyHeader,
-    OffCpuCopyScratch, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_MASK,
-    SAMPLE_UNWIND_SHIFT, SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK,
-    TRACK_WALKED, counter,
+    OffCpuCopyScratch, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR,
+    TRACK_PREV_LONG, TRACK_SUM_HAS_STACK, TRACK_WALKED, counter,
 };
 
 use crate::{CONFIG, cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
@@ -210,7 +209,7 @@ unsafe fn switch_out(
         r.kernel_frames = w.kernel_frames;
         r.user_frames = w.user_frames;
         r.stack_ns = now;
-        let end = (w.errors & SAMPLE_UNWIND_MASK) >> SAMPLE_UNWIND_SHIFT;
+        let end = w.user_end();
         if crate::stack::wants_copy(end) && !crate::stack::copy_useless(crate::stack::SLOT_OFF_CPU)
         {
             if send_copy(cfg, now, tgid, tid, w.user_frames) {

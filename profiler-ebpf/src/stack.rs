@@ -24,10 +24,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use profiler_common::{
-    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP,
-    SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX, STACK_COPY_PC_IS_RETURN,
-    StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP,
-    UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
+    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT,
+    SAMPLE_UNWIND_USED_FP, SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX,
+    STACK_COPY_PC_IS_RETURN, StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT,
+    UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
     UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
     UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
     UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
@@ -110,6 +110,14 @@ pub struct Walked {
     pub errors: u32,
 }
 
+impl Walked {
+    /// How the user stack's table walk ended (`UNWIND_END_*`; `UNWIND_END_NONE` without one).
+    #[inline(always)]
+    pub fn user_end(&self) -> u32 {
+        (self.errors & SAMPLE_UNWIND_MASK) >> SAMPLE_UNWIND_SHIFT
+    }
+}
+
 /// Writes the kernel stack (skipping its innermost `skip` frames) to `frames`, then the user
 /// stack after it. `user_regs`: the registers the event interrupted, when they are user
 /// registers (a perf sample in user mode); otherwise the task's saved user registers
@@ -141,8 +149,7 @@ pub unsafe fn walk<C: EbpfContext>(
     let user = unsafe { frames.add(kframes as usize) };
     let cfg = config();
     let mut uframes: u64 = 0;
-    let by_frame_pointers = cfg.unwind_mode == UNWIND_MODE_FP;
-    if !by_frame_pointers {
+    if cfg.unwind_mode != UNWIND_MODE_FP {
         let (n, end, flags) = unsafe { walk_tables(user, user_regs, slot) };
         uframes = n;
         errors |= (end << SAMPLE_UNWIND_SHIFT) | flags;
