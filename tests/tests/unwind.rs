@@ -80,6 +80,17 @@ fn profile_stacks(out: &std::path::Path, pid: u32) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The stacks of `thread`'s off-CPU samples (their leaf in the Off-CPU category).
+fn off_cpu_stacks(profile: &Value, thread: &Value) -> Vec<Vec<String>> {
+    let categories = tests::profile_query::sample_leaf_categories(profile, thread);
+    sample_stacks(thread)
+        .into_iter()
+        .zip(categories)
+        .filter(|(_, c)| c.as_deref() == Some("Off-CPU"))
+        .map(|(s, _)| s)
+        .collect()
+}
+
 fn truncated(stack: &[String]) -> Option<&str> {
     let root = function_name(stack.first()?);
     root.starts_with("[truncated").then_some(root)
@@ -514,13 +525,7 @@ fn unwind_off_cpu_stacks_keep_the_blocking_function_and_its_callers() {
         .into_iter()
         .find(|t| t.tid == u64::from(pid))
         .expect("the fixture's main thread is in the profile");
-    let categories = tests::profile_query::sample_leaf_categories(&profile, main_thread.thread);
-    let off: Vec<Vec<String>> = sample_stacks(main_thread.thread)
-        .into_iter()
-        .zip(categories)
-        .filter(|(_, c)| c.as_deref() == Some("Off-CPU"))
-        .map(|(s, _)| s)
-        .collect();
+    let off = off_cpu_stacks(&profile, main_thread.thread);
     // main → work → blocked_* → libc's wrapper frames → kernel frames, rooted at libc's start.
     let complete = |s: &Vec<String>, blocking: &str| {
         let f = functions(s);
@@ -1035,13 +1040,7 @@ fn unwind_off_cpu_stack_taken_before_the_tables_keeps_every_caller() {
         .into_iter()
         .find(|t| t.name == "piper")
         .unwrap_or_else(|| panic!("no piper thread in the profile:\n{}", done.stderr));
-    let categories = tests::profile_query::sample_leaf_categories(&profile, piper.thread);
-    let off: Vec<Vec<String>> = sample_stacks(piper.thread)
-        .into_iter()
-        .zip(categories)
-        .filter(|(_, c)| c.as_deref() == Some("Off-CPU"))
-        .map(|(s, _)| s)
-        .collect();
+    let off = off_cpu_stacks(&profile, piper.thread);
     // 2 s blocked, in samples of the recording's period (1/499 s).
     assert!(off.len() > 500, "{} off-CPU samples of piper:\n{}", off.len(), done.stderr);
     let whole = |s: &Vec<String>| {
