@@ -318,11 +318,22 @@ fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
     });
     let t = threads(&profile).into_iter().find(|t| t.pid == pid).expect("the fixture's thread");
     let stacks = sample_stacks(t.thread);
-    let named = stacks.iter().filter(|st| contains_path(st, &["main", "storm_hot"])).count();
+    let named = |st: &&Vec<String>| contains_path(st, &["storm_hot"]);
+    let through_main = |st: &&Vec<String>| contains_path(st, &["main", "storm_hot"]);
+    // A sample taken before the walker had the fresh file's table, and not continued over a
+    // stack copy (the copy budget is spent fast while a cold start compiles tables), stops
+    // flagged at storm_hot; the file's symbols still name it.
+    let flagged = |st: &&Vec<String>| st.first().is_some_and(|f| f.starts_with("[truncated: "));
+    let (n_named, n_main) =
+        (stacks.iter().filter(named).count(), stacks.iter().filter(through_main).count());
+    let misplaced: Vec<_> =
+        stacks.iter().filter(|st| named(st) && !through_main(st) && !flagged(st)).collect();
     assert!(
-        named >= 200 && named as f64 >= 0.9 * stacks.len() as f64,
-        "{named} of {} named main -> storm_hot; its most common stacks:\n{}\nsummary:\n{stderr}",
+        n_named as f64 >= 0.9 * stacks.len() as f64 && n_main >= 200 && misplaced.is_empty(),
+        "{n_named} of {} named storm_hot, {n_main} under main, {} neither under main nor \
+         flagged; its most common stacks:\n{}\nsummary:\n{stderr}",
         stacks.len(),
+        misplaced.len(),
         most_common(stacks.iter().map(Vec::as_slice), 5)
     );
 }

@@ -135,7 +135,12 @@ impl UserStackEnd {
             Self::Complete => "complete".to_owned(),
             Self::DepthLimit => "depth limit".to_owned(),
             Self::NoProcess => "process not loaded yet".to_owned(),
-            Self::NoMapping => "address in no known mapping".to_owned(),
+            // The walker's copy of the process's mappings lacked the address; when userspace
+            // knows the file, it was mapped too recently for the walker (not yet written).
+            Self::NoMapping => match module {
+                Some(m) => format!("{m} not yet known to the unwinder"),
+                None => "address in no known mapping".to_owned(),
+            },
             Self::NoTable => format!("no unwind table for {m}"),
             Self::NoCfi => format!("no CFI in {m}"),
             Self::Unsupported => format!("unsupported CFI rule in {m}"),
