@@ -208,6 +208,8 @@ impl AgentPlan {
         // stopped agent would hold them until the deadline); the first hits of brand-new
         // binaries are worth less.
         record.usdt_exec_gate = args.usdt_exec_gate || file.usdt_exec_gate.unwrap_or(false);
+        // An exec storm would wake it per process for entries its rare samples seldom need.
+        record.eager_tables = false;
         Ok(Self {
             metrics,
             record,

@@ -280,6 +280,15 @@ pub fn render(i: &SummaryInput) -> String {
                  tables, {failed} not (walker map full)"
             );
         }
+        let (gone, cleared) =
+            (c.get(counter::WALKER_EXIT_DELETES), c.get(counter::WALKER_EXEC_CLEARS));
+        if gone + cleared > 0 {
+            let _ = writeln!(
+                s,
+                "  walker entries: {gone} deleted by the kernel at exit, {cleared} emptied at \
+                 exec"
+            );
+        }
     }
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)
