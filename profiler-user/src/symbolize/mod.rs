@@ -4,6 +4,7 @@
 //! once: results are cached by (module, offset) or kernel address.
 
 pub mod cache;
+pub mod debuginfod;
 mod dwarf;
 pub mod pages;
 pub mod perfmap;
@@ -136,6 +137,8 @@ pub struct SymbolizeErrors {
     pub kernel: Option<String>,
     /// Frames of files that could not be opened at all (deleted before we held them).
     pub unreadable_frames: u64,
+    /// Debug files asked of debuginfod for files named from their `.dynsym` alone.
+    pub debuginfod: debuginfod::Stats,
 }
 
 /// Symbolizes `addrs` on a dedicated thread. `modules` is indexed by `ModuleId`.
@@ -498,6 +501,8 @@ struct SymbolizerThread {
     ksym: Symbolizer,
     /// A `Service`'s: files with DWARF are parsed afresh each call (see `dwarf`).
     per_call: Option<PerCall>,
+    /// This call's debug files from debuginfod, by build-id.
+    fetched: HashMap<String, PathBuf>,
     out: Symbols,
     errors: SymbolizeErrors,
 }
@@ -575,6 +580,7 @@ impl SymbolizerThread {
             dynsym_only: HashMap::new(),
             ksym: new_symbolizer(),
             per_call,
+            fetched: HashMap::new(),
             out: HashMap::new(),
             errors: Default::default(),
         }
@@ -617,6 +623,7 @@ impl SymbolizerThread {
             }
         }
         self.kernel(&kernel);
+        self.fetch_debug_files(by_module.keys().map(|m| &modules[m.0 as usize]));
         for (module, offsets) in by_module {
             let m = &modules[module.0 as usize];
             self.user(module, m, &offsets);
@@ -674,6 +681,26 @@ impl SymbolizerThread {
         }
     }
 
+    /// Debug files for the `modules` named from their `.dynsym` alone, from debuginfod when
+    /// it is configured (into `fetched`).
+    fn fetch_debug_files<'a>(&mut self, modules: impl Iterator<Item = &'a ModuleSource>) {
+        self.fetched.clear();
+        let Some(config) = debuginfod::current() else { return };
+        let mut ids: Vec<String> = Vec::new();
+        for m in modules {
+            if let (Some(p), Some(id)) = (&m.open_path, &m.build_id)
+                && self.dynsym_only(p)
+            {
+                ids.push(id.clone());
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        if !ids.is_empty() {
+            self.fetched = debuginfod::debug_files(&config, &ids, &mut self.errors.debuginfod);
+        }
+    }
+
     /// Whether `path` is named from its `.dynsym` alone (see `dynsym_only`), cached per file.
     fn dynsym_only(&mut self, path: &std::path::Path) -> bool {
         let Some(stamp) = cache::FileId::of(path, None) else { return false };
@@ -691,8 +718,10 @@ impl SymbolizerThread {
     }
 
     fn user(&mut self, module: ModuleId, m: &ModuleSource, offsets: &[u64]) {
-        let by_function =
-            self.function_entries && m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
+        let fetched = m.build_id.as_ref().is_some_and(|id| self.fetched.contains_key(id));
+        let by_function = self.function_entries
+            && !fetched
+            && m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
         let dwarf = match (&m.open_path, self.per_call.as_mut()) {
             (Some(p), Some(per_call)) => {
                 let plan = per_call.plan(p);
@@ -705,11 +734,17 @@ impl SymbolizerThread {
             }
             _ => None,
         };
+        // A file with no DWARF of its own nor installed: the debug file debuginfod gave.
+        let dwarf = dwarf.or_else(|| {
+            let debug = self.fetched.get(m.build_id.as_ref()?)?;
+            dwarf::with_debug_file(m.open_path.as_deref()?, debug).map(Arc::new)
+        });
         let results = match &m.open_path {
             Some(p) if let Some(src) = dwarf => {
-                let per_call = self.per_call.as_mut().expect("planned");
-                per_call.read.push(src.path.clone());
-                per_call.modules.push(p.clone());
+                if let Some(per_call) = self.per_call.as_mut() {
+                    per_call.read.push(src.path.clone());
+                    per_call.modules.push(p.clone());
+                }
                 // Offsets outside the module's loadable segments name nothing.
                 let at: Vec<Option<u64>> = offsets.iter().map(|&o| src.address(o)).collect();
                 let asked: Vec<u64> = at.iter().flatten().copied().collect();
@@ -735,7 +770,9 @@ impl SymbolizerThread {
                     }
                     Err(e) => {
                         self.errors.modules.push((m.name.clone(), e.to_string()));
-                        per_call.plans.remove(p);
+                        if let Some(per_call) = self.per_call.as_mut() {
+                            per_call.plans.remove(p);
+                        }
                         None
                     }
                 }
