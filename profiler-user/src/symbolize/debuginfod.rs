@@ -52,7 +52,7 @@ impl Config {
     pub fn with_urls(urls: Vec<String>) -> Option<Self> {
         let urls: Vec<String> = urls
             .into_iter()
-            .map(|u| u.trim_end_matches('/').to_owned())
+            .map(|u| u.trim().trim_end_matches('/').to_owned())
             .filter(|u| !u.is_empty())
             .collect();
         (!urls.is_empty()).then(|| Self {
@@ -225,7 +225,7 @@ pub fn debug_files(config: &Config, ids: &[String], stats: &mut Stats) -> HashMa
                 if Instant::now() >= next_progress {
                     let bytes = progress.load(std::sync::atomic::Ordering::Relaxed);
                     eprintln!(
-                        "debuginfod: {done} of {total} debug files after {:.0?}, {:.1} MiB \
+                        "rsprof-bpf: debuginfod: {done} of {total} debug files after {:.0?}, {:.1} MiB \
                          received…",
                         began.elapsed(),
                         bytes as f64 / (1 << 20) as f64,
@@ -310,6 +310,9 @@ fn fetch_from(
     let timeout = config.timeout.min(deadline.saturating_duration_since(Instant::now()));
     let resp = match agent.get(&at).config().timeout_global(Some(timeout)).build().call() {
         Ok(r) => r,
+        Err(e) if Instant::now() >= deadline => {
+            return Outcome::Failed(format!("{at}: {e} (at the end of the budget)"));
+        }
         Err(e) => return Outcome::Failed(format!("{at}: {e}")),
     };
     match resp.status().as_u16() {
@@ -374,7 +377,7 @@ fn write_negative(cache: &Path, id: &str) {
     use std::os::unix::fs::OpenOptionsExt as _;
     let path = cache_path(cache, id);
     if std::fs::create_dir_all(path.parent().unwrap_or(cache)).is_ok() {
-        let _ = std::fs::File::options().write(true).create_new(true).mode(0).open(&path);
+        let _ = std::fs::File::options().write(true).create_new(true).mode(0o000).open(&path);
     }
 }
 
