@@ -6,6 +6,7 @@
 pub mod cache;
 pub mod debuginfod;
 mod dwarf;
+pub mod gopclntab;
 pub mod pages;
 pub mod perfmap;
 
