@@ -504,6 +504,9 @@ struct SymbolizerThread {
     per_call: Option<PerCall>,
     /// This call's debug files from debuginfod, by build-id.
     fetched: HashMap<String, PathBuf>,
+    /// `.gopclntab` of stripped Go programs, with their file's identity then (None: not Go,
+    /// or a table we cannot read).
+    go_tables: HashMap<PathBuf, (cache::FileId, Option<Arc<gopclntab::GoTable>>)>,
     out: Symbols,
     errors: SymbolizeErrors,
 }
@@ -582,6 +585,7 @@ impl SymbolizerThread {
             ksym: new_symbolizer(),
             per_call,
             fetched: HashMap::new(),
+            go_tables: HashMap::new(),
             out: HashMap::new(),
             errors: Default::default(),
         }
@@ -702,6 +706,29 @@ impl SymbolizerThread {
         }
     }
 
+    /// The `.gopclntab` of the Go program at `path`, read once per file identity; a table that
+    /// cannot be read is said once, for `name`.
+    fn go_table(&mut self, path: &std::path::Path, name: &str) -> Option<Arc<gopclntab::GoTable>> {
+        let stamp = cache::FileId::of(path, None)?;
+        if let Some((s, table)) = self.go_tables.get(path)
+            && *s == stamp
+        {
+            return table.clone();
+        }
+        let table = match gopclntab::GoTable::open(path) {
+            Ok(t) => t.map(Arc::new),
+            Err(e) => {
+                self.errors.modules.push((name.to_owned(), e));
+                None
+            }
+        };
+        if self.go_tables.len() >= 256 {
+            self.go_tables.clear();
+        }
+        self.go_tables.insert(path.to_owned(), (stamp, table.clone()));
+        table
+    }
+
     /// Whether `path` is named from its `.dynsym` alone (see `dynsym_only`), cached per file.
     fn dynsym_only(&mut self, path: &std::path::Path) -> bool {
         let Some(stamp) = cache::FileId::of(path, None) else { return false };
@@ -740,6 +767,11 @@ impl SymbolizerThread {
             let debug = self.fetched.get(m.build_id.as_ref()?)?;
             dwarf::with_debug_file(m.open_path.as_deref()?, debug).map(Arc::new)
         });
+        // A Go program without symbols (`-ldflags=-s -w`) is named from its own table.
+        let go = match &m.open_path {
+            Some(p) if !fetched && self.dynsym_only(p) => self.go_table(p, &m.name),
+            _ => None,
+        };
         let results = match &m.open_path {
             Some(p) if let Some(src) = dwarf => {
                 if let Some(per_call) = self.per_call.as_mut() {
@@ -796,6 +828,10 @@ impl SymbolizerThread {
             }
         };
         for (i, &offset) in offsets.iter().enumerate() {
+            if let Some(frames) = go.as_ref().and_then(|g| go_frames(g, offset, &m.name)) {
+                self.out.insert(FrameAddr::User { module, offset }, frames);
+                continue;
+            }
             let frames = match results.as_ref().map(|r| &r[i]) {
                 Some(Symbolized::Sym(s)) => {
                     if by_function
@@ -879,6 +915,25 @@ fn dynsym_only(path: &std::path::Path) -> bool {
     }
     // The file itself may be named by its own link; any other candidate may be a debug file.
     !candidates.iter().any(|c| c.exists() && *c != real && c != path)
+}
+
+/// The frames at file offset `offset` of a Go program, outermost first.
+fn go_frames(table: &gopclntab::GoTable, offset: u64, module: &str) -> Option<Vec<Frame>> {
+    let frames = table.frames(table.address(offset)?)?;
+    Some(
+        frames
+            .into_iter()
+            .map(|f| Frame {
+                kind: FrameKind::User,
+                function: f.function,
+                module: module.to_owned(),
+                file: f.file,
+                line: f.line,
+                column: None,
+                inlined: f.inlined,
+            })
+            .collect(),
+    )
 }
 
 /// A frame that could not be named keeps its module and address.
