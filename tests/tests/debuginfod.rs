@@ -1,5 +1,6 @@
 //! Frames of stripped programs named from a real debuginfod server (Debian's), its debug file
-//! cached for the next run as elfutils caches it; servers that are down, lack the file or send
+//! cached for the next run as elfutils caches it (elfutils' `debuginfod-find` and rsprof-bpf
+//! each use what the other fetched); servers that are down, lack the file or send
 //! garbage leave the frames as addresses, counted, within the export's budget.
 
 use std::{
@@ -147,12 +148,21 @@ fn stripped_program_is_named_from_the_server_then_from_the_cache() -> Result<()>
     let cached = cache.join(&stripped.build_id).join("debuginfo");
     assert!(std::fs::metadata(&cached)?.len() > 0, "{} not cached", cached.display());
 
-    // The server gone: named from the cache, nothing asked.
+    // elfutils' own client fills another cache from the server.
+    let elfutils_cache = dir.join("cache-elfutils");
+    let found = debuginfod_find(&url, &elfutils_cache, &stripped.build_id)?;
+    assert!(found.starts_with(&elfutils_cache), "{}", found.display());
+
+    // The server gone: named from the cache, nothing asked; elfutils' cache serves alike.
     drop(server);
-    let second = record(&stripped.exe, "1", &cache, &["--debuginfod", &url])?;
-    let leaves = second.leaves();
-    assert!(named_with_line(&leaves, &stripped, "hot_a") > leaves.len() / 2, "{leaves:?}");
-    assert_eq!(second.counts(), (0, 0, 0, 1), "{}", second.stderr);
+    for cache in [&cache, &elfutils_cache] {
+        let second = record(&stripped.exe, "1", cache, &["--debuginfod", &url])?;
+        let leaves = second.leaves();
+        assert!(named_with_line(&leaves, &stripped, "hot_a") > leaves.len() / 2, "{leaves:?}");
+        assert_eq!(second.counts(), (0, 0, 0, 1), "{}", second.stderr);
+    }
+    // And elfutils' client finds ours there with the server gone.
+    assert_eq!(debuginfod_find(&url, &cache, &stripped.build_id)?, cached);
 
     // Without debuginfod the same cache is not read: the frames are addresses.
     let third = record(&stripped.exe, "1", &cache, &["--no-debuginfod"])?;
@@ -161,6 +171,20 @@ fn stripped_program_is_named_from_the_server_then_from_the_cache() -> Result<()>
     assert!(!third.stderr.contains("debuginfod:"), "{}", third.stderr);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// Where elfutils' `debuginfod-find` finds `id`'s debug file, with `url` and `cache`.
+fn debuginfod_find(url: &str, cache: &Path, id: &str) -> Result<PathBuf> {
+    let out = std::process::Command::new("debuginfod-find")
+        .env("DEBUGINFOD_URLS", url)
+        .env("DEBUGINFOD_CACHE_PATH", cache)
+        .args(["debuginfo", id])
+        .output()
+        .context("run debuginfod-find (Debian package debuginfod)")?;
+    if !out.status.success() {
+        bail!("debuginfod-find failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
 /// A server that answers every request with `answer` (None: reads it and never answers).
