@@ -379,6 +379,24 @@ pub fn render(i: &SummaryInput) -> String {
     if sym.modules.len() > 10 {
         let _ = writeln!(s, "  ({} more files could not be symbolized)", sym.modules.len() - 10);
     }
+    if crate::symbolize::debuginfod::current().is_some() || !sym.debuginfod.is_empty() {
+        let d = &sym.debuginfod;
+        let _ = write!(
+            s,
+            "  debuginfod: {} files fetched ({:.1} MiB), {} not found, {} errors",
+            d.fetched,
+            d.bytes as f64 / (1 << 20) as f64,
+            d.not_found,
+            d.errors
+        );
+        if d.cached > 0 {
+            let _ = write!(s, "; {} from the cache", d.cached);
+        }
+        let _ = writeln!(s);
+        if let Some(e) = &d.last_error {
+            let _ = writeln!(s, "  warning: debuginfod: {e}");
+        }
+    }
     if let Some(err) = &sym.kernel {
         let _ = writeln!(s, "  warning: kernel frames left as addresses: {err}");
     }
