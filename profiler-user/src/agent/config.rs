@@ -170,6 +170,7 @@ impl AgentPlan {
             unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::DwarfFp),
             unwind_table_mb: args.unwind_table_mb.or(file.unwind_table_mb).unwrap_or(64),
             bpf_timing: false,
+            no_python: args.no_python,
         };
         let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
             .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);

@@ -248,6 +248,14 @@ impl BpfObject {
         Ok((rows, BpfHashMap::try_from(procs)?))
     }
 
+    /// The processes running CPython, for the Python frame walker (`crate::python::loader`).
+    pub fn take_python_procs(
+        &mut self,
+    ) -> Result<BpfHashMap<MapData, u32, profiler_common::PyProc>> {
+        let procs = self.ebpf.take_map("PY_PROCS").context("PY_PROCS map")?;
+        Ok(BpfHashMap::try_from(procs)?)
+    }
+
     /// Loads the USDT uprobe program; returns its fd (for links `usdt::attach` creates) and
     /// the spec array its cookies index.
     pub fn usdt_program(&mut self) -> Result<(std::os::fd::OwnedFd, Array<MapData, UsdtSpec>)> {

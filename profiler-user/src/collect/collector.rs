@@ -83,6 +83,8 @@ pub struct CollectorStats {
     /// tables are still landing, and after it.
     pub user_stacks_first_second: (u64, u64),
     pub user_stacks_after: (u64, u64),
+    /// What reading Python frames did.
+    pub python: crate::python::PyStats,
 }
 
 /// How long after a process's first anonymous code drains follow each other closely.
@@ -464,8 +466,10 @@ impl<S: SampleSink> Collector<S> {
         if p.perf_map.poll(s.pid, s.time.0) && p.perf_map_named_more(anon) {
             self.outbox.maps_changed(s.pid);
         }
-        // Label frames depend on more than the addresses (the labels, their depths).
-        let cacheable = s.labels.is_empty();
+        // Label frames depend on more than the addresses (the labels, their depths), and so do
+        // a CPython process's (its Python frames, and each sample's count).
+        let python = matches!(p.python, crate::python::ProcessPython::Python(_));
+        let cacheable = s.labels.is_empty() && !python;
         let flags = u64::from(s.flags) | u64::from(s.off_cpu.is_some()) << 32;
         if cacheable
             && let Some((stack, unmapped)) = self.stack_cache.lookup(
@@ -481,6 +485,9 @@ impl<S: SampleSink> Collector<S> {
         }
         let r = stack::normalize(s, p, anon, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
+        if python {
+            crate::python::merge::merge(&mut self.frames, s, p, &mut self.stats.python);
+        }
         if r.jit_named + r.jit_unnamed > 0 {
             self.stats.perf_maps.add(&p.perf_map.take_stats());
         }
@@ -581,6 +588,7 @@ impl<S: SampleSink> Collector<S> {
                 p.made_code = false;
                 self.stats.perf_maps.add(&p.perf_map.take_stats());
                 p.forget_perf_map();
+                p.python = Default::default();
                 p.space_source = SpaceSource::Kernel;
                 if vdso != 0
                     && let Some(len) = vdso_len()

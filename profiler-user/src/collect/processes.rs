@@ -75,6 +75,8 @@ pub struct ProcessInfo {
     pub py_trampoline_arenas: Vec<u64>,
     /// It mapped anonymous code (JIT) since its exec.
     pub made_code: bool,
+    /// Its CPython interpreter, if it runs one.
+    pub python: crate::python::ProcessPython,
 }
 
 impl ProcessInfo {
@@ -88,7 +90,13 @@ impl ProcessInfo {
         }
         let id = JitSymbolId(self.meta.jit_symbols.len() as u32);
         let language = perfmap::language(name, &self.meta.exe);
-        self.meta.jit_symbols.push(JitSymbol { name: name.to_string(), language });
+        self.meta.jit_symbols.push(JitSymbol {
+            name: name.to_string(),
+            language,
+            file: None,
+            line: None,
+            interpreter: false,
+        });
         self.jit_ids.insert(name.clone(), id);
         Some(id)
     }

@@ -140,6 +140,8 @@ pub struct Recorder<'p> {
     usdt: UsdtSession,
     /// Unwind tables (None with `--unwind fp`).
     unwind: Option<crate::unwind::UnwindLoader>,
+    /// Which processes run CPython, for the kernel (None with `--no-python`).
+    python: Option<crate::python::loader::PyLoader>,
     ring: AsyncFd<RingBuf<MapData>>,
     info: RecordingInfo,
     child_exit: Option<oneshot::Receiver<i32>>,
@@ -245,6 +247,18 @@ impl<'p> Recorder<'p> {
         } else {
             Some(crate::unwind::maps(&mut bpf)?)
         };
+        let mut python = if plan.python {
+            let loader = bpf.take_python_procs().and_then(crate::python::loader::PyLoader::new);
+            match loader {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    msgs.warn(format_args!("Python frames are not read: {e:#}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         if let Some(c) = &plan.cgroups {
             bpf.add_cgroups(&c.ids())?;
         }
@@ -294,6 +308,7 @@ impl<'p> Recorder<'p> {
             collector.register_existing(pid);
         }
         // The processes given are published (and their files queued) before sampling starts.
+        python_after_drain(&mut python, &mut collector);
         if let Some(u) = &mut unwind {
             u.after_drain(&mut collector);
         }
@@ -317,6 +332,7 @@ impl<'p> Recorder<'p> {
         usdt.load_deferred(&mut bpf);
         usdt.initial_scan_done();
         collector.initial_scan_done();
+        python_after_drain(&mut python, &mut collector);
         // Queues the tables of every process found (compiled off this loop; processes are
         // published now, their frames in files not loaded yet end as "no table").
         if let Some(u) = &mut unwind {
@@ -362,6 +378,7 @@ impl<'p> Recorder<'p> {
             collector,
             usdt,
             unwind,
+            python,
             ring,
             info,
             child_exit,
@@ -393,6 +410,7 @@ impl<'p> Recorder<'p> {
         let records = ring::drain(self.ring.get_mut(), |rec| {
             let _ = collector.handle_record(rec);
         });
+        python_after_drain(&mut self.python, &mut self.collector);
         if let Some(u) = &mut self.unwind {
             u.after_drain(&mut self.collector);
         }
@@ -830,5 +848,17 @@ mod tests {
         assert!(256.0 * 999.0 * record * d.as_secs_f64() <= f64::from(16u32 << 20) + 1.0);
         // A tiny ring: never below the gap that bounds the loop's wakeups.
         assert_eq!(drain_interval(16 << 10, 2, 999), MIN_DRAIN_GAP);
+    }
+}
+
+/// Tells the kernel of processes found running CPython (`python` None: `--no-python`, whose
+/// checks are dropped so they do not pile up).
+fn python_after_drain(
+    python: &mut Option<crate::python::loader::PyLoader>,
+    collector: &mut Collector<ChunkedStore>,
+) {
+    match python {
+        Some(p) => p.after_drain(collector),
+        None => drop(collector.outbox.take_python_checks()),
     }
 }
