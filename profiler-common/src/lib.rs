@@ -248,15 +248,19 @@ pub struct OffCpuHeader {
     /// When the block whose stack this record carries began (its switch-out): the key of the
     /// [`OffCpuCopyHeader`] sent then, if the walk wanted one.
     pub stack_ns: u64,
+    /// Python frames (two words each, see [`SampleHeader::py_frames`]) after the user frames.
+    pub py_frames: u32,
+    pub _pad: u32,
 }
 
 /// [`OffCpuHeader`] plus `kernel_frames` kernel then `user_frames` user addresses, leaf first,
-/// taken at the switch-out; only that prefix is sent (`track` never is).
+/// then `py_frames` Python frames, taken at the switch-out; only that prefix is sent (`track`
+/// never is).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct OffCpuRecord {
     pub off: OffCpuHeader,
-    pub frames: [u64; 2 * MAX_STACK_DEPTH],
+    pub frames: [u64; 2 * MAX_STACK_DEPTH + 2 * PY_MAX_FRAMES],
     pub track: OffCpuTrack,
 }
 

@@ -208,8 +208,13 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
             (2 * profiler_common::MAX_STACK_DEPTH + profiler_common::LABEL_MAX_DEPTH) as u64;
         let before_py = kframes + uframes + labels;
         let before_py = if before_py > MAX_BEFORE_PY { MAX_BEFORE_PY } else { before_py };
-        let (py, py_flags) =
-            python::walk(tgid, task, cfg.task_fsbase, frames.add(before_py as usize));
+        let (py, py_flags) = python::walk(
+            tgid,
+            task,
+            cfg.task_fsbase,
+            frames.add(before_py as usize),
+            python::SLOT_SAMPLER,
+        );
         s.py_frames = py;
         s.flags |= py_flags;
 

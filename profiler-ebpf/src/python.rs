@@ -36,8 +36,11 @@ pub struct PyWalk {
     out: [u64; 2 * PY_MAX_FRAMES],
 }
 
+/// Per CPU: one walk state for the sampler, one for the off-CPU tracker.
 #[map]
-static PY_STATE: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(1, 0);
+static PY_STATE: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(2, 0);
+pub const SLOT_SAMPLER: u32 = 0;
+pub const SLOT_OFF_CPU: u32 = 1;
 
 #[inline(always)]
 fn read_user_u64(addr: u64) -> Option<u64> {
@@ -48,12 +51,12 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 /// Writes the current thread's Python frames (two words each, innermost first) to `dst`
 /// when its process runs CPython; returns (frames, sample flags: `PY_WALK_*` and
 /// `SAMPLE_PY_TRUNCATED`). `task` is the current task, `fsbase_off` the offset of its thread
-/// pointer.
+/// pointer, `slot` the walker's state (`SLOT_*`).
 ///
 /// # Safety
 /// `dst` must have room for `2 * PY_MAX_FRAMES` words of a map value.
 #[inline(always)]
-pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64) -> (u32, u32) {
+pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u32) -> (u32, u32) {
     // SAFETY: a map value pointer, valid for the program's run.
     let Some(proc_) = (unsafe { PY_PROCS.get(&tgid) }) else { return (0, 0) };
     let status = |s: u32| (0, s << SAMPLE_PY_SHIFT);
@@ -70,7 +73,7 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64) -> (u32
     };
     let specific = tp.wrapping_add(proc_.tls_specific as u64);
     // glibc: keys 0–31 in the thread block itself, the others in blocks of 32 it points to.
-    let slot = if key < 32 {
+    let value = if key < 32 {
         specific.wrapping_add(16 * key as u64 + 8)
     } else if key < 1024 {
         let Some(block) = read_user_u64(specific + 32 * 16 + 8 * (key / 32) as u64) else {
@@ -83,7 +86,7 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64) -> (u32
     } else {
         return status(PY_WALK_READ_FAULT);
     };
-    let Some(tstate) = read_user_u64(slot) else { return status(PY_WALK_READ_FAULT) };
+    let Some(tstate) = read_user_u64(value) else { return status(PY_WALK_READ_FAULT) };
     if tstate == 0 {
         return status(PY_WALK_NO_THREAD_STATE);
     }
@@ -99,7 +102,7 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64) -> (u32
     if frame == 0 {
         return status(PY_WALK_NO_FRAME);
     }
-    let Some(st) = PY_STATE.get_ptr_mut(0) else { return status(PY_WALK_READ_FAULT) };
+    let Some(st) = PY_STATE.get_ptr_mut(slot) else { return status(PY_WALK_READ_FAULT) };
     // SAFETY: this CPU's walk state; the sampler does not nest on one CPU.
     let st = unsafe { &mut *st };
     st.frame = frame;
@@ -107,9 +110,15 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64) -> (u32
     st.truncated = 0;
     st.fault = 0;
     st.proc_ = *proc_;
-    let mut unused = 0u64;
     // A shim frame (3.12+) comes with each activation: twice the frames bounds the steps.
-    run_loop(2 * PY_MAX_FRAMES as u32 + 1, step, &mut unused);
+    // The slot is the step's constant: each walker's loop reads its own state.
+    let mut unused = 0u64;
+    let steps = 2 * PY_MAX_FRAMES as u32 + 1;
+    if slot == SLOT_SAMPLER {
+        run_loop(steps, step::<SLOT_SAMPLER>, &mut unused);
+    } else {
+        run_loop(steps, step::<SLOT_OFF_CPU>, &mut unused);
+    }
     if st.frame != 0 && st.fault == 0 {
         st.truncated = 1;
     }
@@ -155,8 +164,8 @@ fn field_u8(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u8 {
 
 /// `bpf_loop` callback: records the current frame and moves to the previous one.
 #[inline(never)]
-extern "C" fn step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
-    let Some(st) = PY_STATE.get_ptr_mut(0) else { return 1 };
+extern "C" fn step<const SLOT: u32>(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+    let Some(st) = PY_STATE.get_ptr_mut(SLOT) else { return 1 };
     // SAFETY: see `walk`.
     let st = unsafe { &mut *st };
     if st.frame == 0 {

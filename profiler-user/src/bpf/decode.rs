@@ -313,13 +313,15 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
             }
             let kn = u16_at(b, std::mem::offset_of!(OffCpuHeader, kernel_frames)) as usize;
             let un = u16_at(b, std::mem::offset_of!(OffCpuHeader, user_frames)) as usize;
+            let pn = u32_at(b, std::mem::offset_of!(OffCpuHeader, py_frames)) as usize;
             if kn > MAX_STACK_DEPTH
                 || un > MAX_STACK_DEPTH
-                || b.len() < OFF_CPU_RECORD_FIXED + (kn + un) * 8
+                || pn > profiler_common::PY_MAX_FRAMES
+                || b.len() < OFF_CPU_RECORD_FIXED + (kn + un + 2 * pn) * 8
             {
                 return Err(short);
             }
-            (OFF_CPU_RECORD_FIXED, kn, un, 0, 0, std::mem::offset_of!(OffCpuHeader, comm))
+            (OFF_CPU_RECORD_FIXED, kn, un, 0, pn, std::mem::offset_of!(OffCpuHeader, comm))
         }
         _ => return Ok(false),
     };
@@ -688,8 +690,10 @@ mod tests {
                 pending_blocks: 4,
                 off_cpu: 0,
                 stack_ns: 40,
+                py_frames: 0,
+                _pad: 0,
             },
-            frames: [0; 2 * MAX_STACK_DEPTH],
+            frames: [0; 2 * MAX_STACK_DEPTH + 2 * profiler_common::PY_MAX_FRAMES],
             track: profiler_common::OffCpuTrack {
                 short_max_ns: 0,
                 site: 0,

@@ -75,6 +75,8 @@ pub fn parse(obj: &object::File<'_>) -> Result<PyElf, NotPython> {
         }
     }
     let runtime = runtime.ok_or(NotPython::NotInterpreter)?;
+    // Code objects are told apart from other memory by their type.
+    let code_type = Some(code_type.ok_or(NotPython::NotInterpreter)?);
     let minor = match py_version {
         Some(sym) => {
             let hex = read_u32(obj, sym.address()).ok_or(NotPython::UnknownVersion)?;

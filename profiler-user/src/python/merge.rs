@@ -59,6 +59,17 @@ pub fn merge(frames: &mut Vec<FrameAddr>, s: &Sample, p: &mut ProcessInfo, stats
         .map(|(i, _)| i)
         .collect();
     if evals.is_empty() {
+        // A native walk cut before it reached the innermost loop frame (a table not loaded
+        // yet): what it has are callees of that activation, so every Python frame goes
+        // between the truncation marker and them. The native frames between activations are
+        // unknown there, as the marker says.
+        if matches!(frames.first(), Some(FrameAddr::Truncated { .. })) {
+            stats.samples_with += 1;
+            stats.above_cut += 1;
+            let py_frames = groups.iter().rev().flat_map(|g| g.iter().rev().copied());
+            frames.splice(1..1, py_frames.collect::<Vec<_>>());
+            return;
+        }
         return stats.unplaced += 1;
     }
     if evals.len() != groups.len() {

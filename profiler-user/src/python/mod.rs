@@ -95,6 +95,9 @@ pub struct PyStats {
     /// Samples whose native eval-loop frames and Python activations did not pair up
     /// one to one (a cut stack on either side): placed from the leaf.
     pub mismatched: u64,
+    /// Samples whose native walk was cut before any loop frame: the Python frames went
+    /// right under the truncation marker.
+    pub above_cut: u64,
     /// Samples with more than `PY_MAX_FRAMES` Python frames (outermost ones cut).
     pub truncated: u64,
     /// Code objects read, unreadable (memory gone: the process exited first), not code
@@ -124,7 +127,7 @@ impl PyStats {
             "python: {} processes, {} samples with Python frames, {} without: {} in threads \
              without a Python thread state, {} between frames, {} unreadable, {} before the \
              process was known, {} with no eval loop frame to place them at; {} placed from \
-             the leaf (stacks cut), {} cut at {} frames; code objects: {} read, {} unreadable, \
+             the leaf (stacks cut), {} under a cut native stack, {} cut at {} frames; code objects: {} read, {} unreadable, \
              {} not code objects, {} reused; {} frames still setting up skipped; {} \
              interpreter files unsupported",
             self.processes,
@@ -136,6 +139,7 @@ impl PyStats {
             self.not_loaded,
             self.unplaced,
             self.mismatched,
+            self.above_cut,
             self.truncated,
             profiler_common::PY_MAX_FRAMES,
             self.code_objects,
