@@ -78,6 +78,39 @@ pub const SAMPLE_PY_MASK: u32 = 0x7 << SAMPLE_PY_SHIFT;
 /// More than `PY_MAX_FRAMES` Python frames: the outermost are missing.
 pub const SAMPLE_PY_TRUNCATED: u32 = 1 << 19;
 
+/// An interpreter file, by the identity the kernel's mapping records carry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PyFileKey {
+    pub inode: u64,
+    /// Kernel `dev_t` (major << 20 | minor).
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// A known interpreter file (`PY_FILES`): a process that maps it gets its `PY_PROCS` entry in
+/// the kernel at once (exec of a `python3.X`, mmap of `libpython3.X.so`), before userspace has
+/// seen the mapping, so a script's first milliseconds are walked too. `proc_.tss_key` is the
+/// key's file virtual address; the load bias is added per process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyFile {
+    pub proc_: PyProc,
+    /// Lowest `p_vaddr` of the executable segments: an executable's `mm->start_code` less its
+    /// load bias.
+    pub text_vaddr: u64,
+    /// The executable segment's page-aligned file offset and virtual address: a library's
+    /// mapping of it at `start` has bias `start - exec_vaddr`.
+    pub exec_offset: u64,
+    pub exec_vaddr: u64,
+}
+
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding (8 + 11 * 4 + 4 bytes).
 unsafe impl aya::Pod for PyProc {}
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding.
+unsafe impl aya::Pod for PyFileKey {}
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers and a Pod struct, no padding.
+unsafe impl aya::Pod for PyFile {}

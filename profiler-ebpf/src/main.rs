@@ -485,6 +485,9 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
     if !cgroup::selected() {
         return 0;
     }
+    if child_tgid != parent_tgid {
+        python::inherit(parent_tgid, child_tgid);
+    }
     // A new process, not a thread: its walker entry is its parent's from this moment on.
     let copied = child_tgid != parent_tgid
         && cfg.unwind_mode != UNWIND_MODE_FP
@@ -514,6 +517,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     usdt::forget_thread(old_pid as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     maptrack::forget_code_of(tgid);
+    python::forget(tgid);
     unsafe {
         task_header(EVENT_EXEC, rec, tgid, tid);
         let task = bpf_get_current_task();

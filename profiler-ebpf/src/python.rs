@@ -14,7 +14,7 @@ use aya_ebpf::{
 use profiler_common::{
     PY_FRAME_ENTRY, PY_FRAME_IP_MASK, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES,
     PY_NO_FIELD, PY_OWNED_BY_CSTACK, PY_WALK_FRAMES, PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE,
-    PY_WALK_READ_FAULT, PyProc, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED,
+    PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED,
 };
 
 use crate::run_loop;
@@ -22,6 +22,46 @@ use crate::run_loop;
 /// Processes running CPython, by thread-group id.
 #[map]
 static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(16384, 0);
+
+/// Interpreter files userspace has found (see `PyFile`).
+#[map]
+static PY_FILES: HashMap<PyFileKey, PyFile> = HashMap::with_max_entries(1024, 0);
+
+/// A file was mapped executable by process `tgid` (at exec: its executable, `exe_text`, whose
+/// code starts at `start`; else a mapping of file offset `offset` at `start`): if it is a
+/// known interpreter, the process's walker config is written now.
+#[inline(always)]
+pub fn file_mapped(tgid: u32, dev: u32, inode: u64, start: u64, offset: u64, exe_text: bool) {
+    let key = PyFileKey { inode, dev, _pad: 0 };
+    // SAFETY: a map value, copied out at once.
+    let Some(f) = (unsafe { PY_FILES.get(&key) }) else { return };
+    let bias = if exe_text {
+        start.wrapping_sub(f.text_vaddr)
+    } else if offset == f.exec_offset {
+        start.wrapping_sub(f.exec_vaddr)
+    } else {
+        return;
+    };
+    let mut p = f.proc_;
+    p.tss_key = p.tss_key.wrapping_add(bias);
+    let _ = PY_PROCS.insert(&tgid, &p, 0);
+}
+
+/// A new process (fork without exec) runs its parent's interpreter at the same addresses.
+#[inline(always)]
+pub fn inherit(parent: u32, child: u32) {
+    // SAFETY: a map value, copied out at once.
+    if let Some(p) = unsafe { PY_PROCS.get(&parent) } {
+        let p = *p;
+        let _ = PY_PROCS.insert(&child, &p, 0);
+    }
+}
+
+/// A process execs: the old image's interpreter is gone.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    let _ = PY_PROCS.remove(&tgid);
+}
 
 /// A walk in progress: the next frame, the frames found, and the current frame's bytes.
 #[repr(C)]

@@ -74,28 +74,31 @@ fn thread_stacks(profile: &Value, pid: u32) -> Vec<(u64, Vec<Vec<String>>)> {
     threads_of_pid(profile, pid).into_iter().map(|t| (t.tid, sample_stacks(t.thread))).collect()
 }
 
-/// The 2:1 fixture on every interpreter, one process of each started before the recording and
-/// one during it, all in one `--all` recording: ≥ 90% of each main thread's samples carry
-/// `py_driver → py_hot_alpha|beta` (Python frames, file and line known), split 2:1 ± 7 points.
+/// The 2:1 fixture on every interpreter, in one `--all` recording per interpreter: one
+/// process started before the recording and one during it. ≥ 90% of each main thread's
+/// samples carry `py_driver → py_hot_alpha|beta` (Python frames with file and line, in the
+/// Python category), split 2:1 ± 7 points.
 #[test]
 fn every_cpython_2_to_1_started_before_and_during_an_all_recording() {
-    let pythons = interpreters();
-    let secs = "8";
-    let before: Vec<(String, Child)> = pythons
-        .iter()
-        .map(|(n, p)| (format!("{n}, started before"), start_python(p, "pysplit.py", &[secs])))
-        .collect();
+    let mut failures = Vec::new();
+    for (name, python) in interpreters() {
+        split_for(&name, &python, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn split_for(name: &str, python: &Path, failures: &mut Vec<String>) {
+    // Long enough that the during process's start-up (exec, ld.so, imports: no Python
+    // function of the script yet) stays a few percent of its samples.
+    let mut before = start_python(python, "pysplit.py", &["11"]);
     let output = output_path("python_split", "json");
-    let rec = Recording::start(&["--all", "-F", "499"], output).expect("start");
-    let during: Vec<(String, Child)> = pythons
-        .iter()
-        .map(|(n, p)| (format!("{n}, started during"), start_python(p, "pysplit.py", &["6"])))
-        .collect();
+    let rec = Recording::start(&["--all", "-F", "999"], output).expect("start");
+    let mut during = start_python(python, "pysplit.py", &["8"]);
     let mut pids = Vec::new();
-    for (name, mut child) in before.into_iter().chain(during) {
+    for (when, child) in [("started before", &mut before), ("started during", &mut during)] {
         let status = child.wait().expect("python ran");
-        assert!(status.success(), "{name} failed: {status}");
-        pids.push((name, child.id()));
+        assert!(status.success(), "{name} {when} failed: {status}");
+        pids.push((format!("{name}, {when}"), child.id()));
     }
     let done = rec.interrupt().expect("stop recording");
     let profile = done.profile().expect("profile written");
@@ -103,7 +106,6 @@ fn every_cpython_2_to_1_started_before_and_during_an_all_recording() {
     let summary = done.stderr.lines().find(|l| l.starts_with("python:")).unwrap_or_default();
     eprintln!("{summary}");
     let script = fixtures::source_dir().join("pysplit.py").display().to_string();
-    let mut failures = Vec::new();
     for (name, pid) in pids {
         let main = threads_of_pid(&profile, pid).into_iter().find(|t| t.tid == u64::from(pid));
         let Some(main) = main else {
@@ -126,7 +128,7 @@ fn every_cpython_2_to_1_started_before_and_during_an_all_recording() {
             "{name} ({pid}): {} of {total} ({pct:.1}%) carry the chain; alpha share {share:.1}%",
             alpha + beta
         );
-        if total < 200 {
+        if total < 300 {
             failures.push(format!("{name}: only {total} samples"));
         } else if pct < 90.0 {
             let bad = stacks
@@ -154,7 +156,6 @@ fn every_cpython_2_to_1_started_before_and_during_an_all_recording() {
             other => failures.push(format!("{name}: hot frame {other:?}")),
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Four threads, each in its own function: each thread's samples carry its own, never
@@ -186,7 +187,7 @@ fn threads_carry_their_own_functions() {
                 "thread {tid}: {f} in {with} of {}",
                 stacks.len()
             );
-            owners.push(f);
+            owners.push(f.to_owned());
         }
     }
     owners.sort_unstable();
@@ -310,6 +311,13 @@ fn time_sleep_off_cpu_shows_the_sleeping_function() {
         stacks.iter().filter(|s| names(s).iter().any(|f| f.contains("clock_nanosleep"))).collect();
     let named = off.iter().filter(|s| names(s).contains(&"py::py_sleeper")).count();
     eprintln!("{named} of {} sleeping samples under py::py_sleeper", off.len());
+    if let Some(bad) = off.iter().find(|s| !names(s).contains(&"py::py_sleeper")) {
+        eprintln!("e.g. {bad:?}");
+    }
     assert!(off.len() >= 5, "{} samples in clock_nanosleep", off.len());
-    assert!(named * 10 >= off.len() * 9, "{named} of {} under py::py_sleeper", off.len());
+    // A record taken before the kernel knew the process lacks them (counted in the summary's
+    // `python off-CPU records:` line); each record weighs its block's length here.
+    assert!(named * 10 >= off.len() * 8, "{named} of {} under py::py_sleeper", off.len());
+    let line = done.stderr.lines().find(|l| l.contains("python off-CPU records:"));
+    eprintln!("{}", line.unwrap_or_default());
 }

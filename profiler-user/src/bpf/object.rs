@@ -248,12 +248,12 @@ impl BpfObject {
         Ok((rows, BpfHashMap::try_from(procs)?))
     }
 
-    /// The processes running CPython, for the Python frame walker (`crate::python::loader`).
-    pub fn take_python_procs(
-        &mut self,
-    ) -> Result<BpfHashMap<MapData, u32, profiler_common::PyProc>> {
+    /// The processes running CPython and the interpreter files known, for the Python frame
+    /// walker (`crate::python::loader`).
+    pub fn take_python_maps(&mut self) -> Result<crate::python::loader::PyMaps> {
         let procs = self.ebpf.take_map("PY_PROCS").context("PY_PROCS map")?;
-        Ok(BpfHashMap::try_from(procs)?)
+        let files = self.ebpf.take_map("PY_FILES").context("PY_FILES map")?;
+        Ok((BpfHashMap::try_from(procs)?, BpfHashMap::try_from(files)?))
     }
 
     /// Loads the USDT uprobe program; returns its fd (for links `usdt::attach` creates) and

@@ -83,8 +83,9 @@ pub struct CollectorStats {
     /// tables are still landing, and after it.
     pub user_stacks_first_second: (u64, u64),
     pub user_stacks_after: (u64, u64),
-    /// What reading Python frames did.
+    /// What reading Python frames did, for CPU samples and for off-CPU records.
     pub python: crate::python::PyStats,
+    pub python_off_cpu: crate::python::PyStats,
 }
 
 /// How long after a process's first anonymous code drains follow each other closely.
@@ -486,7 +487,8 @@ impl<S: SampleSink> Collector<S> {
         let r = stack::normalize(s, p, anon, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
         if python {
-            crate::python::merge::merge(&mut self.frames, s, p, &mut self.stats.python);
+            let (on, off) = (&mut self.stats.python, &mut self.stats.python_off_cpu);
+            crate::python::merge::merge(&mut self.frames, s, p, on, off);
         }
         if r.jit_named + r.jit_unnamed > 0 {
             self.stats.perf_maps.add(&p.perf_map.take_stats());

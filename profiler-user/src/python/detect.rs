@@ -19,6 +19,8 @@ pub struct PyElf {
     pub eval: Vec<(u64, u64)>,
     /// PT_LOAD segments: (p_vaddr, p_filesz, p_offset).
     pub loads: Vec<(u64, u64, u64)>,
+    /// Lowest executable segment: (p_vaddr, p_offset).
+    pub exec: Option<(u64, u64)>,
 }
 
 /// Why a file that looked like CPython is not used.
@@ -98,7 +100,14 @@ pub fn parse(obj: &object::File<'_>) -> Result<PyElf, NotPython> {
             (s.address(), size, offset)
         })
         .collect();
-    Ok(PyElf { minor, runtime, code_type, eval, loads })
+    let exec = obj
+        .segments()
+        .filter(|s| {
+            matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0)
+        })
+        .map(|s| (s.address(), s.file_range().0))
+        .min();
+    Ok(PyElf { minor, runtime, code_type, eval, loads, exec })
 }
 
 /// The u32 at virtual address `addr` of the file's data.

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Result, bail};
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::{PY_NO_FIELD, PyProc};
+use profiler_common::{PY_NO_FIELD, PyFile, PyFileKey, PyProc};
 
 use super::{
     ProcessPython, PyProcess,
@@ -22,8 +22,13 @@ use crate::{collect::collector::Collector, model::ids::Pid, store::SampleSink};
 /// that its code objects are read while it lives (a short script's whole life).
 const FOUND_FOLLOW_NS: u64 = 250_000_000;
 
+/// `PY_PROCS` and `PY_FILES`.
+pub type PyMaps = (BpfHashMap<MapData, u32, PyProc>, BpfHashMap<MapData, PyFileKey, PyFile>);
+
 pub struct PyLoader {
     procs: BpfHashMap<MapData, u32, PyProc>,
+    /// Interpreter files, for the kernel to configure processes that map them at once.
+    kernel_files: BpfHashMap<MapData, PyFileKey, PyFile>,
     /// See `PyProc::tls_specific`.
     tls_specific: u32,
     /// Interpreter files looked at, by module (and the module's serial: ids are reused).
@@ -32,11 +37,85 @@ pub struct PyLoader {
 }
 
 impl PyLoader {
-    pub fn new(procs: BpfHashMap<MapData, u32, PyProc>) -> Result<Self> {
+    pub fn new((procs, kernel_files): PyMaps) -> Result<Self> {
         let Some(tls_specific) = glibc_specific_offset() else {
             bail!("glibc's thread-specific data was not where it was looked for")
         };
-        Ok(Self { procs, tls_specific, files: HashMap::new(), loaded: HashSet::new() })
+        let mut loader = Self {
+            procs,
+            kernel_files,
+            tls_specific,
+            files: HashMap::new(),
+            loaded: HashSet::new(),
+        };
+        loader.scan_path();
+        Ok(loader)
+    }
+
+    /// Tells the kernel of the interpreters on `PATH` (`python3.X` executables), so that one
+    /// started from there is walked from its first sample, not from the first drain after it
+    /// mapped the interpreter (most of a short script's life).
+    fn scan_path(&mut self) {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut seen = HashSet::new();
+        for dir in std::env::split_paths(&path) {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(minor) = name.strip_prefix("python3.") else { continue };
+                if minor.parse::<u32>().is_err() {
+                    continue;
+                }
+                let Ok(real) = std::fs::canonicalize(e.path()) else { continue };
+                if seen.insert(real.clone())
+                    && let Ok(elf) = detect::read(&real)
+                {
+                    self.tell_kernel(&real, &elf);
+                }
+            }
+        }
+    }
+
+    /// Writes interpreter file `path` to `PY_FILES` (a failure only costs the kernel's head
+    /// start).
+    fn tell_kernel(&mut self, path: &std::path::Path, elf: &PyElf) {
+        use std::os::unix::fs::MetadataExt as _;
+        let (Ok(meta), Some((exec_vaddr, exec_offset))) = (std::fs::metadata(path), elf.exec)
+        else {
+            return;
+        };
+        let Some(config) = self.config(elf, 0) else { return };
+        let dev = meta.dev();
+        let key = PyFileKey {
+            inode: meta.ino(),
+            dev: ((libc::major(dev) as u32) << 20) | libc::minor(dev) as u32,
+            _pad: 0,
+        };
+        let file = PyFile {
+            proc_: config,
+            text_vaddr: exec_vaddr,
+            exec_offset: exec_offset & !0xfff,
+            exec_vaddr: exec_vaddr - (exec_offset & 0xfff),
+        };
+        let _ = self.kernel_files.insert(key, file, 0);
+    }
+
+    /// The walker config of interpreter `elf` loaded with `bias`.
+    fn config(&self, elf: &PyElf, bias: u64) -> Option<PyProc> {
+        let o = super::offsets::for_minor(elf.minor)?;
+        Some(PyProc {
+            tss_key: bias.wrapping_add(elf.runtime).wrapping_add(u64::from(o.runtime_tss_key)),
+            tls_specific: self.tls_specific,
+            minor: elf.minor,
+            tstate_frame: o.tstate_frame,
+            cframe_frame: o.cframe_frame.unwrap_or(PY_NO_FIELD),
+            frame_back: o.frame_back,
+            frame_code: o.frame_code,
+            frame_ip: o.frame_ip,
+            frame_owner: o.frame_owner.unwrap_or(PY_NO_FIELD),
+            frame_is_entry: o.frame_is_entry.unwrap_or(PY_NO_FIELD),
+            _pad: 0,
+        })
     }
 
     /// Looks at the processes the collector says may have changed, and drops those gone.
@@ -70,9 +149,16 @@ impl PyLoader {
                 continue;
             }
             let key = (m.module, c.modules.serial(m.module));
+            let mut new_file = None;
             let det = self.files.entry(key).or_insert_with(|| {
                 let r = match module.readable_path() {
-                    Some(path) => detect::read(&path).map(Arc::new),
+                    Some(path) => {
+                        let r = detect::read(&path).map(Arc::new);
+                        if let Ok(elf) = &r {
+                            new_file = Some((path, elf.clone()));
+                        }
+                        r
+                    }
                     None => Err(NotPython::Unreadable),
                 };
                 if matches!(r, Err(NotPython::Unreadable | NotPython::UnknownVersion)) {
@@ -80,6 +166,10 @@ impl PyLoader {
                 }
                 r
             });
+            let det = det.clone();
+            if let Some((path, elf)) = new_file {
+                self.tell_kernel(&path, &elf);
+            }
             match det {
                 Ok(elf) => {
                     if let Some(bias) = elf.bias(m.start, m.file_offset) {
@@ -88,7 +178,7 @@ impl PyLoader {
                     }
                 }
                 Err(NotPython::NotInterpreter) => {}
-                Err(e) => unsupported = Some(*e),
+                Err(e) => unsupported = Some(e),
             }
         }
         let Some((module, elf, bias)) = found else {
@@ -105,20 +195,7 @@ impl PyLoader {
             return;
         }
         let Some(py) = PyProcess::new(module, bias, &elf) else { return };
-        let o = py.offsets;
-        let config = PyProc {
-            tss_key: bias.wrapping_add(elf.runtime).wrapping_add(u64::from(o.runtime_tss_key)),
-            tls_specific: self.tls_specific,
-            minor: elf.minor,
-            tstate_frame: o.tstate_frame,
-            cframe_frame: o.cframe_frame.unwrap_or(PY_NO_FIELD),
-            frame_back: o.frame_back,
-            frame_code: o.frame_code,
-            frame_ip: o.frame_ip,
-            frame_owner: o.frame_owner.unwrap_or(PY_NO_FIELD),
-            frame_is_entry: o.frame_is_entry.unwrap_or(PY_NO_FIELD),
-            _pad: 0,
-        };
+        let Some(config) = self.config(&elf, bias) else { return };
         if self.procs.insert(pid.0, config, 0).is_err() {
             c.stats.python.map_full += 1;
             return;

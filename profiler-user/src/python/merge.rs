@@ -23,11 +23,16 @@ pub const UNREADABLE: &str = "py::[unreadable code object]";
 
 /// Replaces the eval-loop frames of `frames` (root first, as `collect::stack::normalize`
 /// left them) by the Python frames of `s`, a sample of `p`, and counts how that went.
-pub fn merge(frames: &mut Vec<FrameAddr>, s: &Sample, p: &mut ProcessInfo, stats: &mut PyStats) {
+/// `stats` counts CPU samples, `off_cpu` off-CPU records.
+pub fn merge(
+    frames: &mut Vec<FrameAddr>,
+    s: &Sample,
+    p: &mut ProcessInfo,
+    stats: &mut PyStats,
+    off_cpu: &mut PyStats,
+) {
     let ProcessPython::Python(py) = &mut p.python else { return };
-    // The summary counts CPU samples; off-CPU records are merged alike but not counted.
-    let mut off_cpu = PyStats::default();
-    let stats = if s.off_cpu.is_some() { &mut off_cpu } else { stats };
+    let stats = if s.off_cpu.is_some() { off_cpu } else { stats };
     if s.flags & SAMPLE_PY_TRUNCATED != 0 {
         stats.truncated += 1;
     }

@@ -118,6 +118,25 @@ impl PyStats {
         self.no_thread_state + self.no_frame + self.read_fault + self.not_loaded + self.unplaced
     }
 
+    /// The summary's line on off-CPU records (these stats counting them), None without any.
+    pub fn render_off_cpu(&self) -> Option<String> {
+        let n = self.samples_with + self.without();
+        (n > 0).then(|| {
+            format!(
+                "  python off-CPU records: {} with Python frames, {} without: {} in threads \
+                 without a Python thread state, {} between frames, {} unreadable, {} before the \
+                 process was known, {} with no eval loop frame to place them at",
+                self.samples_with,
+                self.without(),
+                self.no_thread_state,
+                self.no_frame,
+                self.read_fault,
+                self.not_loaded,
+                self.unplaced
+            )
+        })
+    }
+
     /// The summary's line, None when no CPython ran.
     pub fn render(&self) -> Option<String> {
         if self.processes == 0 && self.unsupported_files == 0 {

@@ -248,7 +248,7 @@ impl<'p> Recorder<'p> {
             Some(crate::unwind::maps(&mut bpf)?)
         };
         let mut python = if plan.python {
-            let loader = bpf.take_python_procs().and_then(crate::python::loader::PyLoader::new);
+            let loader = bpf.take_python_maps().and_then(crate::python::loader::PyLoader::new);
             match loader {
                 Ok(l) => Some(l),
                 Err(e) => {

@@ -345,6 +345,9 @@ pub fn render(i: &SummaryInput) -> String {
     }
     if let Some(line) = i.stats.python.render() {
         let _ = writeln!(s, "{line}");
+        if let Some(line) = i.stats.python_off_cpu.render_off_cpu() {
+            let _ = writeln!(s, "{line}");
+        }
     }
     let m = &i.stats.perf_maps;
     if m.opened + m.refused > 0 {
