@@ -45,7 +45,9 @@ pub struct PyProc {
     /// 3.11: `is_entry` (a byte: the frame its C activation of the eval loop began with), else
     /// `PY_NO_FIELD`.
     pub frame_is_entry: u32,
-    pub _pad: u32,
+    /// Kernel-side: 0 until the process's first sample with Python frames, which wakes
+    /// userspace (`SAMPLE_PY_FIRST`) so that its code objects are read while it lives.
+    pub announced: u32,
 }
 
 /// `_PyInterpreterFrame.owner` of the shim frame the eval loop pushes on 3.12+.
@@ -77,6 +79,8 @@ pub const SAMPLE_PY_SHIFT: u32 = 16;
 pub const SAMPLE_PY_MASK: u32 = 0x7 << SAMPLE_PY_SHIFT;
 /// More than `PY_MAX_FRAMES` Python frames: the outermost are missing.
 pub const SAMPLE_PY_TRUNCATED: u32 = 1 << 19;
+/// The process's first sample with Python frames (the sampler wakes userspace for it).
+pub const SAMPLE_PY_FIRST: u32 = 1 << 20;
 
 /// An interpreter file, by the identity the kernel's mapping records carry.
 #[repr(C)]

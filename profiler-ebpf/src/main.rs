@@ -228,7 +228,8 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
             copy_len = attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
             len += copy_len;
         }
-        let sent = output(scratch, len, false);
+        // A process's first Python sample: its code objects are best read while it lives.
+        let sent = output(scratch, len, py_flags & profiler_common::SAMPLE_PY_FIRST != 0);
         if sent {
             count(counter::SAMPLES_SENT);
             // Counted once sent: a sample lost to a full ring counts as lost, copy or not.

@@ -14,7 +14,8 @@ use aya_ebpf::{
 use profiler_common::{
     PY_FRAME_ENTRY, PY_FRAME_IP_MASK, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES,
     PY_NO_FIELD, PY_OWNED_BY_CSTACK, PY_WALK_FRAMES, PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE,
-    PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED,
+    PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc, SAMPLE_PY_FIRST, SAMPLE_PY_SHIFT,
+    SAMPLE_PY_TRUNCATED,
 };
 
 use crate::run_loop;
@@ -98,7 +99,10 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 #[inline(always)]
 pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u32) -> (u32, u32) {
     // SAFETY: a map value pointer, valid for the program's run.
-    let Some(proc_) = (unsafe { PY_PROCS.get(&tgid) }) else { return (0, 0) };
+    let Some(proc_) = PY_PROCS.get_ptr_mut(&tgid) else { return (0, 0) };
+    // SAFETY: a map value, valid for the program's run; `announced` is the only field written
+    // here (a race between CPUs only wakes userspace twice).
+    let proc_ = unsafe { &mut *proc_ };
     let status = |s: u32| (0, s << SAMPLE_PY_SHIFT);
     if fsbase_off == 0 {
         return status(PY_WALK_READ_FAULT);
@@ -171,6 +175,10 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
         }
     }
     let mut flags = if st.truncated != 0 { SAMPLE_PY_TRUNCATED } else { 0 };
+    if n > 0 && proc_.announced == 0 {
+        proc_.announced = 1;
+        flags |= SAMPLE_PY_FIRST;
+    }
     flags |= if n > 0 {
         PY_WALK_FRAMES
     } else if st.fault != 0 {

@@ -224,7 +224,9 @@ fn c_extension_frames_sit_under_the_python_caller() {
     );
 }
 
-/// A script that lives 50 ms: its function is named (code objects read while it lived).
+/// A script that lives 50 ms: its function is named (code objects read while it lived: the
+/// kernel knows the interpreter file from the first run, and a process's first Python sample
+/// wakes the collector).
 #[test]
 fn a_50ms_script_is_named() {
     let output = output_path("python_brief", "json");
@@ -250,11 +252,15 @@ fn a_50ms_script_is_named() {
             "{pid}: {n} of {} samples name py_brief_work, {unreadable} unreadable frames",
             stacks.len()
         );
-        if n * 2 >= stacks.len() && n > 5 {
+        // About half its life is the interpreter's start-up (no function of the script yet).
+        if n * 4 >= stacks.len() && n >= 5 && unreadable == 0 {
             named += 1;
         }
     }
-    assert!(named >= 2, "of 3 runs of a 50 ms script, {named} had most samples named");
+    // A run during the recording's start-up (its first drains compile unwind tables) can end
+    // before its code objects are read: those frames are counted as unreadable, so two of
+    // three are asked for.
+    assert!(named >= 2, "of 3 runs of a 50 ms script, {named} had their function named");
 }
 
 /// A program that is no Python but exports `_PyRuntime` (and a fake frame chain): run as

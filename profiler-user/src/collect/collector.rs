@@ -107,6 +107,8 @@ pub struct Collector<S> {
     pub copies: CopiedStacks,
     /// Drains should follow each other closely until then (`Recorder::drain`).
     pub drain_soon_until: MonoNs,
+    /// Which processes run CPython.
+    pub python: crate::python::tracker::PyTracker,
     /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
     off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
     frames: Vec<FrameAddr>,
@@ -144,6 +146,7 @@ impl<S: SampleSink> Collector<S> {
             label_samples: Default::default(),
             copies: CopiedStacks::default(),
             off_cpu_copies: Default::default(),
+            python: Default::default(),
             drain_soon_until: MonoNs(0),
             frames: Vec::with_capacity(256),
             sample: Sample::default(),
@@ -188,6 +191,16 @@ impl<S: SampleSink> Collector<S> {
             KernelEvent::Map(m) => self.on_map(m),
             KernelEvent::LabelDepth(l) => self.on_label_depth(l),
             KernelEvent::OffCpuCopy(c) => self.on_off_cpu_copy(c),
+        }
+    }
+
+    /// Looks for CPython in process `pid` (its mappings changed, or a sample carries Python
+    /// frames of a process not looked at since they did).
+    pub fn check_python(&mut self, pid: Pid) {
+        let Some(p) = self.processes.processes.get_mut(&pid) else { return };
+        if self.python.check(pid, p, &self.modules, &mut self.stats.python) {
+            let until = crate::python::tracker::follow_until(MonoNs::now());
+            self.drain_soon_until = self.drain_soon_until.max(until);
         }
     }
 
@@ -467,6 +480,14 @@ impl<S: SampleSink> Collector<S> {
         if p.perf_map.poll(s.pid, s.time.0) && p.perf_map_named_more(anon) {
             self.outbox.maps_changed(s.pid);
         }
+        // The kernel knew its interpreter before this process was looked at (`PY_FILES`).
+        if s.flags & profiler_common::SAMPLE_PY_MASK != 0
+            && !matches!(p.python, crate::python::ProcessPython::Python(_))
+            && p.python_checked != p.space.version()
+        {
+            self.check_python(s.pid);
+        }
+        let p = self.processes.processes.get_mut(&s.pid).expect("just added");
         // Label frames depend on more than the addresses (the labels, their depths), and so do
         // a CPython process's (its Python frames, and each sample's count).
         let python = matches!(p.python, crate::python::ProcessPython::Python(_));

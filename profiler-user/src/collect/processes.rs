@@ -75,8 +75,9 @@ pub struct ProcessInfo {
     pub py_trampoline_arenas: Vec<u64>,
     /// It mapped anonymous code (JIT) since its exec.
     pub made_code: bool,
-    /// Its CPython interpreter, if it runs one.
+    /// Its CPython interpreter, if it runs one, and the space version last looked at for it.
     pub python: crate::python::ProcessPython,
+    pub python_checked: u64,
 }
 
 impl ProcessInfo {

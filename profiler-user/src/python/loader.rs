@@ -1,26 +1,19 @@
 //! Tells the kernel which processes run CPython: after each drain, the processes whose
-//! mappings changed (or that forked) are looked at for an interpreter file (`detect`, once per
-//! file), and each found gets its walker config (`PyProc`) in `PY_PROCS`; one that exits or
-//! execs something else loses it.
+//! mappings changed (or that forked) are looked at (`tracker`), and each found gets its walker
+//! config (`PyProc`) in `PY_PROCS`, its interpreter file in `PY_FILES`; one that exits or
+//! execs something else loses its entry.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-};
+use std::collections::HashSet;
 
 use anyhow::{Result, bail};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::{PY_NO_FIELD, PyFile, PyFileKey, PyProc};
 
 use super::{
-    ProcessPython, PyProcess,
-    detect::{self, NotPython, PyElf},
+    ProcessPython,
+    detect::{self, PyElf},
 };
 use crate::{collect::collector::Collector, model::ids::Pid, store::SampleSink};
-
-/// How long after a process is found running CPython drains follow each other closely, so
-/// that its code objects are read while it lives (a short script's whole life).
-const FOUND_FOLLOW_NS: u64 = 250_000_000;
 
 /// `PY_PROCS` and `PY_FILES`.
 pub type PyMaps = (BpfHashMap<MapData, u32, PyProc>, BpfHashMap<MapData, PyFileKey, PyFile>);
@@ -31,8 +24,6 @@ pub struct PyLoader {
     kernel_files: BpfHashMap<MapData, PyFileKey, PyFile>,
     /// See `PyProc::tls_specific`.
     tls_specific: u32,
-    /// Interpreter files looked at, by module (and the module's serial: ids are reused).
-    files: HashMap<(crate::model::ids::ModuleId, u64), Result<Arc<PyElf>, NotPython>>,
     loaded: HashSet<Pid>,
 }
 
@@ -41,13 +32,7 @@ impl PyLoader {
         let Some(tls_specific) = glibc_specific_offset() else {
             bail!("glibc's thread-specific data was not where it was looked for")
         };
-        let mut loader = Self {
-            procs,
-            kernel_files,
-            tls_specific,
-            files: HashMap::new(),
-            loaded: HashSet::new(),
-        };
+        let mut loader = Self { procs, kernel_files, tls_specific, loaded: HashSet::new() };
         loader.scan_path();
         Ok(loader)
     }
@@ -114,15 +99,16 @@ impl PyLoader {
             frame_ip: o.frame_ip,
             frame_owner: o.frame_owner.unwrap_or(PY_NO_FIELD),
             frame_is_entry: o.frame_is_entry.unwrap_or(PY_NO_FIELD),
-            _pad: 0,
+            announced: 0,
         })
     }
 
     /// Looks at the processes the collector says may have changed, and drops those gone.
     pub fn after_drain<S: SampleSink>(&mut self, c: &mut Collector<S>) {
         for pid in c.outbox.take_python_checks() {
-            self.check(pid, c);
+            c.check_python(pid);
         }
+        self.apply(c.python.take_news());
         let procs = &mut self.procs;
         self.loaded.retain(|pid| {
             let alive = c
@@ -136,75 +122,26 @@ impl PyLoader {
         });
     }
 
-    fn check<S: SampleSink>(&mut self, pid: Pid, c: &mut Collector<S>) {
-        let Some(p) = c.processes.processes.get_mut(&pid) else { return };
-        if p.exited {
-            return;
-        }
-        let mut found = None;
-        let mut unsupported = None;
-        for m in p.space.mappings() {
-            let module = c.modules.get(m.module);
-            if !detect::plausible_name(&module.path) {
-                continue;
-            }
-            let key = (m.module, c.modules.serial(m.module));
-            let mut new_file = None;
-            let det = self.files.entry(key).or_insert_with(|| {
-                let r = match module.readable_path() {
-                    Some(path) => {
-                        let r = detect::read(&path).map(Arc::new);
-                        if let Ok(elf) = &r {
-                            new_file = Some((path, elf.clone()));
-                        }
-                        r
-                    }
-                    None => Err(NotPython::Unreadable),
-                };
-                if matches!(r, Err(NotPython::Unreadable | NotPython::UnknownVersion)) {
-                    c.stats.python.unsupported_files += 1;
-                }
-                r
-            });
-            let det = det.clone();
-            if let Some((path, elf)) = new_file {
-                self.tell_kernel(&path, &elf);
-            }
-            match det {
-                Ok(elf) => {
-                    if let Some(bias) = elf.bias(m.start, m.file_offset) {
-                        found = Some((m.module, elf.clone(), bias));
-                        break;
+    /// Writes what the tracker found: interpreter files for the kernel, and each process's
+    /// config (or its removal).
+    fn apply(&mut self, news: Vec<super::tracker::News>) {
+        for n in news {
+            match n {
+                super::tracker::News::File(path, elf) => self.tell_kernel(&path, &elf),
+                super::tracker::News::Python { pid, elf, bias } => {
+                    let Some(config) = self.config(&elf, bias) else { continue };
+                    // A refused write leaves the process to be walked never (counted).
+                    if self.procs.insert(pid.0, config, 0).is_ok() {
+                        self.loaded.insert(pid);
                     }
                 }
-                Err(NotPython::NotInterpreter) => {}
-                Err(e) => unsupported = Some(e),
+                super::tracker::News::Gone(pid) => {
+                    if self.loaded.remove(&pid) {
+                        let _ = self.procs.remove(&pid.0);
+                    }
+                }
             }
         }
-        let Some((module, elf, bias)) = found else {
-            if self.loaded.remove(&pid) {
-                let _ = self.procs.remove(&pid.0);
-            }
-            p.python = unsupported.map_or(ProcessPython::NotFound, ProcessPython::Unsupported);
-            return;
-        };
-        if let ProcessPython::Python(py) = &p.python
-            && py.module == module
-            && py.bias == bias
-        {
-            return;
-        }
-        let Some(py) = PyProcess::new(module, bias, &elf) else { return };
-        let Some(config) = self.config(&elf, bias) else { return };
-        if self.procs.insert(pid.0, config, 0).is_err() {
-            c.stats.python.map_full += 1;
-            return;
-        }
-        p.python = ProcessPython::Python(Box::new(py));
-        self.loaded.insert(pid);
-        c.stats.python.processes += 1;
-        let until = crate::model::time::MonoNs::now().0 + FOUND_FOLLOW_NS;
-        c.drain_soon_until = c.drain_soon_until.max(crate::model::time::MonoNs(until));
     }
 }
 

@@ -8,6 +8,7 @@ pub mod detect;
 pub mod loader;
 pub mod merge;
 pub mod offsets;
+pub mod tracker;
 
 use std::collections::HashMap;
 
