@@ -818,6 +818,18 @@ impl<'p> Recorder<'p> {
     }
 }
 
+/// Tells the kernel of processes found running CPython (`python` None: `--no-python`, whose
+/// checks are dropped so they do not pile up).
+fn python_after_drain(
+    python: &mut Option<crate::python::loader::PyLoader>,
+    collector: &mut Collector<ChunkedStore>,
+) {
+    match python {
+        Some(p) => p.after_drain(collector),
+        None => drop(collector.outbox.take_python_checks()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -848,17 +860,5 @@ mod tests {
         assert!(256.0 * 999.0 * record * d.as_secs_f64() <= f64::from(16u32 << 20) + 1.0);
         // A tiny ring: never below the gap that bounds the loop's wakeups.
         assert_eq!(drain_interval(16 << 10, 2, 999), MIN_DRAIN_GAP);
-    }
-}
-
-/// Tells the kernel of processes found running CPython (`python` None: `--no-python`, whose
-/// checks are dropped so they do not pile up).
-fn python_after_drain(
-    python: &mut Option<crate::python::loader::PyLoader>,
-    collector: &mut Collector<ChunkedStore>,
-) {
-    match python {
-        Some(p) => p.after_drain(collector),
-        None => drop(collector.outbox.take_python_checks()),
     }
 }
