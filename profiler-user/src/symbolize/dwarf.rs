@@ -95,6 +95,21 @@ pub fn source(path: &Path, debug_root: &Path, cache: &Path) -> Result<Option<Dwa
     Ok(Some(DwarfSource { path: read, loads: Some(loads()) }))
 }
 
+/// The module at `path` named from `debug`, a debug file found for it elsewhere (fetched from
+/// debuginfod), addressed through the module's loadable segments.
+pub fn with_debug_file(path: &Path, debug: &Path) -> Option<DwarfSource> {
+    let data = map(path)?;
+    let elf = object::File::parse(&*data).ok()?;
+    let loads = elf
+        .segments()
+        .filter_map(|s| {
+            let (at, size) = s.file_range();
+            (size > 0).then_some((at, s.address(), size))
+        })
+        .collect();
+    Some(DwarfSource { path: debug.to_owned(), loads: Some(loads) })
+}
+
 fn map(path: &Path) -> Option<memmap2::Mmap> {
     let file = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping of a file we only read; a file truncated meanwhile
