@@ -5,7 +5,9 @@
 //! sample with a 10-frame stack costs ~170 bytes of ring space, not the full array.
 #![no_std]
 
+mod python;
 mod unwind;
+pub use python::*;
 pub use unwind::*;
 
 /// Deepest stack `bpf_get_stack` returns (the kernel's default `perf_event_max_stack`).
@@ -73,17 +75,19 @@ pub struct SampleHeader {
     pub flags: u32,
     /// Label ids (see [`LabelStack`]) following the user frames, outermost first.
     pub label_count: u32,
-    pub _reserved: u32,
+    /// Python frames (two words each, innermost first) following the labels.
+    pub py_frames: u32,
 }
 
 /// A CPU-clock sample. `frames` holds `kernel_frames` kernel addresses (leaf first), then
 /// `user_frames` user addresses (leaf first), then `label_count` label ids of the thread's
-/// `rsprof:label_push` stack (outermost first); only that prefix is sent.
+/// `rsprof:label_push` stack (outermost first), then `py_frames` Python frames (code object,
+/// instruction; innermost first, see [`PY_FRAME_ENTRY`]); only that prefix is sent.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct SampleRecord {
     pub sample: SampleHeader,
-    pub frames: [u64; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
+    pub frames: [u64; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH + 2 * PY_MAX_FRAMES],
 }
 
 /// The sampler's per-CPU scratch value: a sample plus room for a [`StackCopyHeader`] and
@@ -244,15 +248,19 @@ pub struct OffCpuHeader {
     /// When the block whose stack this record carries began (its switch-out): the key of the
     /// [`OffCpuCopyHeader`] sent then, if the walk wanted one.
     pub stack_ns: u64,
+    /// Python frames (two words each, see [`SampleHeader::py_frames`]) after the user frames.
+    pub py_frames: u32,
+    pub _pad: u32,
 }
 
 /// [`OffCpuHeader`] plus `kernel_frames` kernel then `user_frames` user addresses, leaf first,
-/// taken at the switch-out; only that prefix is sent (`track` never is).
+/// then `py_frames` Python frames, taken at the switch-out; only that prefix is sent (`track`
+/// never is).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct OffCpuRecord {
     pub off: OffCpuHeader,
-    pub frames: [u64; 2 * MAX_STACK_DEPTH],
+    pub frames: [u64; 2 * MAX_STACK_DEPTH + 2 * PY_MAX_FRAMES],
     pub track: OffCpuTrack,
 }
 
@@ -395,12 +403,17 @@ pub struct Config {
     pub vma_pgoff: u32,
     pub vma_file: u32,
     pub vma_flags: u32,
+    /// `task_struct.thread.fsbase`: a thread's TLS pointer, where CPython's thread state is
+    /// found (see [`PyProc`])..
+    pub task_fsbase: u32,
     /// Nonzero: a new image or executable mapping wakes userspace (soon, within
     /// `WAKE_GAP_NS`), so the DWARF walker gets the process's entry within milliseconds. The
     /// agent leaves it 0: at its rate a process is rarely sampled before the timed drain, and a
     /// wakeup per exec is most of what an exec storm costs it (a sampled process's stack is
-    /// still continued over a stack copy). Also keeps the size a multiple of 8.
+    /// still continued over a stack copy).
     pub wake_for_tables: u32,
+    /// Keeps the size a multiple of 8 with no implicit padding (the loader copies it as bytes).
+    pub _pad: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -452,7 +465,9 @@ impl Config {
         vma_pgoff: 0,
         vma_file: 0,
         vma_flags: 0,
+        task_fsbase: 0,
         wake_for_tables: 0,
+        _pad: 0,
     };
 }
 

@@ -7,6 +7,7 @@
 mod cgroup;
 mod ksym;
 mod maptrack;
+mod python;
 mod sched;
 mod stack;
 mod usdt;
@@ -199,12 +200,25 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         s.user_frames = w.user_frames;
         let labels = usdt::copy_labels(pid_tgid as u32, frames, kframes + uframes);
         s.label_count = labels as u32;
-        s._reserved = 0;
         if labels > 0 {
             count(counter::SAMPLES_WITH_LABELS);
         }
+        // Bound for the verifier: the Python frames go after the labels.
+        const MAX_BEFORE_PY: u64 =
+            (2 * profiler_common::MAX_STACK_DEPTH + profiler_common::LABEL_MAX_DEPTH) as u64;
+        let before_py = kframes + uframes + labels;
+        let before_py = if before_py > MAX_BEFORE_PY { MAX_BEFORE_PY } else { before_py };
+        let (py, py_flags) = python::walk(
+            tgid,
+            task,
+            cfg.task_fsbase,
+            frames.add(before_py as usize),
+            python::SLOT_SAMPLER,
+        );
+        s.py_frames = py;
+        s.flags |= py_flags;
 
-        let used = kframes + uframes + labels;
+        let used = before_py + 2 * py as u64;
         let mut len = SAMPLE_RECORD_FIXED as u64 + used * 8;
         let end = w.user_end();
         let mut copy_len = 0;
@@ -214,7 +228,8 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
             copy_len = attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
             len += copy_len;
         }
-        let sent = output(scratch, len, false);
+        // A process's first Python sample: its code objects are best read while it lives.
+        let sent = output(scratch, len, py_flags & profiler_common::SAMPLE_PY_FIRST != 0);
         if sent {
             count(counter::SAMPLES_SENT);
             // Counted once sent: a sample lost to a full ring counts as lost, copy or not.
@@ -253,8 +268,9 @@ unsafe fn attach_stack_copy(
     now: u64,
     cfg: &Config,
 ) -> u64 {
-    const MAX_USED: u64 =
-        (2 * profiler_common::MAX_STACK_DEPTH + profiler_common::LABEL_MAX_DEPTH) as u64;
+    const MAX_USED: u64 = (2 * profiler_common::MAX_STACK_DEPTH
+        + profiler_common::LABEL_MAX_DEPTH
+        + 2 * profiler_common::PY_MAX_FRAMES) as u64;
     // Bound for the verifier: the header and the copy fit after any number of used frames.
     let used = if used > MAX_USED { MAX_USED } else { used };
     // SAFETY: `frames + used` is within the scratch value, with room for the header (4
@@ -471,6 +487,9 @@ pub fn on_fork(ctx: RawTracePointContext) -> i32 {
     if !cgroup::selected() {
         return 0;
     }
+    if child_tgid != parent_tgid {
+        python::inherit(parent_tgid, child_tgid);
+    }
     // A new process, not a thread: its walker entry is its parent's from this moment on.
     let copied = child_tgid != parent_tgid
         && cfg.unwind_mode != UNWIND_MODE_FP
@@ -500,6 +519,7 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     usdt::forget_thread(old_pid as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     maptrack::forget_code_of(tgid);
+    python::forget(tgid);
     if cfg.unwind_mode != UNWIND_MODE_FP {
         stack::clear_walker(tgid);
     }

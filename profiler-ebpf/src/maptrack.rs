@@ -198,6 +198,11 @@ unsafe fn send_file(cfg: &Config, rec: *mut MapRecord, file: u64) {
                 (*rec).dev = read_kernel_u32(sb + cfg.sb_dev as u64).unwrap_or(0);
             }
         }
+        if (*rec).flags & MAP_INTERP == 0 {
+            let exe_text = (*rec).flags & MAP_EXE_TEXT != 0;
+            let (tgid, (start, offset)) = ((*rec).header.pid, ((*rec).start, (*rec).offset));
+            crate::python::file_mapped(tgid, (*rec).dev, (*rec).inode, start, offset, exe_text);
+        }
         let (len, complete) = walk_path(cfg, file);
         (*rec).path_len = len as u32;
         if complete {

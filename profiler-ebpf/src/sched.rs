@@ -32,8 +32,8 @@ use profiler_common::{
     Config, EVENT_OFF_CPU, EVENT_OFF_CPU_COPY, EventHeader, MAX_STACK_DEPTH,
     OFF_CPU_COPY_RECORD_FIXED, OFF_CPU_LONG_SITES, OFF_CPU_NONE, OFF_CPU_RECORD_FIXED,
     OFF_CPU_SEEN_SITES, OFF_CPU_STACK_NOT_CAPTURED, OFF_CPU_WALL, OffCpuCopyHeader,
-    OffCpuCopyScratch, OffCpuRecord, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_USER_STACK_ERROR,
-    TRACK_PREV_LONG, TRACK_SUM_HAS_STACK, TRACK_WALKED, counter,
+    OffCpuCopyScratch, OffCpuRecord, PY_MAX_FRAMES, SAMPLE_KERNEL_STACK_ERROR,
+    SAMPLE_USER_STACK_ERROR, TRACK_PREV_LONG, TRACK_SUM_HAS_STACK, TRACK_WALKED, counter,
 };
 
 use crate::{CONFIG, cgroup, config, count, output, read_kernel_u32, read_kernel_u64, selected};
@@ -60,7 +60,8 @@ struct SwitchIn {
 static SWITCH_IN: PerCpuArray<SwitchIn> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per tracked thread (by tid): its last switch-out, built in place as the record to send.
-/// Not preallocated: a ~2 KiB value per thread is allocated only for threads that block.
+/// Not preallocated: a ~4 KiB value per thread (2 KiB of it room for Python frames) is
+/// allocated only for threads that block.
 #[map]
 static OFF_CPU: HashMap<u32, OffCpuRecord> =
     HashMap::with_max_entries(OFF_CPU_MAX_THREADS, BPF_F_NO_PREALLOC);
@@ -208,6 +209,19 @@ unsafe fn switch_out(
         }
         r.kernel_frames = w.kernel_frames;
         r.user_frames = w.user_frames;
+        // Bound for the verifier: the Python frames go after the user frames.
+        let before_py = w.kernel_frames as usize + w.user_frames as usize;
+        let before_py =
+            if before_py > 2 * MAX_STACK_DEPTH { 2 * MAX_STACK_DEPTH } else { before_py };
+        let (py, py_flags) = crate::python::walk(
+            tgid,
+            bpf_get_current_task(),
+            cfg.task_fsbase,
+            frames.add(before_py),
+            crate::python::SLOT_OFF_CPU,
+        );
+        r.py_frames = py;
+        r.flags |= py_flags;
         r.stack_ns = now;
         let end = w.user_end();
         if crate::stack::wants_copy(end) && !crate::stack::copy_useless(crate::stack::SLOT_OFF_CPU)
@@ -300,6 +314,7 @@ unsafe fn switch_in(cfg: &Config, now: u64, next: u64) {
                 // Never another block's stack: none, flagged.
                 r.kernel_frames = 0;
                 r.user_frames = 0;
+                r.py_frames = 0;
                 r.flags = OFF_CPU_STACK_NOT_CAPTURED;
             }
             if !send(e) {
@@ -361,6 +376,8 @@ unsafe fn send(e: *mut OffCpuRecord) -> bool {
     unsafe {
         let n = (*e).off.kernel_frames as u64 + (*e).off.user_frames as u64;
         let n = if n > 2 * MAX_STACK_DEPTH as u64 { 2 * MAX_STACK_DEPTH as u64 } else { n };
+        let py = (*e).off.py_frames as u64;
+        let n = n + 2 * if py > PY_MAX_FRAMES as u64 { PY_MAX_FRAMES as u64 } else { py };
         output(e, OFF_CPU_RECORD_FIXED as u64 + n * 8, false)
     }
 }
@@ -381,6 +398,7 @@ pub fn thread_exit(tid: u32) {
             if (*e).track.flags & TRACK_SUM_HAS_STACK == 0 {
                 (*e).off.kernel_frames = 0;
                 (*e).off.user_frames = 0;
+                (*e).off.py_frames = 0;
                 (*e).off.flags = OFF_CPU_STACK_NOT_CAPTURED;
             }
             send_pending(e);

@@ -21,6 +21,7 @@ pub mod cmd;
 pub mod collect;
 pub mod export;
 pub mod model;
+pub mod python;
 pub mod session;
 pub mod store;
 pub mod symbolize;

@@ -170,6 +170,7 @@ impl AgentPlan {
             unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::DwarfFp),
             unwind_table_mb: args.unwind_table_mb.or(file.unwind_table_mb).unwrap_or(64),
             bpf_timing: false,
+            no_python: args.no_python,
             // Hosts send what they cannot name; `query` names it centrally.
             debuginfod: DebuginfodArgs { no_debuginfod: true, ..Default::default() },
         };

@@ -30,6 +30,8 @@ pub fn fill_offsets(path: &Path, config: &mut Config) -> Result<()> {
     config.mm_arg_end = offset_of(btf, "mm_struct", &["arg_end"])?;
     // x86-64's name; an off-CPU block's site is then unknown (0) elsewhere.
     config.pt_regs_ip = offset_of(btf, "pt_regs", &["ip"]).unwrap_or(0);
+    // x86-64's thread pointer; without it no Python frames are read (0: none).
+    config.task_fsbase = offset_of(btf, "task_struct", &["thread", "fsbase"]).unwrap_or(0);
     fill_maptrack_offsets(btf, config)
 }
 

@@ -34,6 +34,9 @@ pub struct Sample {
     pub user_stack: Vec<u64>,
     /// The thread's `rsprof:label_push` stack, outermost first.
     pub labels: Vec<LabelRef>,
+    /// CPython frames the kernel read (code object address, `PY_FRAME_*` word), innermost
+    /// first; how that walk went is in `flags` (`SAMPLE_PY_*`).
+    pub python: Vec<(u64, u64)>,
     /// Set for off-CPU time (an `EVENT_OFF_CPU` record; `cpu_time_ns` is then 0, `time` is
     /// when the block began and the stacks are where the thread blocked).
     pub off_cpu: Option<OffCpu>,
@@ -287,7 +290,7 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
     let (kind, cpu, time_ns, pid, tid) = header(b);
     let short = RecordError::Short { kind, len: b.len() };
     // Checked before anything is written to `s`, so a bad record leaves no half sample.
-    let (fixed, kn, un, ln, o_comm) = match kind {
+    let (fixed, kn, un, ln, pn, o_comm) = match kind {
         EVENT_SAMPLE => {
             if b.len() < SAMPLE_RECORD_FIXED {
                 return Err(short);
@@ -295,10 +298,14 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
             let kn = u16_at(b, std::mem::offset_of!(SampleHeader, kernel_frames)) as usize;
             let un = u16_at(b, std::mem::offset_of!(SampleHeader, user_frames)) as usize;
             let ln = u32_at(b, std::mem::offset_of!(SampleHeader, label_count)) as usize;
-            if ln > LABEL_MAX_DEPTH || b.len() < SAMPLE_RECORD_FIXED + (kn + un + ln) * 8 {
+            let pn = u32_at(b, std::mem::offset_of!(SampleHeader, py_frames)) as usize;
+            if ln > LABEL_MAX_DEPTH
+                || pn > profiler_common::PY_MAX_FRAMES
+                || b.len() < SAMPLE_RECORD_FIXED + (kn + un + ln + 2 * pn) * 8
+            {
                 return Err(short);
             }
-            (SAMPLE_RECORD_FIXED, kn, un, ln, std::mem::offset_of!(SampleHeader, comm))
+            (SAMPLE_RECORD_FIXED, kn, un, ln, pn, std::mem::offset_of!(SampleHeader, comm))
         }
         EVENT_OFF_CPU => {
             if b.len() < OFF_CPU_RECORD_FIXED {
@@ -306,13 +313,15 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
             }
             let kn = u16_at(b, std::mem::offset_of!(OffCpuHeader, kernel_frames)) as usize;
             let un = u16_at(b, std::mem::offset_of!(OffCpuHeader, user_frames)) as usize;
+            let pn = u32_at(b, std::mem::offset_of!(OffCpuHeader, py_frames)) as usize;
             if kn > MAX_STACK_DEPTH
                 || un > MAX_STACK_DEPTH
-                || b.len() < OFF_CPU_RECORD_FIXED + (kn + un) * 8
+                || pn > profiler_common::PY_MAX_FRAMES
+                || b.len() < OFF_CPU_RECORD_FIXED + (kn + un + 2 * pn) * 8
             {
                 return Err(short);
             }
-            (OFF_CPU_RECORD_FIXED, kn, un, 0, std::mem::offset_of!(OffCpuHeader, comm))
+            (OFF_CPU_RECORD_FIXED, kn, un, 0, pn, std::mem::offset_of!(OffCpuHeader, comm))
         }
         _ => return Ok(false),
     };
@@ -322,7 +331,7 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
     let (cgroup_id, cpu_time_ns, flags, off_cpu) = if kind == EVENT_SAMPLE {
         let flags = u32_at(b, std::mem::offset_of!(SampleHeader, flags));
         if flags & SAMPLE_STACK_COPY != 0 {
-            let at = SAMPLE_RECORD_FIXED + (kn + un + ln) * 8;
+            let at = SAMPLE_RECORD_FIXED + (kn + un + ln + 2 * pn) * 8;
             stack_copy = Some(Box::new(stack_copy_at(b, at).ok_or(short)?));
         }
         let cgroup_id = u64_at(b, std::mem::offset_of!(SampleHeader, cgroup_id));
@@ -355,6 +364,9 @@ pub fn decode_sample_into(b: &[u8], s: &mut Sample) -> Result<bool, RecordError>
         let (addr, depth) = profiler_common::split_label_entry(frame(i));
         LabelRef { addr, depth }
     }));
+    let py = kn + un + ln;
+    s.python.clear();
+    s.python.extend((0..pn).map(|i| (frame(py + 2 * i), frame(py + 2 * i + 1))));
     s.off_cpu = off_cpu;
     s.stack_ns = MonoNs(stack_ns);
     s.stack_copy = stack_copy;
@@ -555,9 +567,9 @@ mod tests {
                 user_frames: 3,
                 flags: 0,
                 label_count: 2,
-                _reserved: 0,
+                py_frames: 0,
             },
-            frames: [0; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
+            frames: [0; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH + 2 * profiler_common::PY_MAX_FRAMES],
         };
         let (l1, l2) = (label_entry(0x7000, 2), label_entry(0x8000, 3));
         r.frames[..7].copy_from_slice(&[0xffff_0001, 0xffff_0002, 0x401, 0x402, 0x403, l1, l2]);
@@ -592,9 +604,11 @@ mod tests {
                     user_frames: 1,
                     flags: SAMPLE_STACK_COPY,
                     label_count: 0,
-                    _reserved: 0,
+                    py_frames: 0,
                 },
-                frames: [0; 2 * MAX_STACK_DEPTH + LABEL_MAX_DEPTH],
+                frames: [0; 2 * MAX_STACK_DEPTH
+                    + LABEL_MAX_DEPTH
+                    + 2 * profiler_common::PY_MAX_FRAMES],
             },
             copy: [0; STACK_COPY_HEADER_SIZE + STACK_COPY_MAX],
         };
@@ -676,8 +690,10 @@ mod tests {
                 pending_blocks: 4,
                 off_cpu: 0,
                 stack_ns: 40,
+                py_frames: 0,
+                _pad: 0,
             },
-            frames: [0; 2 * MAX_STACK_DEPTH],
+            frames: [0; 2 * MAX_STACK_DEPTH + 2 * profiler_common::PY_MAX_FRAMES],
             track: profiler_common::OffCpuTrack {
                 short_max_ns: 0,
                 site: 0,

@@ -248,6 +248,14 @@ impl BpfObject {
         Ok((rows, BpfHashMap::try_from(procs)?))
     }
 
+    /// The processes running CPython and the interpreter files known, for the Python frame
+    /// walker (`crate::python::loader`).
+    pub fn take_python_maps(&mut self) -> Result<crate::python::loader::PyMaps> {
+        let procs = self.ebpf.take_map("PY_PROCS").context("PY_PROCS map")?;
+        let files = self.ebpf.take_map("PY_FILES").context("PY_FILES map")?;
+        Ok((BpfHashMap::try_from(procs)?, BpfHashMap::try_from(files)?))
+    }
+
     /// Loads the USDT uprobe program; returns its fd (for links `usdt::attach` creates) and
     /// the spec array its cookies index.
     pub fn usdt_program(&mut self) -> Result<(std::os::fd::OwnedFd, Array<MapData, UsdtSpec>)> {

@@ -104,6 +104,9 @@ pub struct AgentArgs {
     /// Kernel memory for unwind tables (MiB) [default: 64].
     #[arg(long, value_name = "MIB")]
     pub unwind_table_mb: Option<u32>,
+    /// Do not read Python frames from CPython processes (see `record --no-python`).
+    #[arg(long)]
+    pub no_python: bool,
     /// Also write every window to this ClickHouse server's HTTP interface (e.g.
     /// `http://db:8123`, `?database=NAME` for another database than `default`); the tables are
     /// created if missing.
@@ -261,6 +264,11 @@ pub struct RecordArgs {
     /// `cargo xtask bench-unwind`; off, it costs one branch per sample).
     #[arg(long, hide = true)]
     pub bpf_timing: bool,
+
+    /// Do not read Python frames from CPython 3.8–3.13 processes (by default their stacks
+    /// show the Python functions in place of the interpreter's eval loop).
+    #[arg(long)]
+    pub no_python: bool,
 
     /// Off-CPU blocks shorter than this (ms) are summed per thread and sent with the stack of
     /// the block that brings the sum to this length, which keeps context-switch storms cheap;

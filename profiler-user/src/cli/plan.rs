@@ -55,6 +55,8 @@ pub struct RecordPlan {
     pub unwind_rows: u32,
     /// Hidden `--bpf-timing`.
     pub bpf_timing: bool,
+    /// Read CPython frames (not `--no-python`).
+    pub python: bool,
     /// Hold first execs of new files for their USDT probes (`usdt::gate`) with `--all` or a
     /// command: on for `record`, where someone is watching; the agent's `--usdt-exec-gate`.
     pub usdt_exec_gate: bool,
@@ -138,6 +140,7 @@ impl RecordPlan {
             unwind_mode,
             unwind_rows: unwind_rows as u32,
             bpf_timing: args.bpf_timing,
+            python: !args.no_python,
             usdt_exec_gate: true,
             eager_tables: true,
         })

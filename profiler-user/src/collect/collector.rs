@@ -83,6 +83,9 @@ pub struct CollectorStats {
     /// tables are still landing, and after it.
     pub user_stacks_first_second: (u64, u64),
     pub user_stacks_after: (u64, u64),
+    /// What reading Python frames did, for CPU samples and for off-CPU records.
+    pub python: crate::python::PyStats,
+    pub python_off_cpu: crate::python::PyStats,
 }
 
 /// How long after a process's first anonymous code drains follow each other closely.
@@ -104,6 +107,8 @@ pub struct Collector<S> {
     pub copies: CopiedStacks,
     /// Drains should follow each other closely until then (`Recorder::drain`).
     pub drain_soon_until: MonoNs,
+    /// Which processes run CPython.
+    pub python: crate::python::tracker::PyTracker,
     /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
     off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
     frames: Vec<FrameAddr>,
@@ -141,6 +146,7 @@ impl<S: SampleSink> Collector<S> {
             label_samples: Default::default(),
             copies: CopiedStacks::default(),
             off_cpu_copies: Default::default(),
+            python: Default::default(),
             drain_soon_until: MonoNs(0),
             frames: Vec::with_capacity(256),
             sample: Sample::default(),
@@ -185,6 +191,16 @@ impl<S: SampleSink> Collector<S> {
             KernelEvent::Map(m) => self.on_map(m),
             KernelEvent::LabelDepth(l) => self.on_label_depth(l),
             KernelEvent::OffCpuCopy(c) => self.on_off_cpu_copy(c),
+        }
+    }
+
+    /// Looks for CPython in process `pid` (its mappings changed, or a sample carries Python
+    /// frames of a process not looked at since they did).
+    pub fn check_python(&mut self, pid: Pid) {
+        let Some(p) = self.processes.processes.get_mut(&pid) else { return };
+        if self.python.check(pid, p, &self.modules, &mut self.stats.python) {
+            let until = crate::python::tracker::follow_until(MonoNs::now());
+            self.drain_soon_until = self.drain_soon_until.max(until);
         }
     }
 
@@ -466,8 +482,18 @@ impl<S: SampleSink> Collector<S> {
         if p.perf_map.poll(s.pid, s.time.0) && p.perf_map_named_more(anon) {
             self.outbox.maps_changed(s.pid);
         }
-        // Label frames depend on more than the addresses (the labels, their depths).
-        let cacheable = s.labels.is_empty();
+        // The kernel knew its interpreter before this process was looked at (`PY_FILES`).
+        if s.flags & profiler_common::SAMPLE_PY_MASK != 0
+            && !matches!(p.python, crate::python::ProcessPython::Python(_))
+            && p.python_checked != p.space.version()
+        {
+            self.check_python(s.pid);
+        }
+        let p = self.processes.processes.get_mut(&s.pid).expect("just added");
+        // Label frames depend on more than the addresses (the labels, their depths), and so do
+        // a CPython process's (its Python frames, and each sample's count).
+        let python = matches!(p.python, crate::python::ProcessPython::Python(_));
+        let cacheable = s.labels.is_empty() && !python;
         let flags = u64::from(s.flags) | u64::from(s.off_cpu.is_some()) << 32;
         if cacheable
             && let Some((stack, unmapped)) = self.stack_cache.lookup(
@@ -483,6 +509,10 @@ impl<S: SampleSink> Collector<S> {
         }
         let r = stack::normalize(s, p, anon, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
+        if python {
+            let (on, off) = (&mut self.stats.python, &mut self.stats.python_off_cpu);
+            crate::python::merge::merge(&mut self.frames, s, p, on, off);
+        }
         if r.jit_named + r.jit_unnamed > 0 {
             self.stats.perf_maps.add(&p.perf_map.take_stats());
         }
@@ -583,6 +613,7 @@ impl<S: SampleSink> Collector<S> {
                 p.made_code = false;
                 self.stats.perf_maps.add(&p.perf_map.take_stats());
                 p.forget_perf_map();
+                p.python = Default::default();
                 p.space_source = SpaceSource::Kernel;
                 if vdso != 0
                     && let Some(len) = vdso_len()
@@ -719,6 +750,7 @@ mod tests {
                 kernel_stack: Vec::new(),
                 user_stack: vec![TEXT + 0x10 + u64::from(k)],
                 labels: Vec::new(),
+                python: Vec::new(),
                 off_cpu: None,
                 stack_ns: MonoNs(0),
                 stack_copy: None,
@@ -740,6 +772,7 @@ mod tests {
             kernel_stack: Vec::new(),
             user_stack,
             labels,
+            python: Vec::new(),
             off_cpu: None,
             stack_ns: MonoNs(0),
             stack_copy: None,
@@ -1047,6 +1080,7 @@ mod tests {
                     kernel_stack: vec![0xffff_ffff_8100_0000],
                     user_stack: Vec::new(),
                     labels: Vec::new(),
+                    python: Vec::new(),
                     off_cpu: None,
                     stack_ns: MonoNs(0),
                     stack_copy: None,

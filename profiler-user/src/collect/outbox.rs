@@ -18,6 +18,8 @@ pub struct Outbox {
     maps_changed: Vec<Pid>,
     /// New processes forked without exec, in order (the loader adopts their walker entries).
     forks: Vec<Forked>,
+    /// Processes whose mappings changed or that forked (the Python loader looks for CPython).
+    python_checks: Vec<Pid>,
     /// Processes with samples whose walk ended at a file whose table is not loaded yet (the
     /// loader compiles their files first).
     tables_wanted: Vec<Pid>,
@@ -51,10 +53,21 @@ impl Outbox {
 
     pub fn maps_changed(&mut self, pid: Pid) {
         self.maps_changed.push(pid);
+        self.python_checks.push(pid);
     }
 
     pub fn forked(&mut self, fork: Forked) {
         self.forks.push(fork);
+        self.python_checks.push(fork.child);
+    }
+
+    /// Processes to look at for CPython, each once (taken after every drain, Python frames on
+    /// or off, so it never grows).
+    pub fn take_python_checks(&mut self) -> Vec<Pid> {
+        let mut pids = std::mem::take(&mut self.python_checks);
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// The processes forked since the last take, in order.

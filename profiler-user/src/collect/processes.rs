@@ -75,6 +75,9 @@ pub struct ProcessInfo {
     pub py_trampoline_arenas: Vec<u64>,
     /// It mapped anonymous code (JIT) since its exec.
     pub made_code: bool,
+    /// Its CPython interpreter, if it runs one, and the space version last looked at for it.
+    pub python: crate::python::ProcessPython,
+    pub python_checked: u64,
 }
 
 impl ProcessInfo {
@@ -88,7 +91,13 @@ impl ProcessInfo {
         }
         let id = JitSymbolId(self.meta.jit_symbols.len() as u32);
         let language = perfmap::language(name, &self.meta.exe);
-        self.meta.jit_symbols.push(JitSymbol { name: name.to_string(), language });
+        self.meta.jit_symbols.push(JitSymbol {
+            name: name.to_string(),
+            language,
+            file: None,
+            line: None,
+            interpreter: false,
+        });
         self.jit_ids.insert(name.clone(), id);
         Some(id)
     }

@@ -61,11 +61,17 @@ pub struct ProcessMeta {
     pub jit_late: HashMap<u64, super::ids::JitSymbolId>,
 }
 
-/// A JIT function as its runtime named it in its perf map.
+/// A JIT function as its runtime named it in its perf map, or a Python function (and line)
+/// read from the interpreter's frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JitSymbol {
     pub name: String,
     pub language: JitLanguage,
+    /// Source file and line, where the runtime tells them.
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// Read from the interpreter's own frames (`crate::python`), not named by a perf map.
+    pub interpreter: bool,
 }
 
 impl ProcessMeta {

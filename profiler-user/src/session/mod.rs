@@ -153,6 +153,8 @@ pub struct Recorder<'p> {
     usdt: UsdtSession,
     /// Unwind tables (None with `--unwind fp`).
     unwind: Option<crate::unwind::UnwindLoader>,
+    /// Which processes run CPython, for the kernel (None with `--no-python`).
+    python: Option<crate::python::loader::PyLoader>,
     ring: AsyncFd<RingBuf<MapData>>,
     info: RecordingInfo,
     child_exit: Option<oneshot::Receiver<i32>>,
@@ -263,6 +265,18 @@ impl<'p> Recorder<'p> {
             }
             Some(loader)
         };
+        let mut python = if plan.python {
+            let loader = bpf.take_python_maps().and_then(crate::python::loader::PyLoader::new);
+            match loader {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    msgs.warn(format_args!("Python frames are not read: {e:#}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         if let Some(c) = &plan.cgroups {
             bpf.add_cgroups(&c.ids())?;
         }
@@ -312,6 +326,7 @@ impl<'p> Recorder<'p> {
             collector.register_existing(pid);
         }
         // The processes given are published (and their files queued) before sampling starts.
+        python_after_drain(&mut python, &mut collector);
         if let Some(u) = &mut unwind {
             u.after_drain(&mut collector);
         }
@@ -335,6 +350,7 @@ impl<'p> Recorder<'p> {
         usdt.load_deferred(&mut bpf);
         usdt.initial_scan_done();
         collector.initial_scan_done();
+        python_after_drain(&mut python, &mut collector);
         // Queues the tables of every process found (compiled off this loop; processes are
         // published now, their frames in files not loaded yet end as "no table").
         if let Some(u) = &mut unwind {
@@ -380,6 +396,7 @@ impl<'p> Recorder<'p> {
             collector,
             usdt,
             unwind,
+            python,
             ring,
             info,
             child_exit,
@@ -411,6 +428,7 @@ impl<'p> Recorder<'p> {
         let records = ring::drain(self.ring.get_mut(), |rec| {
             let _ = collector.handle_record(rec);
         });
+        python_after_drain(&mut self.python, &mut self.collector);
         if let Some(u) = &mut self.unwind {
             u.after_drain(&mut self.collector);
         }
@@ -829,6 +847,18 @@ impl<'p> Recorder<'p> {
     }
 }
 
+/// Tells the kernel of processes found running CPython (`python` None: `--no-python`, whose
+/// checks are dropped so they do not pile up).
+fn python_after_drain(
+    python: &mut Option<crate::python::loader::PyLoader>,
+    collector: &mut Collector<ChunkedStore>,
+) {
+    match python {
+        Some(p) => p.after_drain(collector),
+        None => drop(collector.outbox.take_python_checks()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -848,10 +878,11 @@ mod tests {
     #[test]
     fn drain_interval_keeps_a_worst_case_period_in_the_ring() {
         // A small host at the default ring (4 MiB at 999 Hz on 2 CPUs, 16 MiB at most): about
-        // the ceiling, one wakeup a second.
+        // half the ceiling, two wakeups a second (a worst-case sample has room for 128
+        // Python frames, 2 KiB, besides its full native stacks).
         assert_eq!(drain_interval(16 << 20, 2, 99), MAX_DRAIN_INTERVAL);
         assert_eq!(drain_interval(16 << 20, 2, 999), MAX_DRAIN_INTERVAL);
-        assert!(drain_interval(4 << 20, 2, 999) > MAX_DRAIN_INTERVAL * 8 / 10);
+        assert!(drain_interval(4 << 20, 2, 999) > MAX_DRAIN_INTERVAL * 4 / 10);
         // A large host at 999 Hz: full-depth samples for one interval fill at most the ring.
         let d = drain_interval(16 << 20, 256, 999);
         assert!(d < MAX_DRAIN_INTERVAL && d >= MIN_DRAIN_GAP, "{d:?}");

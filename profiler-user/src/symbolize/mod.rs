@@ -196,6 +196,9 @@ pub fn named_from_processes(a: &FrameAddr) -> bool {
     matches!(a, FrameAddr::Label { .. } | FrameAddr::Jit { .. } | FrameAddr::Anon { .. })
 }
 
+/// The "library" of Python frames read from the interpreter (`crate::python`).
+pub const PYTHON_MODULE: &str = "[python]";
+
 /// The "library" of frames in anonymous executable memory no perf map named.
 pub const ANON_MODULE: &str = "[anon]";
 
@@ -218,19 +221,25 @@ pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Processe
             _ => continue,
         };
         let named = processes.get(&pid).and_then(|p| p.jit_symbols.get(symbol.0 as usize));
-        let (function, kind) = match named {
-            Some(s) => (s.name.clone(), FrameKind::Jit(s.language)),
+        let (function, kind, module, file, line) = match named {
+            Some(s) => {
+                let module = if s.interpreter { PYTHON_MODULE } else { JIT_MODULE };
+                (s.name.clone(), FrameKind::Jit(s.language), module, s.file.clone(), s.line)
+            }
             // Its process was forgotten while the frame was stored (not expected).
-            None => (format!("jit {}", symbol.0), FrameKind::Jit(JitLanguage::Other)),
+            None => {
+                let kind = FrameKind::Jit(JitLanguage::Other);
+                (format!("jit {}", symbol.0), kind, JIT_MODULE, None, None)
+            }
         };
         symbols.insert(
             a,
             vec![Frame {
                 kind,
                 function,
-                module: JIT_MODULE.into(),
-                file: None,
-                line: None,
+                module: module.into(),
+                file,
+                line,
                 column: None,
                 inlined: false,
             }],

@@ -18,7 +18,7 @@ use crate::{
         stacks::{FrameIndex, FrameKind, SymbolizedStacks},
     },
     store::StoreStats,
-    symbolize::{ANON_MODULE, SymbolizeErrors},
+    symbolize::{ANON_MODULE, PYTHON_MODULE, SymbolizeErrors},
     writers::{EventSink, Format, ProfileContext},
 };
 
@@ -89,7 +89,10 @@ impl<'a> SummaryCounts<'a> {
         for &i in path.iter().rev() {
             for &f in self.stacks.node(i).map(|n| n.1).unwrap_or_default() {
                 match self.stacks.frame(f) {
-                    Some(f) if matches!(f.kind, FrameKind::Jit(_)) => base.0 += 1,
+                    // Python frames read from the interpreter have their own line.
+                    Some(f) if matches!(f.kind, FrameKind::Jit(_)) && f.module != PYTHON_MODULE => {
+                        base.0 += 1
+                    }
                     Some(f) if f.kind == FrameKind::User && f.module == ANON_MODULE => base.1 += 1,
                     _ => {}
                 }
@@ -348,6 +351,12 @@ pub fn render(i: &SummaryInput) -> String {
             "JIT frames: {} named from perf maps, {} unnamed in {} processes",
             p.jit_named_frames, p.jit_unnamed_frames, p.jit_unnamed_processes
         );
+    }
+    if let Some(line) = i.stats.python.render() {
+        let _ = writeln!(s, "{line}");
+        if let Some(line) = i.stats.python_off_cpu.render_off_cpu() {
+            let _ = writeln!(s, "{line}");
+        }
     }
     let m = &i.stats.perf_maps;
     if m.opened + m.refused > 0 {

@@ -1,0 +1,120 @@
+//! CPython frames read in the kernel (profiler-ebpf's python.rs): per process, where the
+//! interpreter keeps the thread's state and how its frames are laid out ([`PyProc`], written
+//! by userspace to `PY_PROCS` when it finds CPython mapped); per sample, the Python frames
+//! found, two words each, after the sample's labels.
+
+/// Python frames sent per sample; deeper ones are cut and the sample flagged
+/// (`SAMPLE_PY_TRUNCATED`). Frames are walked in a `bpf_loop`, so the bound is the record's
+/// room, not the verifier's.
+pub const PY_MAX_FRAMES: usize = 128;
+
+/// Bytes of a frame read at once: every field the walker needs is within them on 3.8–3.13.
+pub const PY_FRAME_READ: usize = 112;
+
+/// A field the version lacks.
+pub const PY_NO_FIELD: u32 = u32::MAX;
+
+/// How the kernel finds one process's Python frames. Offsets are bytes, from the per-version
+/// table (profiler-user's `python::offsets`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProc {
+    /// Address of the pthread key (`Py_tss_t._key`, a u32) in `_PyRuntime` of this process:
+    /// the thread's `PyThreadState` is its value for the thread (3.8–3.13 alike, and set while
+    /// the thread has released the GIL, unlike 3.12+'s `_Py_tss_tstate`).
+    pub tss_key: u64,
+    /// glibc: offset from the thread pointer of `struct pthread`'s `specific_1stblock`, whose
+    /// 16-byte entries hold (sequence, value) for keys 0–31; the second-level block pointers
+    /// (`specific[]`) follow its 32 entries.
+    pub tls_specific: u32,
+    /// CPython minor version (3.`minor`).
+    pub minor: u32,
+    /// `PyThreadState` → frame pointer (3.8–3.10 `frame`, 3.13 `current_frame`), or to the
+    /// `_PyCFrame` pointer (3.11, 3.12 `cframe`) when `cframe_frame` is set.
+    pub tstate_frame: u32,
+    /// `_PyCFrame` → `current_frame`, or `PY_NO_FIELD`.
+    pub cframe_frame: u32,
+    /// Frame → previous (older) frame, code object, and the instruction (3.8–3.10: `f_lasti`,
+    /// an int; 3.11+: a pointer into the code's bytecode).
+    pub frame_back: u32,
+    pub frame_code: u32,
+    pub frame_ip: u32,
+    /// 3.11+: `owner` (a byte; `PY_OWNED_BY_CSTACK` marks the C loop's shim frame), else
+    /// `PY_NO_FIELD`.
+    pub frame_owner: u32,
+    /// 3.11: `is_entry` (a byte: the frame its C activation of the eval loop began with), else
+    /// `PY_NO_FIELD`.
+    pub frame_is_entry: u32,
+    /// Kernel-side: 0 until the process's first sample with Python frames, which wakes
+    /// userspace (`SAMPLE_PY_FIRST`) so that its code objects are read while it lives.
+    pub announced: u32,
+}
+
+/// `_PyInterpreterFrame.owner` of the shim frame the eval loop pushes on 3.12+.
+pub const PY_OWNED_BY_CSTACK: u8 = 3;
+
+/// Second word of a Python frame: the instruction (`f_lasti` or the instruction pointer) in
+/// the low 56 bits, and these flags above.
+pub const PY_FRAME_FLAGS_SHIFT: u32 = 56;
+/// The first (outermost) frame of one C activation of the eval loop (3.11 `is_entry`; 3.12+
+/// the frame above a shim). Frames of one activation stand for one native
+/// `_PyEval_EvalFrameDefault` frame.
+pub const PY_FRAME_ENTRY: u64 = 1 << 56;
+/// `owner` of the frame (3.11+), in bits 57–58; 3.8–3.10 frames are owned by their objects.
+pub const PY_FRAME_OWNER_SHIFT: u32 = 57;
+pub const PY_FRAME_IP_MASK: u64 = (1 << PY_FRAME_FLAGS_SHIFT) - 1;
+
+/// How the Python walk of a sample went, in bits `SAMPLE_PY_SHIFT..` of the sample flags.
+/// `NONE`: the process is not known to run CPython (or `--no-python`).
+pub const PY_WALK_NONE: u32 = 0;
+/// Frames found.
+pub const PY_WALK_FRAMES: u32 = 1;
+/// The thread has no `PyThreadState` (a thread that never ran Python, or not yet).
+pub const PY_WALK_NO_THREAD_STATE: u32 = 2;
+/// The thread state has no current frame (the interpreter between frames: start-up, exit).
+pub const PY_WALK_NO_FRAME: u32 = 3;
+/// Reading the thread pointer, the key, the thread state or a frame failed.
+pub const PY_WALK_READ_FAULT: u32 = 4;
+pub const SAMPLE_PY_SHIFT: u32 = 16;
+pub const SAMPLE_PY_MASK: u32 = 0x7 << SAMPLE_PY_SHIFT;
+/// More than `PY_MAX_FRAMES` Python frames: the outermost are missing.
+pub const SAMPLE_PY_TRUNCATED: u32 = 1 << 19;
+/// The process's first sample with Python frames (the sampler wakes userspace for it).
+pub const SAMPLE_PY_FIRST: u32 = 1 << 20;
+
+/// An interpreter file, by the identity the kernel's mapping records carry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PyFileKey {
+    pub inode: u64,
+    /// Kernel `dev_t` (major << 20 | minor).
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// A known interpreter file (`PY_FILES`): a process that maps it gets its `PY_PROCS` entry in
+/// the kernel at once (exec of a `python3.X`, mmap of `libpython3.X.so`), before userspace has
+/// seen the mapping, so a script's first milliseconds are walked too. `proc_.tss_key` is the
+/// key's file virtual address; the load bias is added per process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyFile {
+    pub proc_: PyProc,
+    /// Lowest `p_vaddr` of the executable segments: an executable's `mm->start_code` less its
+    /// load bias.
+    pub text_vaddr: u64,
+    /// The executable segment's page-aligned file offset and virtual address: a library's
+    /// mapping of it at `start` has bias `start - exec_vaddr`.
+    pub exec_offset: u64,
+    pub exec_vaddr: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding (8 + 11 * 4 + 4 bytes).
+unsafe impl aya::Pod for PyProc {}
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding.
+unsafe impl aya::Pod for PyFileKey {}
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers and a Pod struct, no padding.
+unsafe impl aya::Pod for PyFile {}

@@ -1,0 +1,269 @@
+//! CPython frames of the sampled thread, read from the interpreter's own structures: the
+//! thread's `PyThreadState` is the value of CPython's pthread key for the thread (read from
+//! glibc's thread block at the thread pointer, `task->thread.fsbase`), and its frame chain
+//! is walked innermost first in a `bpf_loop`. Each frame sends its code object's address and
+//! its instruction; userspace reads names and lines from the process (no strings here).
+//! Where the process runs CPython and how its version lays the structures out comes from
+//! userspace (`PY_PROCS`, see `profiler_common::PyProc`).
+
+use aya_ebpf::{
+    helpers::{bpf_probe_read_kernel_buf, bpf_probe_read_user},
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use profiler_common::{
+    PY_FRAME_ENTRY, PY_FRAME_IP_MASK, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES,
+    PY_NO_FIELD, PY_OWNED_BY_CSTACK, PY_WALK_FRAMES, PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE,
+    PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc, SAMPLE_PY_FIRST, SAMPLE_PY_SHIFT,
+    SAMPLE_PY_TRUNCATED,
+};
+
+use crate::run_loop;
+
+/// Processes running CPython, by thread-group id.
+#[map]
+static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(16384, 0);
+
+/// Interpreter files userspace has found (see `PyFile`).
+#[map]
+static PY_FILES: HashMap<PyFileKey, PyFile> = HashMap::with_max_entries(1024, 0);
+
+/// A file was mapped executable by process `tgid` (at exec: its executable, `exe_text`, whose
+/// code starts at `start`; else a mapping of file offset `offset` at `start`): if it is a
+/// known interpreter, the process's walker config is written now.
+#[inline(always)]
+pub fn file_mapped(tgid: u32, dev: u32, inode: u64, start: u64, offset: u64, exe_text: bool) {
+    let key = PyFileKey { inode, dev, _pad: 0 };
+    // SAFETY: a map value, copied out at once.
+    let Some(f) = (unsafe { PY_FILES.get(&key) }) else { return };
+    let bias = if exe_text {
+        start.wrapping_sub(f.text_vaddr)
+    } else if offset == f.exec_offset {
+        start.wrapping_sub(f.exec_vaddr)
+    } else {
+        return;
+    };
+    let mut p = f.proc_;
+    p.tss_key = p.tss_key.wrapping_add(bias);
+    let _ = PY_PROCS.insert(&tgid, &p, 0);
+}
+
+/// A new process (fork without exec) runs its parent's interpreter at the same addresses.
+#[inline(always)]
+pub fn inherit(parent: u32, child: u32) {
+    // SAFETY: a map value, copied out at once.
+    if let Some(p) = unsafe { PY_PROCS.get(&parent) } {
+        let p = *p;
+        let _ = PY_PROCS.insert(&child, &p, 0);
+    }
+}
+
+/// A process execs: the old image's interpreter is gone.
+#[inline(always)]
+pub fn forget(tgid: u32) {
+    let _ = PY_PROCS.remove(&tgid);
+}
+
+/// A walk in progress: the next frame, the frames found, and the current frame's bytes.
+#[repr(C)]
+pub struct PyWalk {
+    frame: u64,
+    n: u32,
+    truncated: u32,
+    fault: u32,
+    _pad: u32,
+    proc_: PyProc,
+    buf: [u64; PY_FRAME_READ / 8],
+    out: [u64; 2 * PY_MAX_FRAMES],
+}
+
+/// Per CPU: one walk state for the sampler, one for the off-CPU tracker.
+#[map]
+static PY_STATE: PerCpuArray<PyWalk> = PerCpuArray::with_max_entries(2, 0);
+pub const SLOT_SAMPLER: u32 = 0;
+pub const SLOT_OFF_CPU: u32 = 1;
+
+#[inline(always)]
+fn read_user_u64(addr: u64) -> Option<u64> {
+    // SAFETY: fault-checked read of user memory.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// Writes the current thread's Python frames (two words each, innermost first) to `dst`
+/// when its process runs CPython; returns (frames, sample flags: `PY_WALK_*` and
+/// `SAMPLE_PY_TRUNCATED`). `task` is the current task, `fsbase_off` the offset of its thread
+/// pointer, `slot` the walker's state (`SLOT_*`).
+///
+/// # Safety
+/// `dst` must have room for `2 * PY_MAX_FRAMES` words of a map value.
+#[inline(always)]
+pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u32) -> (u32, u32) {
+    // SAFETY: a map value pointer, valid for the program's run.
+    let Some(proc_) = PY_PROCS.get_ptr_mut(&tgid) else { return (0, 0) };
+    // SAFETY: a map value, valid for the program's run; `announced` is the only field written
+    // here (a race between CPUs only wakes userspace twice).
+    let proc_ = unsafe { &mut *proc_ };
+    let status = |s: u32| (0, s << SAMPLE_PY_SHIFT);
+    if fsbase_off == 0 {
+        return status(PY_WALK_READ_FAULT);
+    }
+    // SAFETY: fault-checked kernel read of the current task.
+    let Some(tp) = (unsafe { crate::read_kernel_u64(task + fsbase_off as u64) }) else {
+        return status(PY_WALK_READ_FAULT);
+    };
+    // SAFETY: fault-checked read of user memory.
+    let Ok(key) = (unsafe { bpf_probe_read_user(proc_.tss_key as *const u32) }) else {
+        return status(PY_WALK_READ_FAULT);
+    };
+    let specific = tp.wrapping_add(proc_.tls_specific as u64);
+    // glibc: keys 0–31 in the thread block itself, the others in blocks of 32 it points to.
+    let value = if key < 32 {
+        specific.wrapping_add(16 * key as u64 + 8)
+    } else if key < 1024 {
+        let Some(block) = read_user_u64(specific + 32 * 16 + 8 * (key / 32) as u64) else {
+            return status(PY_WALK_READ_FAULT);
+        };
+        if block == 0 {
+            return status(PY_WALK_NO_THREAD_STATE);
+        }
+        block.wrapping_add(16 * (key % 32) as u64 + 8)
+    } else {
+        return status(PY_WALK_READ_FAULT);
+    };
+    let Some(tstate) = read_user_u64(value) else { return status(PY_WALK_READ_FAULT) };
+    if tstate == 0 {
+        return status(PY_WALK_NO_THREAD_STATE);
+    }
+    let Some(mut frame) = read_user_u64(tstate.wrapping_add(proc_.tstate_frame as u64)) else {
+        return status(PY_WALK_READ_FAULT);
+    };
+    if proc_.cframe_frame != PY_NO_FIELD && frame != 0 {
+        let Some(f) = read_user_u64(frame.wrapping_add(proc_.cframe_frame as u64)) else {
+            return status(PY_WALK_READ_FAULT);
+        };
+        frame = f;
+    }
+    if frame == 0 {
+        return status(PY_WALK_NO_FRAME);
+    }
+    let Some(st) = PY_STATE.get_ptr_mut(slot) else { return status(PY_WALK_READ_FAULT) };
+    // SAFETY: this CPU's walk state; the sampler does not nest on one CPU.
+    let st = unsafe { &mut *st };
+    st.frame = frame;
+    st.n = 0;
+    st.truncated = 0;
+    st.fault = 0;
+    st.proc_ = *proc_;
+    // A shim frame (3.12+) comes with each activation: twice the frames bounds the steps.
+    // The slot is the step's constant: each walker's loop reads its own state.
+    let mut unused = 0u64;
+    let steps = 2 * PY_MAX_FRAMES as u32 + 1;
+    if slot == SLOT_SAMPLER {
+        run_loop(steps, step::<SLOT_SAMPLER>, &mut unused);
+    } else {
+        run_loop(steps, step::<SLOT_OFF_CPU>, &mut unused);
+    }
+    if st.frame != 0 && st.fault == 0 {
+        st.truncated = 1;
+    }
+    let n = if st.n as usize > PY_MAX_FRAMES { PY_MAX_FRAMES } else { st.n as usize };
+    if n > 0 {
+        // SAFETY: `dst` has room for 2 * PY_MAX_FRAMES words; `n` is bounded by it.
+        let out = unsafe { core::slice::from_raw_parts_mut(dst.cast::<u8>(), n * 16) };
+        if unsafe { bpf_probe_read_kernel_buf(st.out.as_ptr().cast(), out) }.is_err() {
+            return status(PY_WALK_READ_FAULT);
+        }
+    }
+    let mut flags = if st.truncated != 0 { SAMPLE_PY_TRUNCATED } else { 0 };
+    if n > 0 && proc_.announced == 0 {
+        proc_.announced = 1;
+        flags |= SAMPLE_PY_FIRST;
+    }
+    flags |= if n > 0 {
+        PY_WALK_FRAMES
+    } else if st.fault != 0 {
+        PY_WALK_READ_FAULT
+    } else {
+        PY_WALK_NO_FRAME
+    } << SAMPLE_PY_SHIFT;
+    (n as u32, flags)
+}
+
+/// A field of the frame in `buf` at byte `off` (bounded for the verifier).
+#[inline(always)]
+fn field_u64(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u64 {
+    let off = (off as usize) & 127;
+    if off + 8 > PY_FRAME_READ {
+        return 0;
+    }
+    // SAFETY: `off + 8` is within `buf`.
+    unsafe { core::ptr::read_unaligned(buf.as_ptr().cast::<u8>().add(off).cast::<u64>()) }
+}
+
+#[inline(always)]
+fn field_u8(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u8 {
+    let off = (off as usize) & 127;
+    if off >= PY_FRAME_READ {
+        return 0;
+    }
+    // SAFETY: `off` is within `buf`.
+    unsafe { *buf.as_ptr().cast::<u8>().add(off) }
+}
+
+/// `bpf_loop` callback: records the current frame and moves to the previous one.
+#[inline(never)]
+extern "C" fn step<const SLOT: u32>(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+    let Some(st) = PY_STATE.get_ptr_mut(SLOT) else { return 1 };
+    // SAFETY: see `walk`.
+    let st = unsafe { &mut *st };
+    if st.frame == 0 {
+        return 1;
+    }
+    let i = st.n as usize;
+    if i >= PY_MAX_FRAMES {
+        st.truncated = 1;
+        return 1;
+    }
+    // SAFETY: fault-checked read of user memory into the state's buffer.
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            st.buf.as_mut_ptr().cast(),
+            PY_FRAME_READ as u32,
+            st.frame as *const core::ffi::c_void,
+        )
+    };
+    if ret != 0 {
+        st.fault = 1;
+        return 1;
+    }
+    let p = &st.proc_;
+    let code = field_u64(&st.buf, p.frame_code);
+    let back = field_u64(&st.buf, p.frame_back);
+    let owner = if p.frame_owner != PY_NO_FIELD { field_u8(&st.buf, p.frame_owner) } else { 0 };
+    // A frame back to itself would only waste the loop.
+    st.frame = if back == st.frame { 0 } else { back };
+    if p.minor >= 12 && owner == PY_OWNED_BY_CSTACK {
+        // The eval loop's shim: the frame sent before it began that C activation.
+        if i > 0 {
+            st.out[(2 * (i - 1) + 1) & (2 * PY_MAX_FRAMES - 1)] |= PY_FRAME_ENTRY;
+        }
+        return 0;
+    }
+    let ip = if p.minor <= 10 {
+        // f_lasti, an int (-1 before the first instruction).
+        (field_u64(&st.buf, p.frame_ip) as u32) as u64
+    } else {
+        field_u64(&st.buf, p.frame_ip)
+    };
+    let mut word = (ip & PY_FRAME_IP_MASK) | ((owner as u64 & 3) << PY_FRAME_OWNER_SHIFT);
+    // Each frame object of 3.8–3.10 is its own C activation.
+    let entry = p.minor <= 10
+        || (p.frame_is_entry != PY_NO_FIELD && field_u8(&st.buf, p.frame_is_entry) != 0);
+    if entry {
+        word |= PY_FRAME_ENTRY;
+    }
+    st.out[(2 * i) & (2 * PY_MAX_FRAMES - 1)] = code;
+    st.out[(2 * i + 1) & (2 * PY_MAX_FRAMES - 1)] = word;
+    st.n += 1;
+    0
+}
