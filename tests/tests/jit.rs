@@ -13,7 +13,9 @@ use tests::{
     fixtures,
     gecko_schema::validate,
     harness::{Recording, output_path},
-    profile_query::{frame_categories, function_name, module_name, sample_stacks, threads_of_pid},
+    profile_query::{
+        contains_path, frame_categories, function_name, module_name, sample_stacks, threads_of_pid,
+    },
 };
 
 fn valid(profile: &Value) {
@@ -417,4 +419,180 @@ fn agent_windows_read_by_go_pprof_name_js_functions() {
     assert!((66.7 - 7.0..=66.7 + 7.0).contains(&share), "jsHotAlpha share {share:.1}%:\n{top}");
     let raw = go_pprof::run(&["-raw"], Path::new(&files[files.len() / 2])).expect("pprof -raw");
     assert!(raw.contains("[jit]"), "no [jit] mapping in a window:\n{raw}");
+}
+
+/// Removes what a JIT fixture left in /tmp (its jitdump and perf map).
+struct RemoveFiles(Vec<String>);
+
+impl Drop for RemoveFiles {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+fn jit_files(pid: u32) -> RemoveFiles {
+    RemoveFiles(vec![format!("/tmp/jit-{pid}.dump"), format!("/tmp/perf-{pid}.map")])
+}
+
+/// The summary line starting with `prefix`.
+fn summary_line<'a>(stderr: &'a str, prefix: &str) -> &'a str {
+    let line = stderr.lines().find(|l| l.trim_start().starts_with(prefix));
+    line.unwrap_or_else(|| panic!("no {prefix:?} line in the summary:\n{stderr}"))
+}
+
+/// The number before `word` in `line` ("… 12 from jitdump" → 12 for "from jitdump").
+fn count_before(line: &str, word: &str) -> u64 {
+    let at = line.find(word).unwrap_or_else(|| panic!("no {word:?} in {line:?}"));
+    let n = line[..at].split_whitespace().last().unwrap_or_default();
+    n.parse().unwrap_or_else(|_| panic!("no count before {word:?} in {line:?}"))
+}
+
+/// A JIT that reuses an address mid-run (tests/fixtures/jitreuse.c: `jit_alpha` for 2 s, then
+/// `jit_beta` mapped at the same address for 2 s, each announced in its jitdump and perf map
+/// before it runs): every sample is named by the code there at its time, though samples of
+/// alpha's last moments are collected after beta's record was read (a perf map alone, without
+/// times, names them beta). The jitdump's debug info gives the line; stacks go on into the
+/// fixture's own `run` and `main`.
+#[test]
+fn jitdump_names_a_reused_address_by_the_code_there_at_the_sample() {
+    let exe = fixtures::build("jitreuse").expect("build jitreuse");
+    let output = output_path("jit_reuse", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let child = Command::new(&exe).arg("2").stdout(Stdio::piped()).spawn().expect("jitreuse");
+    let pid = child.id();
+    let _files = jit_files(pid);
+    let out = child.wait_with_output().expect("jitreuse ran");
+    assert!(out.status.success(), "jitreuse failed: {}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "switched");
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    let (_, stacks) = main_thread_stacks(&profile, pid);
+    let total = stacks.len();
+    assert!(total > 1000, "4 s of a busy thread at 999 Hz: ~4000 samples, got {total}");
+    let leaf_of = |s: &[String]| s.iter().rev().find(|l| function_name(l).starts_with("jit_"));
+    let kinds: Vec<Option<&str>> =
+        stacks.iter().map(|s| leaf_of(s).map(|l| function_name(l))).collect();
+    let alpha: Vec<usize> = (0..total).filter(|&i| kinds[i] == Some("jit_alpha")).collect();
+    let beta: Vec<usize> = (0..total).filter(|&i| kinds[i] == Some("jit_beta")).collect();
+    let unnamed =
+        stacks.iter().filter(|s| s.iter().any(|l| module_name(l) == Some("[anon]"))).count();
+    eprintln!(
+        "jitreuse {pid}: {total} samples, jit_alpha {}, jit_beta {}, [anon] {unnamed}",
+        alpha.len(),
+        beta.len()
+    );
+    let named = alpha.len() + beta.len();
+    assert!(named * 100 >= total * 90, "{named} of {total} samples name the JIT code");
+    for (n, what) in [(alpha.len(), "jit_alpha"), (beta.len(), "jit_beta")] {
+        let share = 100.0 * n as f64 / named as f64;
+        assert!((35.0..=65.0).contains(&share), "{what}: {share:.1}% of named samples, want ~50");
+    }
+    // Samples are in time order: every alpha sample before every beta sample.
+    let (last_alpha, first_beta) = (*alpha.last().unwrap(), beta[0]);
+    let crossed = beta.iter().filter(|&&b| b < last_alpha).count()
+        + alpha.iter().filter(|&&a| a > first_beta).count();
+    assert_eq!(
+        crossed, 0,
+        "samples named by code not there at their time (last alpha #{last_alpha}, first beta \
+         #{first_beta})"
+    );
+    let frame = leaf_of(&stacks[alpha[0]]).unwrap();
+    assert_eq!(module_name(frame), Some("[jitdump]"), "{frame}");
+    assert!(frame.ends_with("(jitreuse.js:11)"), "debug-info line: {frame}");
+    let frame = leaf_of(&stacks[beta[0]]).unwrap();
+    assert!(frame.ends_with("(jitreuse.js:22)"), "debug-info line: {frame}");
+    let rooted = stacks
+        .iter()
+        .filter(|s| leaf_of(s).is_some())
+        .filter(|s| contains_path(s, &["main", "run"]))
+        .count();
+    assert!(rooted * 100 >= named * 90, "{rooted} of {named} JIT stacks go on into run and main");
+
+    let line = summary_line(&done.stderr, "JIT frames:");
+    eprintln!("{line}\n{}", summary_line(&done.stderr, "jitdumps:"));
+    assert!(count_before(line, "from jitdump") >= named as u64, "{line}");
+    let dumps = summary_line(&done.stderr, "jitdumps:");
+    assert!(count_before(dumps, "code loads") >= 2, "{dumps}");
+    assert!(count_before(dumps, "debug-info") >= 2, "{dumps}");
+}
+
+/// Bad maps and dumps, each in a JIT process of its own in one recording: a dump with a bad
+/// magic, version or record size; a perf map with garbage and a truncated line, one past the
+/// size bound, a symlink to /etc/shadow, another user's file. None stops or hangs the
+/// recording: each is skipped and counted in the summary, and what a good file still says
+/// (the garbage map's good line; the bad-magic process's perf map) names the code.
+#[test]
+fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
+    let exe = fixtures::build("jitreuse").expect("build jitreuse");
+    let output = output_path("jit_bad_input", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    // (dump, map, how the code is named: its module, or None for unnamed)
+    let cases: [(&str, &str, Option<&str>); 7] = [
+        ("badmagic", "good", Some("[jit]")),
+        ("badversion", "none", None),
+        ("badsize", "none", None),
+        ("none", "garbage", Some("[jit]")),
+        ("none", "huge", None),
+        ("none", "symlink", None),
+        ("none", "otheruser", None),
+    ];
+    let mut children = Vec::new();
+    let mut files = Vec::new();
+    for (dump, map, _) in cases {
+        let child = Command::new(&exe)
+            .args(["3", dump, map])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start jitreuse");
+        files.push(jit_files(child.id()));
+        children.push(child);
+    }
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    for mut c in children {
+        assert!(c.wait().expect("jitreuse ran").success());
+    }
+    let done = rec.interrupt().expect("stop recording");
+    assert!(done.status.success(), "recording failed:\n{}", done.stderr);
+    let profile = done.profile().expect("profile written");
+    for ((dump, map, want), pid) in cases.iter().zip(&pids) {
+        let (_, stacks) = main_thread_stacks(&profile, *pid);
+        // The code's frame: the one under `run`.
+        let code: Vec<&String> = stacks
+            .iter()
+            .filter_map(|s| {
+                let run = s.iter().position(|l| function_name(l) == "run")?;
+                s.get(run + 1)
+            })
+            .filter(|l| module_name(l) != Some("jitreuse") && module_name(l) != Some("libc.so.6"))
+            .filter(|l| {
+                module_name(l) != Some("[vdso]") && module_name(l) != Some("[kernel.kallsyms]")
+            })
+            .collect();
+        assert!(code.len() > 200, "{dump}/{map}: {} samples in the JIT code", code.len());
+        let as_wanted = code
+            .iter()
+            .filter(|l| match want {
+                Some(module) => function_name(l) == "jit_alpha" && module_name(l) == Some(*module),
+                None => module_name(l) == Some("[anon]"),
+            })
+            .count();
+        eprintln!("{dump}/{map} ({pid}): {as_wanted} of {} code frames as wanted", code.len());
+        assert!(
+            as_wanted * 100 >= code.len() * 90,
+            "{dump}/{map}: {as_wanted} of {} code frames {want:?}, e.g. {}",
+            code.len(),
+            code[0]
+        );
+    }
+    let maps = summary_line(&done.stderr, "perf maps:");
+    let dumps = summary_line(&done.stderr, "jitdumps:");
+    eprintln!("{maps}\n{dumps}\n{}", summary_line(&done.stderr, "JIT frames:"));
+    // Other processes on the host may add to these, never take away.
+    assert!(count_before(maps, "garbage lines") >= 5, "{maps}");
+    assert!(count_before(maps, "stopped at the") >= 1, "{maps}");
+    assert!(count_before(maps, "refused") >= 2, "{maps}");
+    assert!(count_before(dumps, "with a bad header") >= 2, "{dumps}");
+    assert!(count_before(dumps, "stopped at a bad record") >= 1, "{dumps}");
 }

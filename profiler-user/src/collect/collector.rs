@@ -23,7 +23,7 @@ use crate::{
         time::MonoNs,
     },
     store::{SampleSink, codec::StoredSample},
-    symbolize::perfmap::PerfMapStats,
+    symbolize::{jitdump, perfmap::PerfMapStats},
     system::procfs,
     unwind::copied::CopiedStacks,
 };
@@ -78,6 +78,8 @@ pub struct CollectorStats {
     pub off_cpu_copies_dropped: u64,
     /// What reading processes' perf maps did.
     pub perf_maps: PerfMapStats,
+    /// What reading processes' jitdumps did.
+    pub jitdumps: jitdump::JitDumpStats,
     /// CPU samples whose user stack was walked with tables, as the profile holds them (stack
     /// copies finished): (complete, walked) in the first second after the first sample, when
     /// tables are still landing, and after it.
@@ -251,6 +253,14 @@ impl<S: SampleSink> Collector<S> {
             }
             MapKind::File { offset, dev, inode, path } => {
                 let ident = (*dev, *inode);
+                if jitdump::is_dump_path(&path.path) {
+                    // A JIT announcing its jitdump (it maps the file executable, as perf
+                    // expects): followed from now on.
+                    let (pid, range) = (m.pid, (m.start, m.end));
+                    p.jit_dump.found(|| jitdump::open_mapped(pid, range, Some(ident), &path.path));
+                    let found = p.jit_dump.take_stats();
+                    self.stats.jitdumps.add(&found);
+                }
                 let module =
                     self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, false);
                 vec![Mapping { start: m.start, end: m.end, file_offset: *offset, module }]
@@ -460,8 +470,14 @@ impl<S: SampleSink> Collector<S> {
         {
             self.outbox.table_wanted(s.pid);
         }
-        // Stacks named from the perf map are cached until it names more.
-        if p.perf_map.poll(s.pid, s.time.0) && p.perf_map_named_more(anon) {
+        // Stacks named from the perf map are cached until it names more. The jitdump is read
+        // once a sample is later than its last read, so each sample is named knowing every
+        // record written before it.
+        let dump_grew = p.jit_dump.refresh(s.time.0);
+        if dump_grew {
+            self.stats.jitdumps.add(&p.jit_dump.take_stats());
+        }
+        if (p.perf_map.poll(s.pid, s.time.0) | dump_grew) && p.perf_map_named_more(anon) {
             self.outbox.maps_changed(s.pid);
         }
         // Label frames depend on more than the addresses (the labels, their depths).
@@ -494,7 +510,7 @@ impl<S: SampleSink> Collector<S> {
             self.frames.push(FrameAddr::OffCpuNotCaptured);
         }
         let stack = self.store.intern_stack(&self.frames);
-        if cacheable {
+        if cacheable && !r.time_bound {
             self.stack_cache.insert(stack, r.unmapped, self.store.stack_stamp());
         }
         (cpu_delta, stack)
@@ -580,6 +596,7 @@ impl<S: SampleSink> Collector<S> {
                 p.forget_label_depths();
                 p.made_code = false;
                 self.stats.perf_maps.add(&p.perf_map.take_stats());
+                self.stats.jitdumps.add(&p.jit_dump.take_stats());
                 p.forget_perf_map();
                 p.space_source = SpaceSource::Kernel;
                 if vdso != 0
@@ -605,12 +622,13 @@ impl<S: SampleSink> Collector<S> {
                 }
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
-                    // Lines written up to its exit, before its pid can be reused.
-                    if p.perf_map.finish(t.pid, t.time.0) {
+                    // Lines and records written up to its exit, before its pid can be reused.
+                    if p.perf_map.finish(t.pid, t.time.0) | p.jit_dump.finish() {
                         p.space.touch();
                         p.name_late();
                     }
                     self.stats.perf_maps.add(&p.perf_map.take_stats());
+                    self.stats.jitdumps.add(&p.jit_dump.take_stats());
                     p.meta.end = Some(t.time);
                     p.exited = true;
                     self.processes.pending_exits.push_back((t.time, t.pid));
@@ -663,6 +681,14 @@ fn first_sight_space(
     stats.maps_reads += 1;
     stats.maps_reads_late += u64::from(stats.started);
     stats.maps_errors += u64::from(read_space_once(pid, p, modules).is_err());
+    // A JIT already running maps its jitdump (read from /proc, with the rest of its space).
+    let dump =
+        p.space.mappings().iter().find(|m| jitdump::is_dump_path(&modules.get(m.module).path));
+    if let Some(m) = dump {
+        let (range, path) = ((m.start, m.end), modules.get(m.module).path.clone());
+        p.jit_dump.found(|| jitdump::open_mapped(pid, range, None, &path));
+        stats.jitdumps.add(&p.jit_dump.take_stats());
+    }
 }
 
 /// Size of the vDSO image (the same in every process): ours, from /proc/self/maps, once.

@@ -15,7 +15,10 @@ use crate::{
         process::{JitSymbol, ProcessMeta, ProcessesMeta},
         time::MonoNs,
     },
-    symbolize::perfmap::{self, ProcessPerfMap},
+    symbolize::{
+        jitdump::{self, ProcessJitDump},
+        perfmap::{self, ProcessPerfMap},
+    },
     system::cgroup::{fs::PathCache, membership::ProcessCgroup},
 };
 
@@ -65,11 +68,15 @@ pub struct ProcessInfo {
     label_depths: HashMap<(Tid, u32), (u64, u32)>,
     /// Its perf map, followed from its first JIT address on (see `symbolize::perfmap`).
     pub perf_map: ProcessPerfMap,
-    /// `meta.jit_symbols` by name, to give a name sampled again its id.
-    jit_ids: HashMap<Arc<str>, JitSymbolId>,
-    /// Addresses in anonymous executable memory stored unnamed, for lines read later to name
-    /// (`meta.jit_late`); at most `MAX_UNNAMED_JIT`.
-    unnamed_jit: std::collections::HashSet<u64>,
+    /// Its jitdump, followed from its mapping on (see `symbolize::jitdump`).
+    pub jit_dump: ProcessJitDump,
+    /// `meta.jit_symbols` by what they name, to give a name sampled again its id.
+    jit_ids: HashMap<JitKey, JitSymbolId>,
+    /// Addresses in anonymous executable memory stored unnamed, for lines or records read
+    /// later to name (`meta.jit_late`), with the first and last time a sample held them (a
+    /// jitdump names them only if one code was there all that time); at most
+    /// `MAX_UNNAMED_JIT`.
+    unnamed_jit: HashMap<u64, (u64, u64)>,
     /// Starts of its anonymous executable mappings that hold CPython perf trampolines (the
     /// perf map names their first one `py::…`), flagged to the walker, sorted.
     pub py_trampoline_arenas: Vec<u64>,
@@ -77,28 +84,64 @@ pub struct ProcessInfo {
     pub made_code: bool,
 }
 
+/// What a JIT symbol stands for: its name, where the jitdump placed the sampled instruction,
+/// and which file named it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct JitKey {
+    name: Arc<str>,
+    line: Option<(Arc<str>, u32)>,
+    from_dump: bool,
+}
+
 impl ProcessInfo {
-    /// The id of JIT function `name` (None past `MAX_JIT_SYMBOLS`).
+    /// The id of JIT function `name`, as a perf map names it (None past `MAX_JIT_SYMBOLS`).
     pub fn jit_symbol(&mut self, name: &Arc<str>) -> Option<JitSymbolId> {
-        if let Some(&id) = self.jit_ids.get(name) {
+        self.jit_key_symbol(JitKey { name: name.clone(), line: None, from_dump: false })
+    }
+
+    /// The id of the code a jitdump placed at `addr`, with the line there.
+    pub fn jit_dump_symbol(&mut self, code: &jitdump::Code, addr: u64) -> Option<JitSymbolId> {
+        let line = code.line_at(addr).map(|(f, l)| (f.clone(), l));
+        self.jit_key_symbol(JitKey { name: code.name.clone(), line, from_dump: true })
+    }
+
+    fn jit_key_symbol(&mut self, key: JitKey) -> Option<JitSymbolId> {
+        if let Some(&id) = self.jit_ids.get(&key) {
             return Some(id);
         }
         if self.jit_ids.len() >= MAX_JIT_SYMBOLS {
             return None;
         }
         let id = JitSymbolId(self.meta.jit_symbols.len() as u32);
-        let language = perfmap::language(name, &self.meta.exe);
-        self.meta.jit_symbols.push(JitSymbol { name: name.to_string(), language });
-        self.jit_ids.insert(name.clone(), id);
+        let language = perfmap::language(&key.name, &self.meta.exe);
+        self.meta.jit_symbols.push(JitSymbol {
+            name: key.name.to_string(),
+            language,
+            file: key.line.as_ref().map(|(f, _)| f.to_string()),
+            line: key.line.as_ref().map(|&(_, l)| l),
+            from_dump: key.from_dump,
+        });
+        self.jit_ids.insert(key, id);
         Some(id)
     }
 
-    /// A new image: its JIT code and perf map are new (ids already given stay valid).
+    /// A new image: its JIT code, perf map and jitdump are new (ids already given stay
+    /// valid).
     pub fn forget_perf_map(&mut self) {
         self.perf_map = ProcessPerfMap::default();
+        self.jit_dump = ProcessJitDump::default();
         self.jit_ids.clear();
         self.unnamed_jit.clear();
         self.py_trampoline_arenas.clear();
+    }
+
+    /// The name the process's records give `addr` now, whatever the time: its jitdump's
+    /// latest code there, else its perf map's line.
+    fn jit_name_now(&self, addr: u64) -> Option<&Arc<str>> {
+        match self.jit_dump.latest(addr) {
+            Some(code) => Some(&code.name),
+            None => self.perf_map.lookup(addr),
+        }
     }
 
     /// Its perf map named more code: stacks cached with the old names are stale (a new space
@@ -119,7 +162,7 @@ impl ProcessInfo {
             .mappings()
             .iter()
             .filter(|m| m.module == anon)
-            .filter(|m| self.perf_map.lookup(m.start).is_some_and(|n| n.starts_with("py::")))
+            .filter(|m| self.jit_name_now(m.start).is_some_and(|n| n.starts_with("py::")))
             .map(|m| m.start)
             .collect();
         arenas.sort_unstable();
@@ -130,26 +173,43 @@ impl ProcessInfo {
         true
     }
 
-    /// Remembers an address in anonymous executable memory stored unnamed.
-    pub fn unnamed_jit(&mut self, addr: u64) {
-        if self.unnamed_jit.len() < MAX_UNNAMED_JIT {
-            self.unnamed_jit.insert(addr);
+    /// Remembers an address in anonymous executable memory stored unnamed by a sample at
+    /// time `t`.
+    pub fn unnamed_jit(&mut self, addr: u64, t: u64) {
+        if let Some(span) = self.unnamed_jit.get_mut(&addr) {
+            *span = (span.0.min(t), span.1.max(t));
+        } else if self.unnamed_jit.len() < MAX_UNNAMED_JIT {
+            self.unnamed_jit.insert(addr, (t, t));
         }
     }
 
-    /// Names the unnamed addresses that the perf map's lines read so far name (the first
-    /// line read after their samples); called when new lines were read.
+    /// Names the unnamed addresses that the records read so far name: the jitdump where one
+    /// code was there all the time samples held the address (an address whose code changed
+    /// meanwhile stays unnamed), else the perf map's line (the first one read after their
+    /// samples); called when new lines or records were read.
     pub fn name_late(&mut self) {
         if self.unnamed_jit.is_empty() {
             return;
         }
-        let named: Vec<(u64, Arc<str>)> = self
+        enum Late {
+            Dump(Arc<jitdump::Code>),
+            Map(Arc<str>),
+        }
+        let named: Vec<(u64, Late)> = self
             .unnamed_jit
             .iter()
-            .filter_map(|&a| Some((a, self.perf_map.lookup(a)?.clone())))
+            .filter_map(|(&a, &(t0, t1))| match self.jit_dump.over(a, t0, t1) {
+                jitdump::Over::Named(code) => Some((a, Late::Dump(code.clone()))),
+                jitdump::Over::Ambiguous => None,
+                jitdump::Over::NotCovered => Some((a, Late::Map(self.perf_map.lookup(a)?.clone()))),
+            })
             .collect();
-        for (addr, name) in named {
-            if let Some(id) = self.jit_symbol(&name) {
+        for (addr, late) in named {
+            let id = match late {
+                Late::Dump(code) => self.jit_dump_symbol(&code, addr),
+                Late::Map(name) => self.jit_symbol(&name),
+            };
+            if let Some(id) = id {
                 self.meta.jit_late.insert(addr, id);
                 self.unnamed_jit.remove(&addr);
             }

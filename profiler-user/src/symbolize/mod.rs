@@ -5,6 +5,7 @@
 
 pub mod cache;
 mod dwarf;
+pub mod jitdump;
 pub mod pages;
 pub mod perfmap;
 
@@ -35,6 +36,8 @@ use crate::{
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 /// The "library" of JIT frames named from perf maps.
 pub const JIT_MODULE: &str = "[jit]";
+/// The "library" of JIT frames named from jitdumps.
+pub const JITDUMP_MODULE: &str = "[jitdump]";
 /// The "library" of the root pseudo-frame of a truncated user stack.
 pub const TRUNCATED_MODULE: &str = "rsprof unwind";
 
@@ -195,8 +198,8 @@ pub fn named_from_processes(a: &FrameAddr) -> bool {
 /// The "library" of frames in anonymous executable memory no perf map named.
 pub const ANON_MODULE: &str = "[anon]";
 
-/// Adds a frame for every JIT address, named as its process's perf map named it (at the
-/// sample, or by a line read later), or `0x… (in [anon])`.
+/// Adds a frame for every JIT address, named as its process's jitdump or perf map named it (at
+/// the sample, or by a record or line read later), or `0x… (in [anon])`.
 pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &ProcessesMeta) {
     for &a in addrs {
         let (pid, symbol) = match a {
@@ -214,23 +217,28 @@ pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Processe
             _ => continue,
         };
         let named = processes.get(&pid).and_then(|p| p.jit_symbols.get(symbol.0 as usize));
-        let (function, kind) = match named {
-            Some(s) => (s.name.clone(), FrameKind::Jit(s.language)),
+        let frame = match named {
+            Some(s) => Frame {
+                kind: FrameKind::Jit(s.language),
+                function: s.name.clone(),
+                module: if s.from_dump { JITDUMP_MODULE } else { JIT_MODULE }.into(),
+                file: s.file.clone(),
+                line: s.line,
+                column: None,
+                inlined: false,
+            },
             // Its process was forgotten while the frame was stored (not expected).
-            None => (format!("jit {}", symbol.0), FrameKind::Jit(JitLanguage::Other)),
-        };
-        symbols.insert(
-            a,
-            vec![Frame {
-                kind,
-                function,
+            None => Frame {
+                kind: FrameKind::Jit(JitLanguage::Other),
+                function: format!("jit {}", symbol.0),
                 module: JIT_MODULE.into(),
                 file: None,
                 line: None,
                 column: None,
                 inlined: false,
-            }],
-        );
+            },
+        };
+        symbols.insert(a, vec![frame]);
     }
 }
 

@@ -239,7 +239,7 @@ pub enum OpenError {
 
 /// The process's pid in its own pid namespace (`NStgid`, innermost) and its user ids (real,
 /// effective, saved, filesystem), from /proc/PID/status.
-fn status(pid: Pid) -> Option<(u32, [u32; 4])> {
+pub(crate) fn status(pid: Pid) -> Option<(u32, [u32; 4])> {
     let text = std::fs::read_to_string(format!("/proc/{}/status", pid.0)).ok()?;
     let mut nstgid = None;
     let mut uids = None;
@@ -291,7 +291,14 @@ impl Identity {
 
 /// Opens `tmp/perf-NSTGID.map` under `root` (see `open`).
 fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
-    let root = CString::new(root).expect("no NUL");
+    open_in_root(root, &format!("tmp/perf-{nstgid}.map"), uids)
+}
+
+/// Opens `path` (relative) under `root` as `open` does: symlinks resolved inside the root,
+/// none followed at the last component, never blocking, only a regular file owned by one of
+/// `uids`.
+pub(crate) fn open_in_root(root: &str, path: &str, uids: [u32; 4]) -> Result<File, OpenError> {
+    let root = CString::new(root).map_err(|_| OpenError::Missing)?;
     // SAFETY: plain syscalls on NUL-terminated paths; each fd returned is owned once.
     let root_fd =
         unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
@@ -300,7 +307,7 @@ fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
     }
     // SAFETY: `root_fd` was just opened and is owned here.
     let root_dir = unsafe { std::os::fd::OwnedFd::from_raw_fd(root_fd) };
-    let path = CString::new(format!("tmp/perf-{nstgid}.map")).expect("no NUL");
+    let path = CString::new(path).map_err(|_| OpenError::Missing)?;
     // SAFETY: `open_how` is plain integers; all zero is its "no flags" value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
@@ -324,6 +331,11 @@ fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
     }
     // SAFETY: `fd` was just opened and is owned by the `File` alone.
     let file = unsafe { File::from_raw_fd(fd as i32) };
+    owned_regular_file(file, uids)
+}
+
+/// `file` if it is a regular file owned by one of `uids`.
+pub(crate) fn owned_regular_file(file: File, uids: [u32; 4]) -> Result<File, OpenError> {
     let meta = file.metadata().map_err(|_| OpenError::Missing)?;
     use std::os::unix::fs::MetadataExt as _;
     if !meta.file_type().is_file() {
