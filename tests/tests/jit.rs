@@ -445,7 +445,7 @@ fn summary_line<'a>(stderr: &'a str, prefix: &str) -> &'a str {
 /// The number before `word` in `line` ("… 12 from jitdump" → 12 for "from jitdump").
 fn count_before(line: &str, word: &str) -> u64 {
     let at = line.find(word).unwrap_or_else(|| panic!("no {word:?} in {line:?}"));
-    let n = line[..at].split_whitespace().last().unwrap_or_default();
+    let n = line[..at].split_whitespace().last().unwrap_or_default().trim_start_matches('(');
     n.parse().unwrap_or_else(|_| panic!("no count before {word:?} in {line:?}"))
 }
 
@@ -465,13 +465,21 @@ fn jitdump_names_a_reused_address_by_the_code_there_at_the_sample() {
     let _files = jit_files(pid);
     let out = child.wait_with_output().expect("jitreuse ran");
     assert!(out.status.success(), "jitreuse failed: {}", out.status);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "switched");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let switched: f64 = said
+        .trim()
+        .strip_prefix("switched ")
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("jitreuse said {said:?}"));
     let done = rec.interrupt().expect("stop recording");
     let profile = done.profile().expect("profile written");
-    let (_, stacks) = main_thread_stacks(&profile, pid);
+    let (main, stacks) = main_thread_stacks(&profile, pid);
     let total = stacks.len();
-    assert!(total > 1000, "4 s of a busy thread at 999 Hz: ~4000 samples, got {total}");
-    let leaf_of = |s: &[String]| s.iter().rev().find(|l| function_name(l).starts_with("jit_"));
+    // Fewer when the test shares its CPUs; the split and times are what is tested.
+    assert!(total > 300, "4 s of a busy thread at 999 Hz: ~4000 samples, got {total}");
+    fn leaf_of(s: &[String]) -> Option<&String> {
+        s.iter().rev().find(|l| function_name(l).starts_with("jit_"))
+    }
     let kinds: Vec<Option<&str>> =
         stacks.iter().map(|s| leaf_of(s).map(|l| function_name(l))).collect();
     let alpha: Vec<usize> = (0..total).filter(|&i| kinds[i] == Some("jit_alpha")).collect();
@@ -485,19 +493,29 @@ fn jitdump_names_a_reused_address_by_the_code_there_at_the_sample() {
     );
     let named = alpha.len() + beta.len();
     assert!(named * 100 >= total * 90, "{named} of {total} samples name the JIT code");
-    for (n, what) in [(alpha.len(), "jit_alpha"), (beta.len(), "jit_beta")] {
-        let share = 100.0 * n as f64 / named as f64;
-        assert!((35.0..=65.0).contains(&share), "{what}: {share:.1}% of named samples, want ~50");
-    }
-    // Samples are in time order: every alpha sample before every beta sample.
-    let (last_alpha, first_beta) = (*alpha.last().unwrap(), beta[0]);
-    let crossed = beta.iter().filter(|&&b| b < last_alpha).count()
-        + alpha.iter().filter(|&&a| a > first_beta).count();
-    assert_eq!(
-        crossed, 0,
-        "samples named by code not there at their time (last alpha #{last_alpha}, first beta \
-         #{first_beta})"
+    // Each sample is named by the code there at its time: alpha before the switch, beta
+    // after (wall-clock times; 5 ms for the profile's clock pairing and the sample period).
+    let start = profile["meta"]["startTime"].as_f64().expect("meta.startTime");
+    let times = tests::profile_query::sample_times(main.thread);
+    let wrong: Vec<(f64, &str)> = (0..total)
+        .filter_map(|i| {
+            let at = start + times[i] - switched;
+            match kinds[i]? {
+                "jit_beta" if at < -5.0 => Some((at, "jit_beta")),
+                "jit_alpha" if at > 5.0 => Some((at, "jit_alpha")),
+                _ => None,
+            }
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} samples named by code not there at their time (ms from the switch, name): {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
     );
+    // Each phase is 2 s of the thread's CPU time, so of its samples.
+    let share = 100.0 * alpha.len() as f64 / named as f64;
+    assert!((45.0..=55.0).contains(&share), "jit_alpha: {share:.1}% of named samples, want 50");
     let frame = leaf_of(&stacks[alpha[0]]).unwrap();
     assert_eq!(module_name(frame), Some("[jitdump]"), "{frame}");
     assert!(frame.ends_with("(jitreuse.js:11)"), "debug-info line: {frame}");
@@ -570,7 +588,8 @@ fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
                 module_name(l) != Some("[vdso]") && module_name(l) != Some("[kernel.kallsyms]")
             })
             .collect();
-        assert!(code.len() > 200, "{dump}/{map}: {} samples in the JIT code", code.len());
+        // Seven busy processes on the test's CPUs: a few hundred samples each.
+        assert!(code.len() > 50, "{dump}/{map}: {} samples in the JIT code", code.len());
         let as_wanted = code
             .iter()
             .filter(|l| match want {
