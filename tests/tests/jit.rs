@@ -61,19 +61,40 @@ fn node() -> &'static str {
 /// their stacks go on below the JS frames into node's own native frames.
 #[test]
 fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
-    node_split(false);
+    node_split(false, NodeMap::PerfMap);
+}
+
+/// `node --perf-prof`: V8 writes a jitdump (`jit-PID.dump` in its working directory, mapped
+/// executable), found from its mapping record; the same names, from module `[jitdump]`.
+#[test]
+fn node_perf_prof_jitdump_names_hot_js_functions_2_to_1() {
+    node_split(false, NodeMap::JitDump);
 }
 
 /// The same with node started first, its map already long when the recording finds it (read
 /// from its start at node's first JIT address).
 #[test]
 fn node_started_before_the_recording_is_named_too() {
-    node_split(true);
+    node_split(true, NodeMap::PerfMap);
 }
 
-fn node_split(started_before: bool) {
+/// How node is asked to name its code.
+#[derive(Clone, Copy, PartialEq)]
+enum NodeMap {
+    /// `--perf-basic-prof`: /tmp/perf-PID.map.
+    PerfMap,
+    /// `--perf-prof`: a jitdump in the working directory.
+    JitDump,
+}
+
+fn node_split(started_before: bool, how: NodeMap) {
     let script = fixtures::source_dir().join("jsplit.js");
-    let output = output_path(if started_before { "jit_node_before" } else { "jit_node" }, "json");
+    let test = match (started_before, how) {
+        (true, _) => "jit_node_before",
+        (false, NodeMap::PerfMap) => "jit_node",
+        (false, NodeMap::JitDump) => "jit_node_dump",
+    };
+    let output = output_path(test, "json");
     let mut rec =
         (!started_before).then(|| Recording::start(&["--all"], output.clone()).expect("start"));
     let mut cmd = Command::new(node());
@@ -83,11 +104,17 @@ fn node_split(started_before: bool) {
     let secs = if started_before { "8" } else { "5" };
     // No inlining: each hot function keeps frames of its own (TurboFan would fold them into
     // their caller, which the map then names instead).
-    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg(secs);
+    let flag = match how {
+        NodeMap::PerfMap => "--perf-basic-prof",
+        NodeMap::JitDump => "--perf-prof",
+    };
+    cmd.args([flag, "--no-turbo-inlining"]).arg(&script).arg(secs);
     let child = cmd.stdout(Stdio::null()).spawn().expect("start node");
     let pid = child.id();
     let map = format!("/tmp/perf-{pid}.map");
     let _map = RemoveMap(map.clone());
+    let dump = output.parent().unwrap().join(format!("jit-{pid}.dump"));
+    let _dump = RemoveMap(dump.display().to_string());
     if started_before {
         // Running its hot code already: the map names it.
         let t0 = std::time::Instant::now();
@@ -127,7 +154,11 @@ fn node_split(started_before: bool) {
     let hot = hot.expect("a JS:*jsHotAlpha frame");
     let script = script.display().to_string();
     assert!(hot.contains(&format!("{script}:6:20")), "{hot}");
-    assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
+    let module = match how {
+        NodeMap::PerfMap => "[jit]",
+        NodeMap::JitDump => "[jitdump]",
+    };
+    assert_eq!(module_name(hot), Some(module), "{hot}");
     let cats = frame_categories(&profile, main.thread, function_name(hot));
     assert!(!cats.is_empty() && cats.iter().all(|c| c == "JavaScript"), "{cats:?}");
 
@@ -137,7 +168,7 @@ fn node_split(started_before: bool) {
     let rooted = hot_stacks
         .iter()
         .filter(|s| {
-            let first_js = s.iter().position(|l| module_name(l) == Some("[jit]")).unwrap();
+            let first_js = s.iter().position(|l| module_name(l) == Some(module)).unwrap();
             s[..first_js].iter().any(|l| module_name(l) == Some("node"))
         })
         .count();
@@ -152,7 +183,11 @@ fn node_split(started_before: bool) {
     let line =
         line.unwrap_or_else(|| panic!("no JIT frames line in the summary:\n{}", done.stderr));
     eprintln!("{line}");
-    assert!(!line.starts_with("JIT frames: 0 named"), "{line}");
+    let source = match how {
+        NodeMap::PerfMap => "named from perf maps",
+        NodeMap::JitDump => "from jitdump",
+    };
+    assert!(count_before(line, source) > 0, "{line}");
 }
 
 const JDK: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
@@ -266,8 +301,9 @@ fn java_split(test: &str, how: JavaMap) {
     eprintln!("{line}");
 }
 
-/// Every CPython 3.12+ that pyenv built on this machine (`-X perf` is 3.12's), oldest first.
-fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
+/// Every CPython 3.`min_minor`+ that pyenv built on this machine (`-X perf` is 3.12's,
+/// `-X perf_jit` 3.13's), oldest first.
+fn pythons_from(min_minor: u32) -> Vec<std::path::PathBuf> {
     let root = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into()))
         .join(".pyenv/versions");
     let mut found: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(&root)
@@ -276,7 +312,7 @@ fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
                 let name = e.ok()?.file_name().to_string_lossy().into_owned();
                 let minor: u32 = name.strip_prefix("3.")?.split('.').next()?.parse().ok()?;
                 let exe = root.join(&name).join(format!("bin/python3.{minor}"));
-                (minor >= 12 && exe.is_file()).then_some((minor, exe))
+                (minor >= min_minor && exe.is_file()).then_some((minor, exe))
             })
             .collect()
         })
@@ -284,7 +320,8 @@ fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
     found.sort();
     assert!(
         !found.is_empty(),
-        "no CPython 3.12 or newer under {}: -X perf needs one (pyenv install 3.12)",
+        "no CPython 3.{min_minor} or newer under {}: the test needs one (pyenv install \
+         3.{min_minor})",
         root.display()
     );
     found.into_iter().map(|(_, exe)| exe).collect()
@@ -295,24 +332,34 @@ fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
 /// Python category, under its caller py_driver, down to the interpreter's `main`.
 #[test]
 fn python_x_perf_names_hot_python_functions_2_to_1() {
-    for python in pythons_with_perf_maps() {
-        python_x_perf(&python);
+    for python in pythons_from(12) {
+        python_x_perf(&python, "perf");
     }
 }
 
-fn python_x_perf(python: &Path) {
+/// CPython 3.13+ `-X perf_jit`: the trampolines are named in a jitdump (/tmp/jit-PID.dump),
+/// with the same names, from module `[jitdump]`; the walker's trampoline rule follows them.
+#[test]
+fn python_x_perf_jit_names_hot_python_functions_2_to_1() {
+    for python in pythons_from(13) {
+        python_x_perf(&python, "perf_jit");
+    }
+}
+
+/// `python -X OPTION pysplit.py` during an `--all` recording (OPTION `perf` or `perf_jit`).
+fn python_x_perf(python: &Path, option: &str) {
     let script = fixtures::source_dir().join("pysplit.py");
-    let output = output_path("jit_python", "json");
+    let output = output_path(&format!("jit_python_{option}"), "json");
     let rec = Recording::start(&["--all"], output.clone()).expect("start");
     let child = Command::new(python)
-        .args(["-X", "perf"])
+        .args(["-X", option])
         .arg(&script)
         .arg("4")
         .stdout(Stdio::null())
         .spawn()
         .expect("start python");
     let pid = child.id();
-    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let _files = jit_files(pid);
     let out = child.wait_with_output().expect("python ran");
     assert!(out.status.success(), "{} failed: {}", python.display(), out.status);
     let done = rec.interrupt().expect("stop recording");
@@ -334,7 +381,8 @@ fn python_x_perf(python: &Path) {
     let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("py::py_hot_alpha:"));
     let hot = hot.expect("a py::py_hot_alpha frame");
     assert!(hot.contains(&script.display().to_string()), "{hot}");
-    assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
+    let module = if option == "perf_jit" { "[jitdump]" } else { "[jit]" };
+    assert_eq!(module_name(hot), Some(module), "{hot}");
     let cats = frame_categories(&profile, main.thread, function_name(hot));
     assert!(!cats.is_empty() && cats.iter().all(|c| c == "Python"), "{cats:?}");
 
