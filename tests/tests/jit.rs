@@ -663,3 +663,64 @@ fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
     assert!(count_before(dumps, "with a bad header") >= 2, "{dumps}");
     assert!(count_before(dumps, "stopped at a bad record") >= 1, "{dumps}");
 }
+
+/// A process in another pid and mount namespace (a container as `unshare` makes one): node
+/// `--perf-basic-prof` is pid 1 there and writes `/tmp/perf-1.map` into a tmpfs only its
+/// namespace sees. The map is read through its root under the pid it knows itself by
+/// (`/proc/PID/root/tmp/perf-NSPID.map`): its samples carry the hot JS functions, 2:1.
+#[test]
+fn node_in_another_pid_namespace_is_named_from_its_own_tmp() {
+    let script = fixtures::source_dir().join("jsplit.js");
+    let output = output_path("jit_node_container", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let inner = format!(
+        "mount -t tmpfs rsprof-test /tmp && exec {} --perf-basic-prof --no-turbo-inlining {} 4",
+        node(),
+        script.display()
+    );
+    let unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &inner])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("unshare (util-linux)");
+    let outer = unshare.id();
+    // node: the child unshare forked (pid 1 in the new namespace).
+    let children = format!("/proc/{outer}/task/{outer}/children");
+    let t0 = std::time::Instant::now();
+    let pid: u32 = loop {
+        let text = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
+            break pid;
+        }
+        assert!(t0.elapsed().as_secs() < 10, "unshare started no child");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let nstgid = status.lines().find(|l| l.starts_with("NStgid:")).unwrap_or_default().to_owned();
+    let out = unshare.wait_with_output().expect("unshare ran");
+    assert!(out.status.success(), "unshare/node failed: {}", out.status);
+    let done = rec.interrupt().expect("stop recording");
+    assert!(
+        !Path::new(&format!("/tmp/perf-{pid}.map")).exists(),
+        "node's map is in its own /tmp only"
+    );
+    let profile = done.profile().expect("profile written");
+    let (_, stacks) = main_thread_stacks(&profile, pid);
+    let total = stacks.len();
+    let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).contains(f));
+    let alpha = stacks.iter().filter(|s| holds(s, "JS:*jsHotAlpha")).count();
+    let beta = stacks.iter().filter(|s| holds(s, "JS:*jsHotBeta")).count();
+    let pct = 100.0 * (alpha + beta) as f64 / total.max(1) as f64;
+    let share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    eprintln!(
+        "node {pid} ({nstgid}): {} of {total} samples ({pct:.1}%) name a hot JS function; alpha \
+         share {share:.1}%",
+        alpha + beta
+    );
+    eprintln!("{}", summary_line(&done.stderr, "JIT frames:"));
+    assert!(total > 300, "4 s of a busy node: {total} samples");
+    assert!(pct >= 90.0, "{} of {total} samples ({pct:.1}%) name a hot function", alpha + beta);
+    assert!((66.7 - 7.0..=66.7 + 7.0).contains(&share), "jsHotAlpha share {share:.1}%");
+    let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("JS:*jsHotAlpha"));
+    assert_eq!(hot.and_then(|h| module_name(h)), Some("[jit]"), "{hot:?}");
+}
