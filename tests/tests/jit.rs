@@ -674,7 +674,7 @@ fn node_in_another_pid_namespace_is_named_from_its_own_tmp() {
     let output = output_path("jit_node_container", "json");
     let rec = Recording::start(&["--all"], output.clone()).expect("start");
     let inner = format!(
-        "mount -t tmpfs rsprof-test /tmp && exec {} --perf-basic-prof --no-turbo-inlining {} 4",
+        "mount -t tmpfs rsprof-test /tmp && exec {} --perf-basic-prof --no-turbo-inlining {} 6",
         node(),
         script.display()
     );
@@ -718,7 +718,8 @@ fn node_in_another_pid_namespace_is_named_from_its_own_tmp() {
         alpha + beta
     );
     eprintln!("{}", summary_line(&done.stderr, "JIT frames:"));
-    assert!(total > 300, "4 s of a busy node: {total} samples");
+    // 6 s keeps node's start-up (native code, no JS yet) a small part under load too.
+    assert!(total > 300, "6 s of a busy node: {total} samples");
     assert!(pct >= 90.0, "{} of {total} samples ({pct:.1}%) name a hot function", alpha + beta);
     assert!((66.7 - 7.0..=66.7 + 7.0).contains(&share), "jsHotAlpha share {share:.1}%");
     let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("JS:*jsHotAlpha"));
