@@ -585,7 +585,7 @@ fn jitdump_names_a_reused_address_by_the_code_there_at_the_sample() {
 }
 
 /// Bad maps and dumps, each in a JIT process of its own in one recording: a dump with a bad
-/// magic, version or record size; a perf map with garbage and a truncated line, one past the
+/// magic, version or record size, or another user's; a perf map with garbage and a truncated line, one past the
 /// size bound, a symlink to /etc/shadow, another user's file. None stops or hangs the
 /// recording: each is skipped and counted in the summary, and what a good file still says
 /// (the garbage map's good line; the bad-magic process's perf map) names the code.
@@ -595,8 +595,9 @@ fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
     let output = output_path("jit_bad_input", "json");
     let rec = Recording::start(&["--all"], output.clone()).expect("start");
     // (dump, map, how the code is named: its module, or None for unnamed)
-    let cases: [(&str, &str, Option<&str>); 7] = [
+    let cases: [(&str, &str, Option<&str>); 8] = [
         ("badmagic", "good", Some("[jit]")),
+        ("otheruser", "none", None),
         ("badversion", "none", None),
         ("badsize", "none", None),
         ("none", "garbage", Some("[jit]")),
@@ -608,7 +609,7 @@ fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
     let mut files = Vec::new();
     for (dump, map, _) in cases {
         let child = Command::new(&exe)
-            .args(["3", dump, map])
+            .args(["1", dump, map])
             .stdout(Stdio::null())
             .spawn()
             .expect("start jitreuse");
@@ -636,7 +637,7 @@ fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
                 module_name(l) != Some("[vdso]") && module_name(l) != Some("[kernel.kallsyms]")
             })
             .collect();
-        // Seven busy processes on the test's CPUs: a few hundred samples each.
+        // A second of CPU time each: some 1,000 samples.
         assert!(code.len() > 50, "{dump}/{map}: {} samples in the JIT code", code.len());
         let as_wanted = code
             .iter()
@@ -662,6 +663,7 @@ fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
     assert!(count_before(maps, "refused") >= 2, "{maps}");
     assert!(count_before(dumps, "with a bad header") >= 2, "{dumps}");
     assert!(count_before(dumps, "stopped at a bad record") >= 1, "{dumps}");
+    assert!(count_before(dumps, "refused") >= 1, "{dumps}");
 }
 
 /// A process in another pid and mount namespace (a container as `unshare` makes one): node
