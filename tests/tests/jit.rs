@@ -78,6 +78,13 @@ fn node_started_before_the_recording_is_named_too() {
     node_split(true, NodeMap::PerfMap);
 }
 
+/// `node --perf-prof` started first: its jitdump is found in the mappings read from /proc
+/// (the kernel's record of it came before the recording) and read from its start.
+#[test]
+fn node_with_a_jitdump_started_before_the_recording_is_named_too() {
+    node_split(true, NodeMap::JitDump);
+}
+
 /// How node is asked to name its code.
 #[derive(Clone, Copy, PartialEq)]
 enum NodeMap {
@@ -90,7 +97,8 @@ enum NodeMap {
 fn node_split(started_before: bool, how: NodeMap) {
     let script = fixtures::source_dir().join("jsplit.js");
     let test = match (started_before, how) {
-        (true, _) => "jit_node_before",
+        (true, NodeMap::PerfMap) => "jit_node_before",
+        (true, NodeMap::JitDump) => "jit_node_dump_before",
         (false, NodeMap::PerfMap) => "jit_node",
         (false, NodeMap::JitDump) => "jit_node_dump",
     };
@@ -116,10 +124,16 @@ fn node_split(started_before: bool, how: NodeMap) {
     let dump = output.parent().unwrap().join(format!("jit-{pid}.dump"));
     let _dump = RemoveMap(dump.display().to_string());
     if started_before {
-        // Running its hot code already: the map names it.
+        // Running its hot code already: the map or dump names it.
+        let file = match how {
+            NodeMap::PerfMap => std::path::PathBuf::from(&map),
+            NodeMap::JitDump => dump.clone(),
+        };
+        let named = |b: Vec<u8>| b.windows(b"JS:*jsHotAlpha".len()).any(|w| w == b"JS:*jsHotAlpha");
         let t0 = std::time::Instant::now();
-        while !std::fs::read_to_string(&map).is_ok_and(|m| m.contains("jsHotAlpha")) {
-            assert!(t0.elapsed().as_secs() < 20, "node wrote no jsHotAlpha line to {map}");
+        while !std::fs::read(&file).is_ok_and(named) {
+            let f = file.display();
+            assert!(t0.elapsed().as_secs() < 20, "node wrote no JS:*jsHotAlpha into {f}");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         rec = Some(Recording::start(&["--all"], output.clone()).expect("start"));
