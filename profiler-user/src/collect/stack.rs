@@ -24,12 +24,10 @@ pub struct Normalized {
     pub unmapped: u64,
     /// The user stack walk did not reach the root (a `Truncated` root frame was added).
     pub truncated: bool,
-    /// Frames in anonymous executable memory or in no mapping that the process's perf map
-    /// named, and those it did not (kept as addresses).
+    /// Frames in anonymous executable memory or in no mapping that the process's jitdump or
+    /// perf map named, and those they did not (kept as addresses).
     pub jit_named: u64,
     pub jit_unnamed: u64,
-    /// Of `jit_named`, those named from a jitdump.
-    pub jit_dump_named: u64,
     /// The perf map was read on the way and named more code.
     pub perf_map_grew: bool,
     /// The stack holds for this sample's time only (its jitdump names code at an address
@@ -84,7 +82,6 @@ pub fn normalize(
             if let Some(symbol) = from_dump {
                 if let Some(symbol) = symbol {
                     out.jit_named += 1;
-                    out.jit_dump_named += 1;
                     frames.push(FrameAddr::Jit { pid: s.pid, symbol });
                     continue;
                 }

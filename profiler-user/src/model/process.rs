@@ -57,7 +57,8 @@ pub struct ProcessMeta {
     pub labels: HashMap<LabelId, String>,
     /// JIT functions its perf map or jitdump named in samples, by `JitSymbolId`.
     pub jit_symbols: Vec<JitSymbol>,
-    /// Addresses of `FrameAddr::Anon` frames that lines read after their samples named.
+    /// Addresses of `FrameAddr::Anon` frames that lines or records read after their samples
+    /// named.
     pub jit_late: HashMap<u64, super::ids::JitSymbolId>,
 }
 
