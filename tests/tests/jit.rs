@@ -519,10 +519,24 @@ fn count_before(line: &str, word: &str) -> u64 {
 /// fixture's own `run` and `main`.
 #[test]
 fn jitdump_names_a_reused_address_by_the_code_there_at_the_sample() {
+    jit_reuse("good");
+}
+
+/// The same with beta's records written 0.3 s after beta starts running (timed at its
+/// start), as a JIT that buffers its records writes them: samples of beta collected before
+/// its record is read are not named alpha (the kernel said the memory was mapped again after
+/// alpha's load), and are named beta once the record is read.
+#[test]
+fn jitdump_record_written_late_names_reused_memory_right() {
+    jit_reuse("late");
+}
+
+fn jit_reuse(dump: &str) {
     let exe = fixtures::build("jitreuse").expect("build jitreuse");
-    let output = output_path("jit_reuse", "json");
+    let output = output_path(&format!("jit_reuse_{dump}"), "json");
     let rec = Recording::start(&["--all"], output.clone()).expect("start");
-    let child = Command::new(&exe).arg("2").stdout(Stdio::piped()).spawn().expect("jitreuse");
+    let child =
+        Command::new(&exe).args(["2", dump]).stdout(Stdio::piped()).spawn().expect("jitreuse");
     let pid = child.id();
     let _files = jit_files(pid);
     let out = child.wait_with_output().expect("jitreuse ran");

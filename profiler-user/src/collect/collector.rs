@@ -225,18 +225,21 @@ impl<S: SampleSink> Collector<S> {
 
     fn on_map(&mut self, m: MapEvent) {
         self.stats.map_events += 1;
+        let anon_module = self.modules.anon();
         let p = self.known(m.pid);
         if p.mm != m.mm {
             // A space read from /proc does not know its mm: the first record names it. Any
             // other change means the exec record of a new image was lost: start afresh.
             if p.mm != 0 {
                 p.space = Default::default();
+                p.anon_unmapped(0, u64::MAX);
             }
             p.mm = m.mm;
         }
         let mappings = match &m.kind {
             MapKind::Unmap => {
                 p.space.remove(m.start, m.end);
+                p.anon_unmapped(m.start, m.end);
                 return;
             }
             MapKind::Anon => {
@@ -295,6 +298,31 @@ impl<S: SampleSink> Collector<S> {
         }
         let p = self.processes.entry(m.pid);
         for mapping in mappings {
+            let (start, end) = (mapping.start, mapping.end);
+            if mapping.module == anon_module {
+                // Anonymous code over memory that held none is new code: what a jitdump
+                // loaded there before cannot name it. Parts that held anonymous code already
+                // (a change of protection, a mapping grown) keep their time.
+                let mut at = start;
+                let mut gaps = Vec::new();
+                for held in p.space.mappings().iter().filter(|h| h.module == anon_module) {
+                    if held.end <= at || held.start >= end {
+                        continue;
+                    }
+                    if held.start > at {
+                        gaps.push((at, held.start));
+                    }
+                    at = at.max(held.end);
+                }
+                if at < end {
+                    gaps.push((at, end));
+                }
+                for (s, e) in gaps {
+                    p.anon_mapped(s, e, m.time.0);
+                }
+            } else {
+                p.anon_unmapped(start, end);
+            }
             p.space.insert(mapping);
         }
         self.outbox.maps_changed(m.pid);

@@ -73,10 +73,16 @@ pub struct ProcessInfo {
     /// `meta.jit_symbols` by what they name, to give a name sampled again its id.
     jit_ids: HashMap<JitKey, JitSymbolId>,
     /// Addresses in anonymous executable memory stored unnamed, for lines or records read
-    /// later to name (`meta.jit_late`), with the first and last time a sample held them (a
-    /// jitdump names them only if one code was there all that time); at most
+    /// later to name (`meta.jit_late`), with the first and last time a sample held them and
+    /// when their memory was mapped (u64::MAX once that changed between the samples): a
+    /// jitdump names them only if one code was there all that time; at most
     /// `MAX_UNNAMED_JIT`.
-    unnamed_jit: HashMap<u64, (u64, u64)>,
+    unnamed_jit: HashMap<u64, (u64, u64, u64)>,
+    /// When each of its anonymous code mappings was made, as the kernel's records said (none
+    /// for mappings read from /proc): start → (end, time). Code a jitdump loaded before the
+    /// memory at its address was mapped lived in memory unmapped since, so it names nothing
+    /// there, even while the record of the code there now is still in the JIT's buffer.
+    anon_since: BTreeMap<u64, (u64, u64)>,
     /// Starts of its anonymous executable mappings that hold CPython perf trampolines (the
     /// perf map names their first one `py::…`), flagged to the walker, sorted.
     pub py_trampoline_arenas: Vec<u64>,
@@ -130,6 +136,7 @@ impl ProcessInfo {
     pub fn forget_perf_map(&mut self) {
         self.perf_map = ProcessPerfMap::default();
         self.jit_dump = ProcessJitDump::default();
+        self.anon_since.clear();
         self.jit_ids.clear();
         self.unnamed_jit.clear();
         self.py_trampoline_arenas.clear();
@@ -174,12 +181,47 @@ impl ProcessInfo {
     }
 
     /// Remembers an address in anonymous executable memory stored unnamed by a sample at
-    /// time `t`.
-    pub fn unnamed_jit(&mut self, addr: u64, t: u64) {
+    /// time `t`, its memory mapped at `since`.
+    pub fn unnamed_jit(&mut self, addr: u64, t: u64, since: u64) {
         if let Some(span) = self.unnamed_jit.get_mut(&addr) {
-            *span = (span.0.min(t), span.1.max(t));
+            let since = if span.2 == since { since } else { u64::MAX };
+            *span = (span.0.min(t), span.1.max(t), since);
         } else if self.unnamed_jit.len() < MAX_UNNAMED_JIT {
-            self.unnamed_jit.insert(addr, (t, t));
+            self.unnamed_jit.insert(addr, (t, t, since));
+        }
+    }
+
+    /// New anonymous code was mapped at `start..end` at `time`.
+    pub fn anon_mapped(&mut self, start: u64, end: u64, time: u64) {
+        self.anon_unmapped(start, end);
+        self.anon_since.insert(start, (end, time));
+    }
+
+    /// `start..end` no longer holds anonymous code.
+    pub fn anon_unmapped(&mut self, start: u64, end: u64) {
+        let cut: Vec<(u64, (u64, u64))> = self
+            .anon_since
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _))| *e > start)
+            .map(|(&s, &v)| (s, v))
+            .collect();
+        for (s, (e, t)) in cut {
+            self.anon_since.remove(&s);
+            if s < start {
+                self.anon_since.insert(s, (start, t));
+            }
+            if e > end {
+                self.anon_since.insert(end, (e, t));
+            }
+        }
+    }
+
+    /// When the anonymous code mapping holding `addr` was made (0: not known).
+    pub fn anon_since_at(&self, addr: u64) -> u64 {
+        match self.anon_since.range(..=addr).next_back() {
+            Some((_, &(end, time))) if addr < end => time,
+            _ => 0,
         }
     }
 
@@ -198,7 +240,7 @@ impl ProcessInfo {
         let named: Vec<(u64, Late)> = self
             .unnamed_jit
             .iter()
-            .filter_map(|(&a, &(t0, t1))| match self.jit_dump.over(a, t0, t1) {
+            .filter_map(|(&a, &(t0, t1, since))| match self.jit_dump.over(a, t0, t1, since) {
                 jitdump::Over::Named(code) => Some((a, Late::Dump(code.clone()))),
                 jitdump::Over::Ambiguous => None,
                 jitdump::Over::NotCovered => Some((a, Late::Map(self.perf_map.lookup(a)?.clone()))),

@@ -70,7 +70,8 @@ pub fn normalize(
         let found = p.space.lookup(lookup);
         if found.is_none_or(|(m, _)| m == anon) {
             let t = s.time.0;
-            let from_dump = match p.jit_dump.at(lookup, t) {
+            let since = if found.is_some() { p.anon_since_at(lookup) } else { 0 };
+            let from_dump = match p.jit_dump.at(lookup, t, since) {
                 At::NotCovered => None,
                 At::Unknown => Some(None),
                 At::Named { code, superseded } => {
@@ -88,7 +89,7 @@ pub fn normalize(
                 out.jit_unnamed += 1;
                 out.time_bound = true;
                 if found.is_some() {
-                    p.unnamed_jit(lookup, t);
+                    p.unnamed_jit(lookup, t, since);
                     frames.push(FrameAddr::Anon { pid: s.pid, addr: lookup });
                 } else {
                     out.unmapped += 1;
@@ -106,7 +107,7 @@ pub fn normalize(
             // A process with a jitdump may still name the address, for these samples' times.
             out.time_bound |= p.jit_dump.is_open();
             if found.is_some() {
-                p.unnamed_jit(lookup, t);
+                p.unnamed_jit(lookup, t, since);
                 frames.push(FrameAddr::Anon { pid: s.pid, addr: lookup });
                 continue;
             }

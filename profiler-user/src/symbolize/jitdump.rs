@@ -237,25 +237,28 @@ impl CodeIndex {
         (addr < p.end && !p.versions.is_empty()).then_some(p)
     }
 
-    /// What was at `addr` at time `t`.
-    pub fn at(&self, addr: u64, t: u64) -> At<'_> {
+    /// What was at `addr` at time `t`, counting only code loaded from time `floor` on (when
+    /// the memory there was mapped: code loaded before was in memory unmapped since).
+    pub fn at(&self, addr: u64, t: u64, floor: u64) -> At<'_> {
         let Some(p) = self.piece(addr) else { return At::NotCovered };
         let i = p.versions.partition_point(|v| v.since <= t);
         match i.checked_sub(1).map(|i| &p.versions[i]) {
-            Some(Version { code: Some(code), .. }) => {
+            Some(Version { code: Some(code), since }) if *since >= floor => {
                 At::Named { code, superseded: i < p.versions.len() }
             }
             _ => At::Unknown,
         }
     }
 
-    /// What was at `addr` all through `t0..=t1`.
-    pub fn over(&self, addr: u64, t0: u64, t1: u64) -> Over<'_> {
+    /// What was at `addr` all through `t0..=t1` (`floor` as for `at`).
+    pub fn over(&self, addr: u64, t0: u64, t1: u64, floor: u64) -> Over<'_> {
         let Some(p) = self.piece(addr) else { return Over::NotCovered };
         let i = p.versions.partition_point(|v| v.since <= t0);
         let j = p.versions.partition_point(|v| v.since <= t1);
         match i.checked_sub(1).map(|i| &p.versions[i]) {
-            Some(Version { code: Some(code), .. }) if i == j => Over::Named(code),
+            Some(Version { code: Some(code), since }) if i == j && *since >= floor => {
+                Over::Named(code)
+            }
             _ => Over::Ambiguous,
         }
     }
@@ -349,6 +352,11 @@ impl DumpFile {
             index: CodeIndex::default(),
             stats: JitDumpStats::default(),
         }
+    }
+
+    /// A mapping time to compare with this dump's times: none for a dump not on our clock.
+    fn floor(&self, floor: u64) -> u64 {
+        if self.untimed { 0 } else { floor }
     }
 
     fn read(&mut self, at: u64, len: usize) -> Option<Vec<u8>> {
@@ -647,16 +655,18 @@ impl ProcessJitDump {
         self.file.is_some()
     }
 
-    pub fn at(&self, addr: u64, t: u64) -> At<'_> {
+    /// What the dump says was at `addr` at time `t`; `floor` is when the memory there was
+    /// mapped, as the kernel's records said (0: not known).
+    pub fn at(&self, addr: u64, t: u64, floor: u64) -> At<'_> {
         match &self.file {
-            Some(f) => f.index.at(addr, t),
+            Some(f) => f.index.at(addr, t, f.floor(floor)),
             None => At::NotCovered,
         }
     }
 
-    pub fn over(&self, addr: u64, t0: u64, t1: u64) -> Over<'_> {
+    pub fn over(&self, addr: u64, t0: u64, t1: u64, floor: u64) -> Over<'_> {
         match &self.file {
-            Some(f) => f.index.over(addr, t0, t1),
+            Some(f) => f.index.over(addr, t0, t1, f.floor(floor)),
             None => Over::NotCovered,
         }
     }
@@ -767,7 +777,7 @@ mod tests {
     }
 
     fn name_at(d: &DumpFile, addr: u64, t: u64) -> Option<String> {
-        match d.index.at(addr, t) {
+        match d.index.at(addr, t, 0) {
             At::Named { code, .. } => Some(code.name.to_string()),
             _ => None,
         }
@@ -786,21 +796,37 @@ mod tests {
         let mut d = dump_of(&t, &w.0);
         assert!(d.read_tail());
         assert_eq!(d.stats.loads, 3);
-        assert_eq!(d.index.at(0x1010, 50), At::Unknown, "before any load");
-        assert_eq!(d.index.at(0x5000, 150), At::NotCovered);
+        assert_eq!(d.index.at(0x1010, 50, 0), At::Unknown, "before any load");
+        assert_eq!(d.index.at(0x5000, 150, 0), At::NotCovered);
         assert_eq!(name_at(&d, 0x1030, 299).as_deref(), Some("alpha"));
         assert_eq!(name_at(&d, 0x1030, 300).as_deref(), Some("beta"));
         assert_eq!(name_at(&d, 0x1050, 10_000).as_deref(), Some("beta"));
         // Outside the reused part, alpha stays alpha after beta's load.
         assert_eq!(name_at(&d, 0x1010, 10_000).as_deref(), Some("alpha"));
-        assert!(matches!(d.index.at(0x1030, 299), At::Named { superseded: true, .. }));
-        assert!(matches!(d.index.at(0x1030, 301), At::Named { superseded: false, .. }));
+        assert!(matches!(d.index.at(0x1030, 299, 0), At::Named { superseded: true, .. }));
+        assert!(matches!(d.index.at(0x1030, 301, 0), At::Named { superseded: false, .. }));
         // A span crossing the reuse names nothing; one inside a single code names it.
-        assert_eq!(d.index.over(0x1030, 150, 350), Over::Ambiguous);
-        assert!(matches!(d.index.over(0x1030, 150, 299), Over::Named(c) if &*c.name == "alpha"));
-        assert!(matches!(d.index.over(0x1010, 150, 900), Over::Named(c) if &*c.name == "alpha"));
-        assert_eq!(d.index.over(0x1030, 50, 150), Over::Ambiguous, "starts before any load");
+        assert_eq!(d.index.over(0x1030, 150, 350, 0), Over::Ambiguous);
+        assert!(matches!(d.index.over(0x1030, 150, 299, 0), Over::Named(c) if &*c.name == "alpha"));
+        assert!(matches!(d.index.over(0x1010, 150, 900, 0), Over::Named(c) if &*c.name == "alpha"));
+        assert_eq!(d.index.over(0x1030, 50, 150, 0), Over::Ambiguous, "starts before any load");
         assert_eq!(d.index.latest(0x1030).map(|c| &*c.name), Some("beta"));
+        // Memory mapped at 0x1000 at time 250: alpha (loaded at 100) was in the memory
+        // unmapped before, so it names nothing there now, though beta's record is not read
+        // yet; beta (loaded at 300) does.
+        let mut early = Writer::header(MAGIC, 1, 0);
+        early.load(100, 0x1000, 0x40, 0, "alpha");
+        let mut d = dump_of(&t, &early.0);
+        d.read_tail();
+        assert_eq!(d.index.at(0x1010, 260, 250), At::Unknown);
+        assert!(matches!(d.index.at(0x1010, 260, 100), At::Named { .. }));
+        assert_eq!(d.index.over(0x1010, 260, 270, 250), Over::Ambiguous);
+        let mut d = dump_of(&t, &w.0);
+        d.read_tail();
+        assert!(
+            matches!(d.index.over(0x1030, 310, 900, 250), Over::Named(c) if &*c.name == "beta")
+        );
+        assert_eq!(d.index.at(0x1010, 310, 250), At::Unknown, "alpha's part, mapped again");
     }
 
     #[test]
@@ -813,9 +839,9 @@ mod tests {
         d.read_tail();
         assert_eq!(d.stats.moves, 1);
         assert_eq!(name_at(&d, 0x1010, 150).as_deref(), Some("mover"));
-        assert_eq!(d.index.at(0x1010, 250), At::Unknown);
+        assert_eq!(d.index.at(0x1010, 250, 0), At::Unknown);
         assert_eq!(name_at(&d, 0x8010, 250).as_deref(), Some("mover"));
-        assert_eq!(d.index.at(0x8010, 150), At::Unknown);
+        assert_eq!(d.index.at(0x8010, 150, 0), At::Unknown);
     }
 
     /// Debug-info rows give lines by address, V8's "\xff" repeating the previous file; a
@@ -831,11 +857,11 @@ mod tests {
         let mut d = dump_of(&t, &w.0);
         d.read_tail();
         assert_eq!((d.stats.debug_info, d.stats.unwinding_info, d.stats.loads), (1, 1, 2));
-        let At::Named { code, .. } = d.index.at(0x1015, 200) else { panic!() };
+        let At::Named { code, .. } = d.index.at(0x1015, 200, 0) else { panic!() };
         assert_eq!(code.line_at(0x1015), Some((&"/a.js".into(), 5)));
         assert_eq!(code.line_at(0x1000), Some((&"/a.js".into(), 3)));
         assert_eq!(code.line_at(0x103f), Some((&"/b.js".into(), 9)));
-        let At::Named { code, .. } = d.index.at(0x2000, 200) else { panic!() };
+        let At::Named { code, .. } = d.index.at(0x2000, 200, 0) else { panic!() };
         assert_eq!(code.line_at(0x2000), None);
     }
 
@@ -892,7 +918,7 @@ mod tests {
             assert_eq!(d.bad, Some(Bad::Record("size")));
             assert_eq!(d.stats.bad_record, 1);
             assert_eq!(name_at(&d, 0x1000, 200).as_deref(), Some("kept"));
-            assert_eq!(d.index.at(0x2000, 400), At::NotCovered);
+            assert_eq!(d.index.at(0x2000, 400, 0), At::NotCovered);
         }
         // A load whose code size runs past its record.
         let mut w = Writer::header(MAGIC, 1, 0);
@@ -940,8 +966,8 @@ mod tests {
             ix.place(0x1000, 0x1010, 10 * i, Some(code));
         }
         assert_eq!(ix.pieces[&0x1000].versions.len(), MAX_VERSIONS);
-        assert!(matches!(ix.at(0x1000, 995), At::Named { code, .. } if &*code.name == "f99"));
-        assert_eq!(ix.at(0x1000, 5), At::Unknown, "older codes forgotten");
+        assert!(matches!(ix.at(0x1000, 995, 0), At::Named { code, .. } if &*code.name == "f99"));
+        assert_eq!(ix.at(0x1000, 5, 0), At::Unknown, "older codes forgotten");
         let mut ix = CodeIndex::default();
         for i in 0..(MAX_PIECES as u64 + 10) {
             let code = Arc::new(Code { name: "x".into(), lines: Vec::new() });
