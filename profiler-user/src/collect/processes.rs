@@ -414,6 +414,31 @@ impl ProcessTable {
 
 #[cfg(test)]
 mod tests {
+    /// Anonymous code mapping times: a mapping cut by an unmap keeps its time for what is
+    /// left, memory mapped again takes the new time, and addresses outside know none.
+    #[test]
+    fn anonymous_code_remembers_when_it_was_mapped() {
+        let mut p = ProcessInfo::default();
+        p.anon_mapped(0x1000, 0x5000, 10);
+        assert_eq!(p.anon_since_at(0x1000), 10);
+        assert_eq!(p.anon_since_at(0x4fff), 10);
+        assert_eq!(p.anon_since_at(0x5000), 0);
+        p.anon_unmapped(0x2000, 0x3000);
+        assert_eq!(p.anon_since_at(0x2800), 0);
+        assert_eq!((p.anon_since_at(0x1fff), p.anon_since_at(0x3000)), (10, 10));
+        p.anon_mapped(0x2000, 0x3000, 20);
+        assert_eq!([0x1000, 0x2000, 0x2fff, 0x3000].map(|a| p.anon_since_at(a)), [10, 20, 20, 10]);
+        p.anon_mapped(0x0, 0x10000, 30);
+        assert_eq!(p.anon_since_at(0x2000), 30);
+        assert_eq!(p.anon_since.len(), 1);
+        // Samples of one address in two mappings of it: no one mapping time.
+        p.unnamed_jit(0x2000, 100, 20);
+        p.unnamed_jit(0x2000, 200, 20);
+        assert_eq!(p.unnamed_jit[&0x2000], (100, 200, 20));
+        p.unnamed_jit(0x2000, 300, 30);
+        assert_eq!(p.unnamed_jit[&0x2000], (100, 300, u64::MAX));
+    }
+
     use super::*;
     use crate::model::process::ThreadMeta;
 

@@ -6,7 +6,10 @@
 //!
 //! Unlike a perf map, each record carries a CLOCK_MONOTONIC time (the clock of our samples):
 //! a code load names its range from that time on, so an address reused for other code names
-//! what was there at the sample's time, whichever records were read by then. Debug-info
+//! what was there at the sample's time, whichever records were read by then. Callers also
+//! pass when the memory at the address was mapped (the kernel's records say): code loaded
+//! before that names nothing there, so memory mapped again is never named by a record of the
+//! old code while the new code's record is still in the JIT's buffer. Debug-info
 //! records give JIT frames a file and line; unwinding-info records are checked and counted
 //! (the walker does not use them: V8 keeps frame pointers in its code, and CPython's
 //! trampolines have their own rule).
