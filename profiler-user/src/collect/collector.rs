@@ -225,7 +225,7 @@ impl<S: SampleSink> Collector<S> {
 
     fn on_map(&mut self, m: MapEvent) {
         self.stats.map_events += 1;
-        let anon_module = self.modules.anon();
+        let anon_code = matches!(m.kind, MapKind::Anon);
         let p = self.known(m.pid);
         if p.mm != m.mm {
             // A space read from /proc does not know its mm: the first record names it. Any
@@ -299,13 +299,13 @@ impl<S: SampleSink> Collector<S> {
         let p = self.processes.entry(m.pid);
         for mapping in mappings {
             let (start, end) = (mapping.start, mapping.end);
-            if mapping.module == anon_module {
+            if anon_code {
                 // Anonymous code over memory that held none is new code: what a jitdump
                 // loaded there before cannot name it. Parts that held anonymous code already
                 // (a change of protection, a mapping grown) keep their time.
                 let mut at = start;
                 let mut gaps = Vec::new();
-                for held in p.space.mappings().iter().filter(|h| h.module == anon_module) {
+                for held in p.space.mappings().iter().filter(|h| h.module == mapping.module) {
                     if held.end <= at || held.start >= end {
                         continue;
                     }
