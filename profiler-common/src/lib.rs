@@ -395,8 +395,12 @@ pub struct Config {
     pub vma_pgoff: u32,
     pub vma_file: u32,
     pub vma_flags: u32,
-    /// Keeps the size a multiple of 8 with no implicit padding (the loader copies it as bytes).
-    pub _pad: u32,
+    /// Nonzero: a new image or executable mapping wakes userspace (soon, within
+    /// `WAKE_GAP_NS`), so the DWARF walker gets the process's entry within milliseconds. The
+    /// agent leaves it 0: at its rate a process is rarely sampled before the timed drain, and a
+    /// wakeup per exec is most of what an exec storm costs it (a sampled process's stack is
+    /// still continued over a stack copy). Also keeps the size a multiple of 8.
+    pub wake_for_tables: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -448,7 +452,7 @@ impl Config {
         vma_pgoff: 0,
         vma_file: 0,
         vma_flags: 0,
-        _pad: 0,
+        wake_for_tables: 0,
     };
 }
 
@@ -642,9 +646,9 @@ pub mod counter {
     /// or a file whose table userspace does not build while draining): their depth is
     /// [`LABEL_DEPTH_UNKNOWN`](crate::LABEL_DEPTH_UNKNOWN) and the label shows above the leaf.
     pub const LABEL_DEPTH_LOST: u32 = 52;
-    /// A new process (fork without exec) given a copy of its parent's walker entry
-    /// (`UNWIND_PROCS`) in the fork tracepoint, so its first samples unwind like its parent's;
-    /// and copies that failed (the map full), whose process waits for userspace instead.
+    /// A new process (fork without exec) given its parent's walker entry (`UNWIND_PROCS`,
+    /// by reference: `FORKED_FROM`) in the fork tracepoint, so its first samples unwind like its
+    /// parent's; and those that could not be (the map full), which wait for userspace instead.
     pub const FORK_WALKER_COPIES: u32 = 53;
     pub const FORK_WALKER_COPY_FAILED: u32 = 54;
     /// Off-CPU switch-outs whose user stack walk stopped for want of a table, sent with a copy
@@ -652,7 +656,12 @@ pub mod counter {
     /// used up, stack unreadable, ring buffer full), whose stack stays cut and flagged.
     pub const OFF_CPU_COPIES: u32 = 55;
     pub const OFF_CPU_COPY_LOST: u32 = 56;
-    pub const COUNT: u32 = 57;
+    /// Walker entries the kernel deleted at their process's exit (the leader's), and those it
+    /// emptied at an exec (the old image's mappings; userspace writes the new ones): no stale
+    /// entry for a reused pid, or between an exec and that write.
+    pub const WALKER_EXIT_DELETES: u32 = 57;
+    pub const WALKER_EXEC_CLEARS: u32 = 58;
+    pub const COUNT: u32 = 59;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

@@ -390,10 +390,11 @@ fn wake_due() -> bool {
 }
 
 /// Records the DWARF unwinder's table loader needs soon (a new image, an executable mapping)
-/// wake userspace; with frame pointers nothing waits for them.
+/// wake userspace, unless the loader said not to (`Config::wake_for_tables`); with frame
+/// pointers nothing waits for them.
 #[inline(always)]
 pub(crate) fn wake_for_unwinder(cfg: &Config) -> bool {
-    cfg.unwind_mode != UNWIND_MODE_FP
+    cfg.unwind_mode != UNWIND_MODE_FP && cfg.wake_for_tables != 0
 }
 
 /// Sends the first `len` bytes of this CPU's task scratch record.
@@ -499,6 +500,9 @@ pub fn on_exec(ctx: RawTracePointContext) -> i32 {
     usdt::forget_thread(old_pid as u32);
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     maptrack::forget_code_of(tgid);
+    if cfg.unwind_mode != UNWIND_MODE_FP {
+        stack::clear_walker(tgid);
+    }
     unsafe {
         task_header(EVENT_EXEC, rec, tgid, tid);
         let task = bpf_get_current_task();
@@ -549,6 +553,11 @@ pub fn on_exit(_ctx: RawTracePointContext) -> i32 {
     let cfg = config();
     usdt::forget_thread(bpf_get_current_pid_tgid() as u32);
     sched::thread_exit(bpf_get_current_pid_tgid() as u32);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // The leader's exit ends the process for userspace too (`TaskKind::Exit`).
+    if cfg.unwind_mode != UNWIND_MODE_FP && pid_tgid as u32 == (pid_tgid >> 32) as u32 {
+        stack::forget_walker((pid_tgid >> 32) as u32);
+    }
     let Some((tgid, tid, rec)) = current_task_record(&cfg) else { return 0 };
     unsafe {
         task_header(EVENT_EXIT, rec, tgid, tid);

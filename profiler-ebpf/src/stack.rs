@@ -21,7 +21,7 @@ use aya_ebpf::{
         },
     },
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use profiler_common::{
     MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT,
@@ -48,20 +48,68 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE
 static UNWIND_PROCS: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
 
+/// A new process forked from one with a walker entry, and whose entry it walks with until it
+/// has its own (written by userspace) or execs. Preallocated: a fork costs one small insert,
+/// not a copy of the parent's 12 KiB entry that most children (fork then exec) never use.
+#[map]
+static FORKED_FROM: LruHashMap<u32, u32> = LruHashMap::with_max_entries(16384, 0);
+
 /// Gives a new process (a fork without exec: a PostgreSQL backend, an nginx or gunicorn
 /// worker) its parent's walker entry: it has its parent's address space, so its first samples
-/// unwind at once instead of waiting for userspace (which adopts the copy, `unwind::adopt`).
-/// Any entry already under the child's id belongs to a dead process that had its pid.
-/// Returns whether the child has the copy; false without a parent entry too.
+/// unwind at once instead of waiting for userspace (which adopts it, `unwind::adopt`). A child
+/// of such a child walks with the same entry. Returns whether the child has one.
 pub fn inherit_walker(parent_tgid: u32, child_tgid: u32) -> bool {
-    let Some(parent) = UNWIND_PROCS.get_ptr(&parent_tgid) else { return false };
-    // SAFETY: a map value pointer, valid for the program's run; the helper copies from it.
-    if UNWIND_PROCS.insert(&child_tgid, unsafe { &*parent }, 0).is_ok() {
+    let owner = if UNWIND_PROCS.get_ptr(&parent_tgid).is_some() {
+        parent_tgid
+    } else {
+        // SAFETY: a plain read of a u32 map value.
+        match unsafe { FORKED_FROM.get(&parent_tgid) } {
+            Some(&o) => o,
+            None => return false,
+        }
+    };
+    if FORKED_FROM.insert(&child_tgid, &owner, 0).is_ok() {
         count(counter::FORK_WALKER_COPIES);
         true
     } else {
         count(counter::FORK_WALKER_COPY_FAILED);
         false
+    }
+}
+
+/// The entry `tgid`'s walks use: its own, else that of the process it was forked from.
+#[inline(always)]
+fn walker_entry(tgid: u32) -> Option<*const UnwindProcess> {
+    if let Some(p) = UNWIND_PROCS.get_ptr(&tgid) {
+        return Some(p);
+    }
+    // SAFETY: a plain read of a u32 map value.
+    let owner = unsafe { FORKED_FROM.get(&tgid) }?;
+    UNWIND_PROCS.get_ptr(owner)
+}
+
+/// The process `tgid` ended (its leader exited): its entry goes now, so a pid reused later
+/// never finds it, and userspace's own delete (for an entry it may have written after this)
+/// finds nothing to free.
+#[inline(always)]
+pub fn forget_walker(tgid: u32) {
+    let _ = FORKED_FROM.remove(&tgid);
+    if UNWIND_PROCS.remove(&tgid).is_ok() {
+        count(counter::WALKER_EXIT_DELETES);
+    }
+}
+
+/// `tgid` exec'd: its entry (or its parent's, which it walked with) describes the old image.
+/// Its own is emptied in place (userspace rewrites it soon, and a delete and a new 12 KiB
+/// element would cost more), so no walk uses stale mappings meanwhile.
+#[inline(always)]
+pub fn clear_walker(tgid: u32) {
+    let _ = FORKED_FROM.remove(&tgid);
+    if let Some(p) = UNWIND_PROCS.get_ptr_mut(&tgid) {
+        // SAFETY: a map value pointer, valid for the program's run; the walker reads `count`
+        // first and only entries below it.
+        unsafe { (*p).count = 0 };
+        count(counter::WALKER_EXEC_CLEARS);
     }
 }
 
@@ -240,7 +288,7 @@ unsafe fn walk_tables_uncounted(
     st.no_copy = 0;
     st.last_mapping = 0;
     st.win_base = 0;
-    let Some(proc_) = UNWIND_PROCS.get_ptr(&st.tgid) else {
+    let Some(proc_) = walker_entry(st.tgid) else {
         // The leaf alone still says where the sample was (and is where a stack copy
         // resumes the walk).
         // SAFETY: `out` has room for MAX_STACK_DEPTH frames.

@@ -245,6 +245,43 @@ pub fn require_root() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Builds Go fixture `NAME.go` (a single-file `main`, no modules: `GO111MODULE=off`) with
+/// Debian's `go` and `-ldflags` `ldflags` (e.g. `-s -w`, stripped) as `fixtures/<out>`,
+/// rebuilt when the source is newer or the flags changed.
+pub fn build_go(name: &str, ldflags: &str, out: &str) -> anyhow::Result<PathBuf> {
+    let src = source_dir().join(format!("{name}.go"));
+    let out_dir = cache_dir();
+    let out = out_dir.join(out);
+    let recipe = format!("go build -ldflags={ldflags} {}", src.display());
+    let recipe_path = out.with_extension("cmd");
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if is_up_to_date(&src, &out, &recipe_path, &recipe) {
+        return Ok(out);
+    }
+    fs::create_dir_all(&out_dir)?;
+    let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
+    let output = Command::new("go")
+        .env("GO111MODULE", "off")
+        .env("GOCACHE", out_dir.join("gocache"))
+        .env("GOFLAGS", "")
+        .args(["build", "-ldflags", ldflags, "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .output()
+        .context("running go (Debian package golang-go: `cargo xtask setup` installs it)")?;
+    if !output.status.success() {
+        let _ = fs::remove_file(&tmp);
+        bail!(
+            "building Go fixture {name} failed ({}): {recipe}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    fs::rename(&tmp, &out)?;
+    fs::write(&recipe_path, &recipe)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

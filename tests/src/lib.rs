@@ -1,6 +1,7 @@
 pub mod agent;
 pub mod cgroups;
 pub mod clickhouse;
+pub mod debuginfod;
 pub mod firefox_import;
 pub mod fixtures;
 pub mod gecko_schema;

@@ -324,3 +324,97 @@ fn agent_folds_short_lived_processes_into_one_window_per_service() {
         ts.iter().map(|t| t.tid).collect::<Vec<_>>()
     );
 }
+
+/// The agent's counters (`rsprof_NAME_total` or `rsprof_NAME`) from its metrics endpoint.
+fn scrape(addr: &str, names: &[&str]) -> Vec<u64> {
+    let body = ureq::get(&format!("http://{addr}/metrics"))
+        .call()
+        .expect("metrics endpoint")
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    names
+        .iter()
+        .map(|n| {
+            let total = format!("rsprof_{n}_total{{");
+            let plain = format!("rsprof_{n}{{");
+            let line = body
+                .lines()
+                .find(|l| l.starts_with(&total) || l.starts_with(&plain))
+                .unwrap_or_else(|| panic!("no {n} in the metrics:\n{body}"));
+            line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+        })
+        .collect()
+}
+
+/// Processes no sample hits cost the agent next to nothing: over 2,000 runs of `/bin/true`,
+/// each walks with its parent's walker entry from its fork (taken by reference in the
+/// kernel), none gets an entry of its own written (each exits long before the agent would
+/// write it), userspace deletes none, and the loop is not woken per process. Asserted on counts, not time. The runs live in a cgroup of their
+/// own, which the agent is told to watch, so other processes on the machine do not count.
+#[test]
+fn agent_pays_no_syscall_or_wakeup_per_unsampled_process() {
+    use std::os::unix::process::CommandExt as _;
+    let tree = tests::cgroups::CgroupTree::create("unsampled").expect("test cgroup");
+    let cg = tree.mkdir("storm").unwrap();
+    let dir = spool_dir("agent_unsampled");
+    let d = dir.to_str().unwrap();
+    // 1 Hz: on 2 CPUs a 1 ms process is almost never sampled.
+    let cg_arg = cg.display().to_string();
+    let mut agent = Agent::start(&["--spool", d, "--window", "60", "-F", "1", "--cgroup", &cg_arg]);
+    let addr = agent.metrics_addr();
+    let names = [
+        "kernel_fork_walker_copies",
+        "unwind_process_writes",
+        "unwind_process_removals",
+        "event_loop_drains",
+    ];
+    // The start-up pass writes every process's entry, and again as each table lands: wait
+    // until it is over (no write for a second).
+    let mut before = scrape(&addr, &names);
+    let settle = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = scrape(&addr, &names);
+        if now[1] == before[1] {
+            break;
+        }
+        assert!(std::time::Instant::now() < settle, "start-up writes still going after 60 s");
+        before = now;
+    }
+    let started = std::time::Instant::now();
+    // The shell is in the cgroup from its exec on, so the agent writes its entry (it lives
+    // seconds) and each run walks with it from its fork on. Its
+    // first 1.5 s leave time for that write.
+    let procs = cg.join("cgroup.procs");
+    let mut shell = std::process::Command::new("/bin/sh");
+    shell.args(["-c", "sleep 1.5; i=0; while [ $i -lt 2000 ]; do /bin/true; i=$((i+1)); done"]);
+    // SAFETY: only a write(2) of "0" (this process) to the cgroup's procs file, before exec.
+    unsafe {
+        shell.pre_exec(move || std::fs::write(&procs, "0"));
+    }
+    assert!(shell.status().unwrap().success());
+    // The exits' records reach userspace at the next timed drain (at most 1 s apart).
+    std::thread::sleep(Duration::from_millis(1500));
+    let secs = started.elapsed().as_secs_f64();
+    let after = scrape(&addr, &names);
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "{stderr}");
+    let d: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let report = format!(
+        "2000 runs in {secs:.1} s: {} given their parent's entry at the fork, {} written, {} removed by \
+         userspace, {} drains\n{stderr}",
+        d[0], d[1], d[2], d[3]
+    );
+    eprintln!("{report}");
+    // The runs forked after the shell's entry was written (all but those of its first drain).
+    assert!(d[0] >= 1900, "{report}");
+    // Written: the shell and `sleep` (each lives past the agent's wait), rewritten when a
+    // table lands; no run.
+    assert!(d[1] <= 10, "{report}");
+    // Userspace deletes only the entries it made itself (the shell's, `sleep`'s).
+    assert!(d[2] <= 4, "{report}");
+    // Timed drains, one a second, plus the 10 ms polls while the first tables compile (the
+    // filter loaded none at the start): never one per process.
+    assert!((d[3] as f64) <= 3.0 * secs + 60.0, "{report}");
+}

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
+mod churn;
 mod together;
 
 use crate::{
@@ -84,7 +85,19 @@ pub struct BenchAgentArgs {
     /// each after `--warmup` under its load: 2 × (`--warmup` + `--secs`) instead of 8 runs.
     #[arg(long, conflicts_with = "query_only")]
     together: bool,
+    /// The churn benchmark instead (its own section): the agent and `perf record -a -g` side
+    /// by side under a `/bin/true` loop, then 100 execs a second of a program mapping a dozen
+    /// libraries; see `churn.rs`.
+    #[arg(long, conflicts_with_all = ["query_only", "together"])]
+    churn: bool,
+    /// The churn benchmark's sampling rate (the agent's default).
+    #[arg(long, default_value_t = 19)]
+    churn_rate: u32,
 }
+
+const CHURN_BEGIN: &str =
+    "<!-- BEGIN cargo xtask bench-agent --churn (generated; edits are overwritten) -->";
+const CHURN_END: &str = "<!-- END cargo xtask bench-agent --churn -->";
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SinkKind {
@@ -566,6 +579,18 @@ pub(crate) fn mib(kib: u64) -> String {
 }
 
 pub fn bench_agent(args: BenchAgentArgs) -> anyhow::Result<()> {
+    if args.churn {
+        let profiler = profiler_binary(args.profiler.as_deref())?;
+        let _stats = StatsGuard::enable()?;
+        let md = churn::run(&profiler, args.churn_rate, args.secs, args.warmup)?;
+        println!("\n{md}");
+        if !args.no_write {
+            let path = workspace_root().join("BENCHMARKS.md");
+            update_section(&path, CHURN_BEGIN, CHURN_END, &md)?;
+            println!("updated BENCHMARKS.md");
+        }
+        return Ok(());
+    }
     if args.together {
         // The warm-up comes before the measured windows.
         anyhow::ensure!(args.secs >= 2 * TICK.as_secs(), "--secs must be at least 20");

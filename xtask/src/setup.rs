@@ -32,6 +32,8 @@ pub fn setup() -> anyhow::Result<()> {
         tests::prometheus::DEBIAN_PACKAGES,
         tests::agent::DEBIAN_PACKAGES,
         tests::postgres::DEBIAN_PACKAGES,
+        // The debuginfod server the symbolizer's debuginfod tests start.
+        tests::debuginfod::DEBIAN_PACKAGES,
         // The JIT tests' Java (tests/tests/jit.rs: java, javac, jcmd of OpenJDK 17).
         &["openjdk-17-jdk-headless"],
         // `cargo xtask bench-unwind`'s Python workload.

@@ -12,7 +12,7 @@ use crate::{
     cli::args::{Mode, Unwind},
     cli::duration::ConfigDuration,
     cli::{
-        args::{AgentArgs, RecordArgs, parse_size},
+        args::{AgentArgs, DebuginfodArgs, RecordArgs, parse_size},
         plan::RecordPlan,
     },
     writers::Format,
@@ -170,6 +170,8 @@ impl AgentPlan {
             unwind: args.unwind.or(file.unwind).unwrap_or(Unwind::DwarfFp),
             unwind_table_mb: args.unwind_table_mb.or(file.unwind_table_mb).unwrap_or(64),
             bpf_timing: false,
+            // Hosts send what they cannot name; `query` names it centrally.
+            debuginfod: DebuginfodArgs { no_debuginfod: true, ..Default::default() },
         };
         let retention = (args.clickhouse_retention.or(file.clickhouse_retention))
             .unwrap_or(crate::agent::sinks::clickhouse::DEFAULT_RETENTION_DAYS);
@@ -208,6 +210,8 @@ impl AgentPlan {
         // stopped agent would hold them until the deadline); the first hits of brand-new
         // binaries are worth less.
         record.usdt_exec_gate = args.usdt_exec_gate || file.usdt_exec_gate.unwrap_or(false);
+        // An exec storm would wake it per process for entries its rare samples seldom need.
+        record.eager_tables = false;
         Ok(Self {
             metrics,
             record,

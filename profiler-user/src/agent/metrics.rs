@@ -496,18 +496,23 @@ impl Collector for LiveCollector {
         gauge(e, "processes_tracked", "Processes in the process table", None, s.processes as u64)?;
         gauge(e, "threads_tracked", "Threads of the tracked processes", None, s.threads as u64)?;
         gauge(e, "modules_tracked", "Executables and libraries known", None, s.modules as u64)?;
-        if let Some((tables, rows, capacity, no_cfi)) = s.unwind {
+        if let Some(u) = s.unwind {
             let row = std::mem::size_of::<profiler_common::UnwindRow>() as u64;
-            gauge(e, "unwind_tables", "Files whose unwind table is loaded", None, tables)?;
-            gauge(e, "unwind_table", "Unwind rows loaded", Some(&Unit::Bytes), rows * row)?;
+            gauge(e, "unwind_tables", "Files whose unwind table is loaded", None, u.tables)?;
+            gauge(e, "unwind_table", "Unwind rows loaded", Some(&Unit::Bytes), u.rows * row)?;
             gauge(
                 e,
                 "unwind_table_limit",
                 "Unwind rows array size (--unwind-table-mb)",
                 Some(&Unit::Bytes),
-                capacity * row,
+                u.rows_capacity * row,
             )?;
+            let no_cfi = u.files_without_cfi;
             gauge(e, "unwind_files_without_cfi", "Files with no usable CFI", None, no_cfi)?;
+            let help = "Walker entries (a process's mappings) written to the kernel";
+            counter(e, "unwind_process_writes", help, None, u.process_writes)?;
+            let help = "Walker entries deleted from userspace (the kernel deletes them at exit)";
+            counter(e, "unwind_process_removals", help, None, u.process_removals)?;
         }
         if let Some(g) = s.exec_gate {
             // Only with --usdt-exec-gate: how many execs waited for a scan, and how many were

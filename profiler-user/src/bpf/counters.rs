@@ -233,6 +233,16 @@ pub const COUNTERS: &[CounterDef] = &[
         "off_cpu_stack_copy_lost",
         "Off-CPU switch-outs whose stack copy could not be sent (budget, unreadable, ring full)",
     ),
+    def(
+        counter::WALKER_EXIT_DELETES,
+        "walker_exit_deletes",
+        "Walker entries deleted by the kernel at their process's exit",
+    ),
+    def(
+        counter::WALKER_EXEC_CLEARS,
+        "walker_exec_clears",
+        "Walker entries emptied by the kernel at an exec, until userspace writes the new image's",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

@@ -318,9 +318,48 @@ pub struct RecordArgs {
     #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]
     pub buffer_size: u64,
 
+    #[command(flatten)]
+    pub debuginfod: DebuginfodArgs,
+
     /// Run this command and profile it and its children.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// Where debug files of stripped files are fetched from (see `symbolize::debuginfod`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct DebuginfodArgs {
+    /// debuginfod servers to fetch debug files of stripped files from, by build-id, tried in
+    /// order [default: $DEBUGINFOD_URLS, space-separated]. Cached as gdb and perf cache them
+    /// ($DEBUGINFOD_CACHE_PATH or ~/.cache/debuginfod_client).
+    #[arg(long, value_name = "URL", num_args = 1.., conflicts_with = "no_debuginfod")]
+    pub debuginfod: Vec<String>,
+    /// Never ask a debuginfod server (even with $DEBUGINFOD_URLS set).
+    #[arg(long)]
+    pub no_debuginfod: bool,
+    /// Timeout of one debuginfod request.
+    #[arg(long, default_value = "15s", value_parser = duration::secs, value_name = "DURATION")]
+    pub debuginfod_timeout: Duration,
+    /// Longest an export waits for debuginfod in all; files still coming are used next time.
+    #[arg(long, default_value = "60s", value_parser = duration::secs, value_name = "DURATION")]
+    pub debuginfod_budget: Duration,
+}
+
+impl DebuginfodArgs {
+    /// Makes symbolization in this process use debuginfod as these arguments say.
+    pub fn apply(&self) {
+        use crate::symbolize::debuginfod::{Config, configure};
+        let config = match (self.no_debuginfod, self.debuginfod.is_empty()) {
+            (true, _) => None,
+            (false, true) => Config::from_env(),
+            (false, false) => Config::with_urls(self.debuginfod.clone()),
+        };
+        configure(config.map(|c| Config {
+            timeout: self.debuginfod_timeout,
+            budget: self.debuginfod_budget,
+            ..c
+        }));
+    }
 }
 
 pub fn parse_format(s: &str) -> Result<Format, String> {

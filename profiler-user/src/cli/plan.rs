@@ -58,6 +58,10 @@ pub struct RecordPlan {
     /// Hold first execs of new files for their USDT probes (`usdt::gate`) with `--all` or a
     /// command: on for `record`, where someone is watching; the agent's `--usdt-exec-gate`.
     pub usdt_exec_gate: bool,
+    /// New images and code mappings wake the loop (`Config::wake_for_tables`) and get their
+    /// walker entries at once, within milliseconds: on for `record`. The agent waits for a
+    /// process to be sampled or to live `unwind::DEFER_YOUNG` (most never are, under churn).
+    pub eager_tables: bool,
 }
 
 impl RecordPlan {
@@ -135,6 +139,7 @@ impl RecordPlan {
             unwind_rows: unwind_rows as u32,
             bpf_timing: args.bpf_timing,
             usdt_exec_gate: true,
+            eager_tables: true,
         })
     }
 

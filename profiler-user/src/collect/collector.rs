@@ -492,9 +492,11 @@ impl<S: SampleSink> Collector<S> {
             p.meta.name.clone_from(&s.comm);
         }
         let cpu_delta = if s.off_cpu.is_some() { 0 } else { p.cpu_delta(s.tid, s.cpu_time_ns) };
+        // Stopped for want of a table, or of the process's entry (not written yet, or held
+        // back while it was young: `UnwindLoader::defer_young`).
+        use crate::model::address::UserStackEnd as End;
         if s.off_cpu.is_none()
-            && crate::model::address::UserStackEnd::from_flags(s.flags)
-                == crate::model::address::UserStackEnd::NoTable
+            && matches!(End::from_flags(s.flags), End::NoTable | End::NoMapping | End::NoProcess)
         {
             self.outbox.table_wanted(s.pid);
         }

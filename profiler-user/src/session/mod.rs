@@ -98,6 +98,19 @@ impl Signals {
     }
 }
 
+/// The unwind loader's part of [`LiveStats`].
+#[derive(Clone, Copy, Debug)]
+pub struct LiveUnwind {
+    /// Files whose table is in the kernel, and their rows, of `rows_capacity`.
+    pub tables: u64,
+    pub rows: u64,
+    pub rows_capacity: u64,
+    pub files_without_cfi: u64,
+    /// Walker entries written, and deleted by userspace (the kernel deletes the rest at exit).
+    pub process_writes: u64,
+    pub process_removals: u64,
+}
+
 /// What a recording is doing, read when asked (an agent's metrics scrape) rather than kept
 /// up to date per sample.
 #[derive(Clone, Debug, Default)]
@@ -122,7 +135,7 @@ pub struct LiveStats {
     pub recycled: Recycled,
     /// Unwind tables: (tables loaded, rows loaded, rows capacity, files without CFI); None
     /// with `--unwind fp`.
-    pub unwind: Option<(u64, u64, u64, u64)>,
+    pub unwind: Option<LiveUnwind>,
     /// The USDT exec gate's counters, when it runs.
     pub exec_gate: Option<crate::usdt::gate::GateStats>,
 }
@@ -225,6 +238,7 @@ impl<'p> Recorder<'p> {
         config.off_cpu_min_ns = plan.off_cpu_min_ns;
         config.unwind_mode = plan.unwind_mode;
         config.bpf_timing = u32::from(plan.bpf_timing);
+        config.wake_for_tables = u32::from(plan.eager_tables);
         let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
         // Frame-pointer mode loads no tables: a one-row array.
         let rows = if plan.unwind_mode == UNWIND_MODE_FP { 1 } else { plan.unwind_rows };
@@ -243,7 +257,11 @@ impl<'p> Recorder<'p> {
         let mut unwind = if plan.unwind_mode == UNWIND_MODE_FP {
             None
         } else {
-            Some(crate::unwind::maps(&mut bpf)?)
+            let mut loader = crate::unwind::maps(&mut bpf)?;
+            if !plan.eager_tables {
+                loader.defer_young(crate::unwind::DEFER_YOUNG);
+            }
+            Some(loader)
         };
         if let Some(c) = &plan.cgroups {
             bpf.add_cgroups(&c.ids())?;
@@ -400,7 +418,10 @@ impl<'p> Recorder<'p> {
         self.usdt.load_deferred(&mut self.bpf);
         self.drains.add(records, started.elapsed());
         let soon = MonoNs::now() < self.collector.drain_soon_until;
-        soon || (self.unwind.is_some() && events(&self.collector) != before)
+        // Without the BPF side's wakeups (`wake_for_tables` off) nothing was held back.
+        soon || (self.unwind.is_some()
+            && self.plan.eager_tables
+            && events(&self.collector) != before)
     }
 
     /// Answers `requests` while collecting (`run_until`).
@@ -438,8 +459,14 @@ impl<'p> Recorder<'p> {
             unwind: self.unwind.as_ref().map(|u| {
                 let st = &u.stats;
                 // What is in the kernel now: loaded less evicted.
-                let tables = st.tables_loaded - st.tables_evicted;
-                (tables, st.rows_loaded - st.rows_evicted, st.rows_capacity, st.files_without_cfi)
+                LiveUnwind {
+                    tables: st.tables_loaded - st.tables_evicted,
+                    rows: st.rows_loaded - st.rows_evicted,
+                    rows_capacity: st.rows_capacity,
+                    files_without_cfi: st.files_without_cfi,
+                    process_writes: st.process_updates,
+                    process_removals: st.processes_removed,
+                }
             }),
             exec_gate: self.usdt.gate_stats(),
         }
@@ -753,7 +780,9 @@ impl<'p> Recorder<'p> {
             stop_reason,
         }));
         self.msgs.block(&format!("{}\n", self.drains.render(duration_s)));
-        if let Some(u) = &self.unwind {
+        if let Some(u) = &mut self.unwind {
+            // Mostly done while the profile was written; the rest for the next run's sake.
+            u.finish_for_disk(Duration::from_secs(3));
             self.msgs.block(&u.render());
         }
         if !copies_summary.is_empty() {

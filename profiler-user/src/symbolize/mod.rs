@@ -4,7 +4,9 @@
 //! once: results are cached by (module, offset) or kernel address.
 
 pub mod cache;
+pub mod debuginfod;
 mod dwarf;
+pub mod gopclntab;
 pub mod jitdump;
 pub mod pages;
 pub mod perfmap;
@@ -139,6 +141,8 @@ pub struct SymbolizeErrors {
     pub kernel: Option<String>,
     /// Frames of files that could not be opened at all (deleted before we held them).
     pub unreadable_frames: u64,
+    /// Debug files asked of debuginfod for files named from their `.dynsym` alone.
+    pub debuginfod: debuginfod::Stats,
 }
 
 /// Symbolizes `addrs` on a dedicated thread. `modules` is indexed by `ModuleId`.
@@ -506,6 +510,11 @@ struct SymbolizerThread {
     ksym: Symbolizer,
     /// A `Service`'s: files with DWARF are parsed afresh each call (see `dwarf`).
     per_call: Option<PerCall>,
+    /// This call's debug files from debuginfod, by build-id.
+    fetched: HashMap<String, PathBuf>,
+    /// `.gopclntab` of stripped Go programs, with their file's identity then (None: not Go,
+    /// or a table we cannot read).
+    go_tables: HashMap<PathBuf, (cache::FileId, Option<Arc<gopclntab::GoTable>>)>,
     out: Symbols,
     errors: SymbolizeErrors,
 }
@@ -583,6 +592,8 @@ impl SymbolizerThread {
             dynsym_only: HashMap::new(),
             ksym: new_symbolizer(),
             per_call,
+            fetched: HashMap::new(),
+            go_tables: HashMap::new(),
             out: HashMap::new(),
             errors: Default::default(),
         }
@@ -625,6 +636,7 @@ impl SymbolizerThread {
             }
         }
         self.kernel(&kernel);
+        self.fetch_debug_files(by_module.keys().map(|m| &modules[m.0 as usize]));
         for (module, offsets) in by_module {
             let m = &modules[module.0 as usize];
             self.user(module, m, &offsets);
@@ -682,6 +694,49 @@ impl SymbolizerThread {
         }
     }
 
+    /// Debug files for the `modules` named from their `.dynsym` alone, from debuginfod when
+    /// it is configured (into `fetched`).
+    fn fetch_debug_files<'a>(&mut self, modules: impl Iterator<Item = &'a ModuleSource>) {
+        self.fetched.clear();
+        let Some(config) = debuginfod::current() else { return };
+        let mut ids: Vec<String> = Vec::new();
+        for m in modules {
+            if let (Some(p), Some(id)) = (&m.open_path, &m.build_id)
+                && self.dynsym_only(p)
+            {
+                ids.push(id.clone());
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        if !ids.is_empty() {
+            self.fetched = debuginfod::debug_files(&config, &ids, &mut self.errors.debuginfod);
+        }
+    }
+
+    /// The `.gopclntab` of the Go program at `path`, read once per file identity; a table that
+    /// cannot be read is said once, for `name`.
+    fn go_table(&mut self, path: &std::path::Path, name: &str) -> Option<Arc<gopclntab::GoTable>> {
+        let stamp = cache::FileId::of(path, None)?;
+        if let Some((s, table)) = self.go_tables.get(path)
+            && *s == stamp
+        {
+            return table.clone();
+        }
+        let table = match gopclntab::GoTable::open(path) {
+            Ok(t) => t.map(Arc::new),
+            Err(e) => {
+                self.errors.modules.push((name.to_owned(), e));
+                None
+            }
+        };
+        if self.go_tables.len() >= 256 {
+            self.go_tables.clear();
+        }
+        self.go_tables.insert(path.to_owned(), (stamp, table.clone()));
+        table
+    }
+
     /// Whether `path` is named from its `.dynsym` alone (see `dynsym_only`), cached per file.
     fn dynsym_only(&mut self, path: &std::path::Path) -> bool {
         let Some(stamp) = cache::FileId::of(path, None) else { return false };
@@ -699,8 +754,10 @@ impl SymbolizerThread {
     }
 
     fn user(&mut self, module: ModuleId, m: &ModuleSource, offsets: &[u64]) {
-        let by_function =
-            self.function_entries && m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
+        let fetched = m.build_id.as_ref().is_some_and(|id| self.fetched.contains_key(id));
+        let by_function = self.function_entries
+            && !fetched
+            && m.open_path.as_deref().is_some_and(|p| self.dynsym_only(p));
         let dwarf = match (&m.open_path, self.per_call.as_mut()) {
             (Some(p), Some(per_call)) => {
                 let plan = per_call.plan(p);
@@ -713,11 +770,22 @@ impl SymbolizerThread {
             }
             _ => None,
         };
+        // A file with no DWARF of its own nor installed: the debug file debuginfod gave.
+        let dwarf = dwarf.or_else(|| {
+            let debug = self.fetched.get(m.build_id.as_ref()?)?;
+            dwarf::with_debug_file(m.open_path.as_deref()?, debug).map(Arc::new)
+        });
+        // A Go program without symbols (`-ldflags=-s -w`) is named from its own table.
+        let go = match &m.open_path {
+            Some(p) if !fetched && self.dynsym_only(p) => self.go_table(p, &m.name),
+            _ => None,
+        };
         let results = match &m.open_path {
             Some(p) if let Some(src) = dwarf => {
-                let per_call = self.per_call.as_mut().expect("planned");
-                per_call.read.push(src.path.clone());
-                per_call.modules.push(p.clone());
+                if let Some(per_call) = self.per_call.as_mut() {
+                    per_call.read.push(src.path.clone());
+                    per_call.modules.push(p.clone());
+                }
                 // Offsets outside the module's loadable segments name nothing.
                 let at: Vec<Option<u64>> = offsets.iter().map(|&o| src.address(o)).collect();
                 let asked: Vec<u64> = at.iter().flatten().copied().collect();
@@ -743,7 +811,9 @@ impl SymbolizerThread {
                     }
                     Err(e) => {
                         self.errors.modules.push((m.name.clone(), e.to_string()));
-                        per_call.plans.remove(p);
+                        if let Some(per_call) = self.per_call.as_mut() {
+                            per_call.plans.remove(p);
+                        }
                         None
                     }
                 }
@@ -766,6 +836,10 @@ impl SymbolizerThread {
             }
         };
         for (i, &offset) in offsets.iter().enumerate() {
+            if let Some(frames) = go.as_ref().and_then(|g| go_frames(g, offset, &m.name)) {
+                self.out.insert(FrameAddr::User { module, offset }, frames);
+                continue;
+            }
             let frames = match results.as_ref().map(|r| &r[i]) {
                 Some(Symbolized::Sym(s)) => {
                     if by_function
@@ -849,6 +923,25 @@ fn dynsym_only(path: &std::path::Path) -> bool {
     }
     // The file itself may be named by its own link; any other candidate may be a debug file.
     !candidates.iter().any(|c| c.exists() && *c != real && c != path)
+}
+
+/// The frames at file offset `offset` of a Go program, outermost first.
+fn go_frames(table: &gopclntab::GoTable, offset: u64, module: &str) -> Option<Vec<Frame>> {
+    let frames = table.frames(table.address(offset)?)?;
+    Some(
+        frames
+            .into_iter()
+            .map(|f| Frame {
+                kind: FrameKind::User,
+                function: f.function,
+                module: module.to_owned(),
+                file: f.file,
+                line: f.line,
+                column: None,
+                inlined: f.inlined,
+            })
+            .collect(),
+    )
 }
 
 /// A frame that could not be named keeps its module and address.

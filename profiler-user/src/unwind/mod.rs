@@ -11,6 +11,7 @@
 
 mod alloc;
 mod debugfile;
+mod disk;
 #[cfg(test)]
 pub(crate) use debugfile::tests::tool as run_tool;
 pub use debugfile::{build_id_path, debug_root, find_path as find_debug_file, inflate_zlib};
@@ -114,12 +115,23 @@ pub struct UnwindStats {
     pub debug_fdes: u64,
     pub debug_rejected: u64,
     pub debug_errors: Vec<String>,
+    /// The disk cache (`disk`): tables read from it, stored in it, least recently used ones
+    /// it deleted to stay in bounds, cached files found bad (deleted and compiled again, with
+    /// the first reason), stores that failed (with the first error).
+    pub disk_read: u64,
+    pub disk_stored: u64,
+    pub disk_evicted: u64,
+    pub disk_rejected: u64,
+    pub disk_errors: u64,
+    pub disk_first_error: Option<String>,
     /// Worker time reading and compiling, and copying rows into the mapped array.
     pub compile_time: Duration,
     pub load_time: Duration,
     /// Writes of a process's mapping table, and processes removed (exit or exec).
     pub process_updates: u64,
     pub processes_removed: u64,
+    /// Processes whose entry `defer_young` held back until they exited: writes saved.
+    pub held_until_exit: u64,
     /// Rewrites of a process's table because a table it waited for landed.
     pub republished: u64,
     /// Mappings beyond `UNWIND_MAX_MAPPINGS` in one process (their frames end the walk).
@@ -147,6 +159,11 @@ struct Refs {
     released: bool,
 }
 
+/// How long the agent waits before writing a new process's walker entry unless one of its
+/// samples wants it (`UnwindLoader::defer_young`): under churn most processes live less (a
+/// `/bin/true` about 1 ms), and a process that lives on is written within a drain of this.
+pub const DEFER_YOUNG: Duration = Duration::from_millis(200);
+
 pub struct UnwindLoader {
     procs: BpfHashMap<MapData, u32, UnwindProcess>,
     shared: Arc<worker::Shared>,
@@ -157,7 +174,12 @@ pub struct UnwindLoader {
     by_module: HashMap<ModuleId, (String, Option<FileIdentity>)>,
     /// Processes published with a file pending, to republish when its table lands.
     waiting: HashMap<FileIdentity, HashSet<Pid>>,
-    loaded_pids: HashSet<Pid>,
+    /// `defer_young`'s age, and the processes it holds back.
+    defer_young: Option<Duration>,
+    held: HashSet<Pid>,
+    /// Processes this loader wrote an entry for (forked children walk with their parent's
+    /// until they get one).
+    written: HashSet<Pid>,
     /// Loaded tables: which published processes' entries name them.
     refs: HashMap<FileIdentity, Refs>,
     /// The loaded files each published process's entry names.
@@ -195,7 +217,9 @@ impl UnwindLoader {
             by_identity: HashMap::new(),
             by_module: HashMap::new(),
             waiting: HashMap::new(),
-            loaded_pids: Default::default(),
+            written: Default::default(),
+            defer_young: None,
+            held: Default::default(),
             refs: HashMap::new(),
             names: HashMap::new(),
             written_at: HashMap::new(),
@@ -242,6 +266,18 @@ impl UnwindLoader {
         for fork in collector.outbox.take_forks() {
             self.forked(fork, &mut pids);
         }
+        let wanted = collector.outbox.take_tables_wanted();
+        // Sampled while the walker had no entry of its own for it (a forked child whose
+        // parent's entry went with the parent, or one held back while young): write it now.
+        for pid in &wanted {
+            let live = collector.processes.processes.get(pid).is_some_and(|p| !p.exited);
+            if live && !self.written.contains(pid) {
+                pids.insert(*pid);
+            }
+        }
+        if let Some(young) = self.defer_young {
+            self.hold_young(collector, young, &wanted, &mut pids);
+        }
         let mut pids: Vec<Pid> = pids.into_iter().collect();
         pids.sort_unstable();
         for pid in pids {
@@ -260,15 +296,50 @@ impl UnwindLoader {
         if !self.to_push.is_empty() {
             self.shared.push(self.to_push.drain());
         }
-        self.prioritize(collector);
+        self.prioritize(wanted);
         let took = started.elapsed();
         self.stats.loop_time += took;
         self.stats.loop_max = self.stats.loop_max.max(took);
     }
 
+    /// Waits to write the entries of processes younger than `young` until one of their
+    /// samples wants it (`wanted`) or they have lived that long: most such processes exit
+    /// first, and cost no write at all. Their samples meanwhile continue over stack copies.
+    fn hold_young<S: SampleSink>(
+        &mut self,
+        collector: &Collector<S>,
+        young: Duration,
+        wanted: &[Pid],
+        pids: &mut HashSet<Pid>,
+    ) {
+        let wanted: HashSet<&Pid> = wanted.iter().collect();
+        let held: HashSet<Pid> = std::mem::take(&mut self.held);
+        pids.extend(held.iter().copied());
+        let now = MonoNs::now().0;
+        pids.retain(|pid| {
+            let Some(p) = collector.processes.processes.get(pid) else { return true };
+            if p.exited {
+                if held.contains(pid) {
+                    self.stats.held_until_exit += 1;
+                }
+                return true;
+            }
+            let born = p.meta.start.map_or(0, |s| s.0);
+            if wanted.contains(pid) || now.saturating_sub(born) >= young.as_nanos() as u64 {
+                return true;
+            }
+            self.held.insert(*pid);
+            false
+        });
+    }
+
+    /// Writes new processes' entries only once they are sampled or have lived `young`.
+    pub fn defer_young(&mut self, young: Duration) {
+        self.defer_young = Some(young);
+    }
+
     /// Files of processes whose samples ended without a table go first.
-    fn prioritize<S: SampleSink>(&mut self, collector: &mut Collector<S>) {
-        let wanted = collector.outbox.take_tables_wanted();
+    fn prioritize(&mut self, wanted: Vec<Pid>) {
         if wanted.is_empty() {
             return;
         }
@@ -293,10 +364,6 @@ impl UnwindLoader {
     /// write, and its samples unwound from the fork on. Otherwise it is written like any
     /// process whose mappings changed.
     fn forked(&mut self, f: Forked, pids: &mut HashSet<Pid>) {
-        if f.walker_copied {
-            // The kernel holds an entry under this id now: its removal must delete it.
-            self.loaded_pids.insert(f.child);
-        }
         if pids.contains(&f.child) {
             return;
         }
@@ -329,7 +396,6 @@ impl UnwindLoader {
                 waiting.insert(child);
             }
         }
-        self.loaded_pids.insert(child);
         if let Some(&w) = self.written_at.get(&parent) {
             self.written_at.insert(child, w);
         }
@@ -345,6 +411,16 @@ impl UnwindLoader {
         self.stats.compile_time += d.compile;
         self.stats.load_time += d.copy;
         self.debug_used(d.debug);
+        let s = &mut self.stats;
+        s.disk_read += u64::from(d.disk.read);
+        s.disk_stored += u64::from(d.disk.stored);
+        s.disk_evicted += d.disk.evicted;
+        let failed = d.disk.rejected.is_some() as u64 + d.disk.store_error.is_some() as u64;
+        s.disk_rejected += u64::from(d.disk.rejected.is_some());
+        s.disk_errors += u64::from(d.disk.store_error.is_some());
+        if failed > 0 && s.disk_first_error.is_none() {
+            s.disk_first_error = d.disk.rejected.or(d.disk.store_error);
+        }
         for e in &d.evicted {
             self.stats.tables_evicted += 1;
             self.stats.rows_evicted += u64::from(e.count);
@@ -453,7 +529,7 @@ impl UnwindLoader {
             self.unreferenced.extend(names);
             return;
         }
-        self.loaded_pids.insert(pid);
+        self.written.insert(pid);
         // Read after the write: a fork stamped later certainly copied this entry.
         self.written_at.insert(pid, MonoNs::now());
         for id in &names {
@@ -467,7 +543,9 @@ impl UnwindLoader {
     }
 
     pub fn remove(&mut self, pid: Pid) {
-        if self.loaded_pids.remove(&pid) {
+        // The kernel deleted the entry at the exit, but this loader may have written it again
+        // after that (from records read before the exit's).
+        if self.written.remove(&pid) {
             let _ = self.procs.remove(&pid.0);
             self.stats.processes_removed += 1;
         }
@@ -686,11 +764,24 @@ impl UnwindLoader {
             s.loop_time.as_secs_f64() * 1e3,
             s.loop_max.as_secs_f64() * 1e3
         );
+        if s.disk_read + s.disk_stored + s.disk_rejected + s.disk_errors > 0 {
+            let _ = writeln!(
+                out,
+                "  disk cache: {} tables read, {} stored ({} least recently used deleted), {} \
+                 found bad and compiled again, {} stores failed{}",
+                s.disk_read,
+                s.disk_stored,
+                s.disk_evicted,
+                s.disk_rejected,
+                s.disk_errors,
+                s.disk_first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})"))
+            );
+        }
         let _ = writeln!(
             out,
             "  process tables: {} writes ({} refused, {} when a table landed), {} removed, {} \
              mappings over the {} limit; forks: {} took their parent's entry as copied at the \
-             fork, {} written",
+             fork, {} written; {} young processes exited before their write was due",
             s.process_updates,
             s.process_update_errors,
             s.republished,
@@ -698,7 +789,8 @@ impl UnwindLoader {
             s.mappings_over_limit,
             UNWIND_MAX_MAPPINGS,
             s.forks_adopted,
-            s.forks_written
+            s.forks_written,
+            s.held_until_exit
         );
         for (name, rows) in &s.full_files {
             let _ = writeln!(out, "  table full: {name}: {rows} rows");
@@ -710,6 +802,22 @@ impl UnwindLoader {
             let _ = writeln!(out, "  debug file rejected: {err}");
         }
         out
+    }
+
+    /// Waits, at most `limit`, for the files still queued to be compiled, so that their
+    /// tables reach the disk cache and the next run of the same programs starts warm (a short
+    /// command's big libraries are often still queued when it exits). Nothing to wait for
+    /// without the disk cache.
+    pub fn finish_for_disk(&mut self, limit: Duration) {
+        if !self.shared.has_disk() {
+            return;
+        }
+        let end = Instant::now() + limit;
+        while self.pending() > 0 {
+            let left = end.saturating_duration_since(Instant::now());
+            let Ok(d) = self.done.recv_timeout(left) else { break };
+            self.landed(d, &mut HashSet::new());
+        }
     }
 
     /// Files queued or being compiled.

@@ -289,6 +289,15 @@ pub fn render(i: &SummaryInput) -> String {
                  tables, {failed} not (walker map full)"
             );
         }
+        let (gone, cleared) =
+            (c.get(counter::WALKER_EXIT_DELETES), c.get(counter::WALKER_EXEC_CLEARS));
+        if gone + cleared > 0 {
+            let _ = writeln!(
+                s,
+                "  walker entries: {gone} deleted by the kernel at exit, {cleared} emptied at \
+                 exec"
+            );
+        }
     }
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)
@@ -402,6 +411,24 @@ pub fn render(i: &SummaryInput) -> String {
     }
     if sym.modules.len() > 10 {
         let _ = writeln!(s, "  ({} more files could not be symbolized)", sym.modules.len() - 10);
+    }
+    if crate::symbolize::debuginfod::current().is_some() || !sym.debuginfod.is_empty() {
+        let d = &sym.debuginfod;
+        let _ = write!(
+            s,
+            "  debuginfod: {} files fetched ({:.1} MiB), {} not found, {} errors",
+            d.fetched,
+            d.bytes as f64 / (1 << 20) as f64,
+            d.not_found,
+            d.errors
+        );
+        if d.cached > 0 {
+            let _ = write!(s, "; {} from the cache", d.cached);
+        }
+        let _ = writeln!(s);
+        if let Some(e) = &d.last_error {
+            let _ = writeln!(s, "  warning: debuginfod: {e}");
+        }
     }
     if let Some(err) = &sym.kernel {
         let _ = writeln!(s, "  warning: kernel frames left as addresses: {err}");
