@@ -31,6 +31,10 @@ pub const MAX_MAP_BYTES: u64 = 64 << 20;
 const MAX_LINE: usize = 64 << 10;
 /// Bytes read per `read` call.
 const CHUNK: usize = 256 << 10;
+/// Bytes read per `MapFile::read_tail` at most: a long map (a JDK snapshot, or one near the
+/// bound) is read over several calls, so no drain stalls the event loop for long (64 MiB
+/// at once took long enough to fill the ring).
+const READ_PER_CALL: u64 = 4 << 20;
 
 /// What reading maps ran into, for the summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -192,7 +196,13 @@ impl MapFile {
         self.size_seen = size;
         let before = self.map.stats.lines;
         let mut buf = Vec::new();
+        let mut this_call = 0;
         while self.offset < size {
+            if this_call >= READ_PER_CALL {
+                // The rest at the next call (which must not take the file for unchanged).
+                self.size_seen = u64::MAX;
+                break;
+            }
             let room = MAX_MAP_BYTES.saturating_sub(self.read);
             if room == 0 {
                 self.map.stats.over_bound = 1;
@@ -209,6 +219,7 @@ impl MapFile {
                 Ok(n) => n,
             };
             buf.truncate(start + n);
+            this_call += n as u64;
             self.read += n as u64;
             self.map.stats.bytes += n as u64;
             let used = self.map.feed(&buf);
@@ -658,6 +669,8 @@ mod tests {
         std::fs::write(&path, &text).unwrap();
         let mut f = MapFile::new(File::open(&path).unwrap());
         assert!(f.read_tail());
+        assert!(f.map.stats.bytes <= READ_PER_CALL + CHUNK as u64, "one call reads a part");
+        while f.read_tail() {}
         assert_eq!(f.map.stats.bytes, MAX_MAP_BYTES);
         assert_eq!(f.map.stats.over_bound, 1);
         assert!(f.map.lookup(0x2000).is_none());
