@@ -13,7 +13,9 @@ use tests::{
     fixtures,
     gecko_schema::validate,
     harness::{Recording, output_path},
-    profile_query::{frame_categories, function_name, module_name, sample_stacks, threads_of_pid},
+    profile_query::{
+        contains_path, frame_categories, function_name, module_name, sample_stacks, threads_of_pid,
+    },
 };
 
 fn valid(profile: &Value) {
@@ -59,19 +61,48 @@ fn node() -> &'static str {
 /// their stacks go on below the JS frames into node's own native frames.
 #[test]
 fn node_perf_basic_prof_names_hot_js_functions_2_to_1() {
-    node_split(false);
+    node_split(false, NodeMap::PerfMap);
+}
+
+/// `node --perf-prof`: V8 writes a jitdump (`jit-PID.dump` in its working directory, mapped
+/// executable), found from its mapping record; the same names, from module `[jitdump]`.
+#[test]
+fn node_perf_prof_jitdump_names_hot_js_functions_2_to_1() {
+    node_split(false, NodeMap::JitDump);
 }
 
 /// The same with node started first, its map already long when the recording finds it (read
 /// from its start at node's first JIT address).
 #[test]
 fn node_started_before_the_recording_is_named_too() {
-    node_split(true);
+    node_split(true, NodeMap::PerfMap);
 }
 
-fn node_split(started_before: bool) {
+/// `node --perf-prof` started first: its jitdump is found in the mappings read from /proc
+/// (the kernel's record of it came before the recording) and read from its start.
+#[test]
+fn node_with_a_jitdump_started_before_the_recording_is_named_too() {
+    node_split(true, NodeMap::JitDump);
+}
+
+/// How node is asked to name its code.
+#[derive(Clone, Copy, PartialEq)]
+enum NodeMap {
+    /// `--perf-basic-prof`: /tmp/perf-PID.map.
+    PerfMap,
+    /// `--perf-prof`: a jitdump in the working directory.
+    JitDump,
+}
+
+fn node_split(started_before: bool, how: NodeMap) {
     let script = fixtures::source_dir().join("jsplit.js");
-    let output = output_path(if started_before { "jit_node_before" } else { "jit_node" }, "json");
+    let test = match (started_before, how) {
+        (true, NodeMap::PerfMap) => "jit_node_before",
+        (true, NodeMap::JitDump) => "jit_node_dump_before",
+        (false, NodeMap::PerfMap) => "jit_node",
+        (false, NodeMap::JitDump) => "jit_node_dump",
+    };
+    let output = output_path(test, "json");
     let mut rec =
         (!started_before).then(|| Recording::start(&["--all"], output.clone()).expect("start"));
     let mut cmd = Command::new(node());
@@ -81,16 +112,28 @@ fn node_split(started_before: bool) {
     let secs = if started_before { "8" } else { "5" };
     // No inlining: each hot function keeps frames of its own (TurboFan would fold them into
     // their caller, which the map then names instead).
-    cmd.args(["--perf-basic-prof", "--no-turbo-inlining"]).arg(&script).arg(secs);
+    let flag = match how {
+        NodeMap::PerfMap => "--perf-basic-prof",
+        NodeMap::JitDump => "--perf-prof",
+    };
+    cmd.args([flag, "--no-turbo-inlining"]).arg(&script).arg(secs);
     let child = cmd.stdout(Stdio::null()).spawn().expect("start node");
     let pid = child.id();
     let map = format!("/tmp/perf-{pid}.map");
     let _map = RemoveMap(map.clone());
+    let dump = output.parent().unwrap().join(format!("jit-{pid}.dump"));
+    let _dump = RemoveMap(dump.display().to_string());
     if started_before {
-        // Running its hot code already: the map names it.
+        // Running its hot code already: the map or dump names it.
+        let file = match how {
+            NodeMap::PerfMap => std::path::PathBuf::from(&map),
+            NodeMap::JitDump => dump.clone(),
+        };
+        let named = |b: Vec<u8>| b.windows(b"JS:*jsHotAlpha".len()).any(|w| w == b"JS:*jsHotAlpha");
         let t0 = std::time::Instant::now();
-        while !std::fs::read_to_string(&map).is_ok_and(|m| m.contains("jsHotAlpha")) {
-            assert!(t0.elapsed().as_secs() < 20, "node wrote no jsHotAlpha line to {map}");
+        while !std::fs::read(&file).is_ok_and(named) {
+            let f = file.display();
+            assert!(t0.elapsed().as_secs() < 20, "node wrote no JS:*jsHotAlpha into {f}");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         rec = Some(Recording::start(&["--all"], output.clone()).expect("start"));
@@ -125,7 +168,11 @@ fn node_split(started_before: bool) {
     let hot = hot.expect("a JS:*jsHotAlpha frame");
     let script = script.display().to_string();
     assert!(hot.contains(&format!("{script}:6:20")), "{hot}");
-    assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
+    let module = match how {
+        NodeMap::PerfMap => "[jit]",
+        NodeMap::JitDump => "[jitdump]",
+    };
+    assert_eq!(module_name(hot), Some(module), "{hot}");
     let cats = frame_categories(&profile, main.thread, function_name(hot));
     assert!(!cats.is_empty() && cats.iter().all(|c| c == "JavaScript"), "{cats:?}");
 
@@ -135,7 +182,7 @@ fn node_split(started_before: bool) {
     let rooted = hot_stacks
         .iter()
         .filter(|s| {
-            let first_js = s.iter().position(|l| module_name(l) == Some("[jit]")).unwrap();
+            let first_js = s.iter().position(|l| module_name(l) == Some(module)).unwrap();
             s[..first_js].iter().any(|l| module_name(l) == Some("node"))
         })
         .count();
@@ -150,7 +197,11 @@ fn node_split(started_before: bool) {
     let line =
         line.unwrap_or_else(|| panic!("no JIT frames line in the summary:\n{}", done.stderr));
     eprintln!("{line}");
-    assert!(!line.starts_with("JIT frames: 0 named"), "{line}");
+    let source = match how {
+        NodeMap::PerfMap => "named from perf maps",
+        NodeMap::JitDump => "from jitdump",
+    };
+    assert!(count_before(line, source) > 0, "{line}");
 }
 
 const JDK: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
@@ -264,8 +315,9 @@ fn java_split(test: &str, how: JavaMap) {
     eprintln!("{line}");
 }
 
-/// Every CPython 3.12+ that pyenv built on this machine (`-X perf` is 3.12's), oldest first.
-fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
+/// Every CPython 3.`min_minor`+ that pyenv built on this machine (`-X perf` is 3.12's,
+/// `-X perf_jit` 3.13's), oldest first.
+fn pythons_from(min_minor: u32) -> Vec<std::path::PathBuf> {
     let root = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into()))
         .join(".pyenv/versions");
     let mut found: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir(&root)
@@ -274,7 +326,7 @@ fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
                 let name = e.ok()?.file_name().to_string_lossy().into_owned();
                 let minor: u32 = name.strip_prefix("3.")?.split('.').next()?.parse().ok()?;
                 let exe = root.join(&name).join(format!("bin/python3.{minor}"));
-                (minor >= 12 && exe.is_file()).then_some((minor, exe))
+                (minor >= min_minor && exe.is_file()).then_some((minor, exe))
             })
             .collect()
         })
@@ -282,7 +334,8 @@ fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
     found.sort();
     assert!(
         !found.is_empty(),
-        "no CPython 3.12 or newer under {}: -X perf needs one (pyenv install 3.12)",
+        "no CPython 3.{min_minor} or newer under {}: the test needs one (pyenv install \
+         3.{min_minor})",
         root.display()
     );
     found.into_iter().map(|(_, exe)| exe).collect()
@@ -293,24 +346,34 @@ fn pythons_with_perf_maps() -> Vec<std::path::PathBuf> {
 /// Python category, under its caller py_driver, down to the interpreter's `main`.
 #[test]
 fn python_x_perf_names_hot_python_functions_2_to_1() {
-    for python in pythons_with_perf_maps() {
-        python_x_perf(&python);
+    for python in pythons_from(12) {
+        python_x_perf(&python, "perf");
     }
 }
 
-fn python_x_perf(python: &Path) {
+/// CPython 3.13+ `-X perf_jit`: the trampolines are named in a jitdump (/tmp/jit-PID.dump),
+/// with the same names, from module `[jitdump]`; the walker's trampoline rule follows them.
+#[test]
+fn python_x_perf_jit_names_hot_python_functions_2_to_1() {
+    for python in pythons_from(13) {
+        python_x_perf(&python, "perf_jit");
+    }
+}
+
+/// `python -X OPTION pysplit.py` during an `--all` recording (OPTION `perf` or `perf_jit`).
+fn python_x_perf(python: &Path, option: &str) {
     let script = fixtures::source_dir().join("pysplit.py");
-    let output = output_path("jit_python", "json");
+    let output = output_path(&format!("jit_python_{option}"), "json");
     let rec = Recording::start(&["--all"], output.clone()).expect("start");
     let child = Command::new(python)
-        .args(["-X", "perf"])
+        .args(["-X", option])
         .arg(&script)
         .arg("4")
         .stdout(Stdio::null())
         .spawn()
         .expect("start python");
     let pid = child.id();
-    let _map = RemoveMap(format!("/tmp/perf-{pid}.map"));
+    let _files = jit_files(pid);
     let out = child.wait_with_output().expect("python ran");
     assert!(out.status.success(), "{} failed: {}", python.display(), out.status);
     let done = rec.interrupt().expect("stop recording");
@@ -332,7 +395,8 @@ fn python_x_perf(python: &Path) {
     let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("py::py_hot_alpha:"));
     let hot = hot.expect("a py::py_hot_alpha frame");
     assert!(hot.contains(&script.display().to_string()), "{hot}");
-    assert_eq!(module_name(hot), Some("[jit]"), "{hot}");
+    let module = if option == "perf_jit" { "[jitdump]" } else { "[jit]" };
+    assert_eq!(module_name(hot), Some(module), "{hot}");
     let cats = frame_categories(&profile, main.thread, function_name(hot));
     assert!(!cats.is_empty() && cats.iter().all(|c| c == "Python"), "{cats:?}");
 
@@ -417,4 +481,277 @@ fn agent_windows_read_by_go_pprof_name_js_functions() {
     assert!((66.7 - 7.0..=66.7 + 7.0).contains(&share), "jsHotAlpha share {share:.1}%:\n{top}");
     let raw = go_pprof::run(&["-raw"], Path::new(&files[files.len() / 2])).expect("pprof -raw");
     assert!(raw.contains("[jit]"), "no [jit] mapping in a window:\n{raw}");
+}
+
+/// Removes what a JIT fixture left in /tmp (its jitdump and perf map).
+struct RemoveFiles(Vec<String>);
+
+impl Drop for RemoveFiles {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+fn jit_files(pid: u32) -> RemoveFiles {
+    RemoveFiles(vec![format!("/tmp/jit-{pid}.dump"), format!("/tmp/perf-{pid}.map")])
+}
+
+/// The summary line starting with `prefix`.
+fn summary_line<'a>(stderr: &'a str, prefix: &str) -> &'a str {
+    let line = stderr.lines().find(|l| l.trim_start().starts_with(prefix));
+    line.unwrap_or_else(|| panic!("no {prefix:?} line in the summary:\n{stderr}"))
+}
+
+/// The number before `word` in `line` ("… 12 from jitdump" → 12 for "from jitdump").
+fn count_before(line: &str, word: &str) -> u64 {
+    let at = line.find(word).unwrap_or_else(|| panic!("no {word:?} in {line:?}"));
+    let n = line[..at].split_whitespace().last().unwrap_or_default().trim_start_matches('(');
+    n.parse().unwrap_or_else(|_| panic!("no count before {word:?} in {line:?}"))
+}
+
+/// A JIT that reuses an address mid-run (tests/fixtures/jitreuse.c: `jit_alpha` for 2 s, then
+/// `jit_beta` mapped at the same address for 2 s, each announced in its jitdump and perf map
+/// before it runs): every sample is named by the code there at its time, though samples of
+/// alpha's last moments are collected after beta's record was read (a perf map alone, without
+/// times, names them beta). The jitdump's debug info gives the line; stacks go on into the
+/// fixture's own `run` and `main`.
+#[test]
+fn jitdump_names_a_reused_address_by_the_code_there_at_the_sample() {
+    jit_reuse("good");
+}
+
+/// The same with beta's records written 0.3 s after beta starts running (timed at its
+/// start), as a JIT that buffers its records writes them: samples of beta collected before
+/// its record is read are not named alpha (the kernel said the memory was mapped again after
+/// alpha's load), and are named beta once the record is read.
+#[test]
+fn jitdump_record_written_late_names_reused_memory_right() {
+    jit_reuse("late");
+}
+
+fn jit_reuse(dump: &str) {
+    let exe = fixtures::build("jitreuse").expect("build jitreuse");
+    let output = output_path(&format!("jit_reuse_{dump}"), "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let child =
+        Command::new(&exe).args(["2", dump]).stdout(Stdio::piped()).spawn().expect("jitreuse");
+    let pid = child.id();
+    let _files = jit_files(pid);
+    let out = child.wait_with_output().expect("jitreuse ran");
+    assert!(out.status.success(), "jitreuse failed: {}", out.status);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let switched: f64 = said
+        .trim()
+        .strip_prefix("switched ")
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("jitreuse said {said:?}"));
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    let (main, stacks) = main_thread_stacks(&profile, pid);
+    let total = stacks.len();
+    // Fewer when the test shares its CPUs; the split and times are what is tested.
+    assert!(total > 300, "4 s of a busy thread at 999 Hz: ~4000 samples, got {total}");
+    fn leaf_of(s: &[String]) -> Option<&String> {
+        s.iter().rev().find(|l| function_name(l).starts_with("jit_"))
+    }
+    let kinds: Vec<Option<&str>> =
+        stacks.iter().map(|s| leaf_of(s).map(|l| function_name(l))).collect();
+    let alpha: Vec<usize> = (0..total).filter(|&i| kinds[i] == Some("jit_alpha")).collect();
+    let beta: Vec<usize> = (0..total).filter(|&i| kinds[i] == Some("jit_beta")).collect();
+    let unnamed =
+        stacks.iter().filter(|s| s.iter().any(|l| module_name(l) == Some("[anon]"))).count();
+    eprintln!(
+        "jitreuse {pid}: {total} samples, jit_alpha {}, jit_beta {}, [anon] {unnamed}",
+        alpha.len(),
+        beta.len()
+    );
+    let named = alpha.len() + beta.len();
+    assert!(named * 100 >= total * 90, "{named} of {total} samples name the JIT code");
+    // Each sample is named by the code there at its time: alpha before the switch, beta
+    // after (wall-clock times; 5 ms for the profile's clock pairing and the sample period).
+    let start = profile["meta"]["startTime"].as_f64().expect("meta.startTime");
+    let times = tests::profile_query::sample_times(main.thread);
+    let wrong: Vec<(f64, &str)> = (0..total)
+        .filter_map(|i| {
+            let at = start + times[i] - switched;
+            match kinds[i]? {
+                "jit_beta" if at < -5.0 => Some((at, "jit_beta")),
+                "jit_alpha" if at > 5.0 => Some((at, "jit_alpha")),
+                _ => None,
+            }
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} samples named by code not there at their time (ms from the switch, name): {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    // Each phase is 2 s of the thread's CPU time, so of its samples.
+    let share = 100.0 * alpha.len() as f64 / named as f64;
+    assert!((45.0..=55.0).contains(&share), "jit_alpha: {share:.1}% of named samples, want 50");
+    let frame = leaf_of(&stacks[alpha[0]]).unwrap();
+    assert_eq!(module_name(frame), Some("[jitdump]"), "{frame}");
+    assert!(frame.ends_with("(jitreuse.js:11)"), "debug-info line: {frame}");
+    let frame = leaf_of(&stacks[beta[0]]).unwrap();
+    assert!(frame.ends_with("(jitreuse.js:22)"), "debug-info line: {frame}");
+    let rooted = stacks
+        .iter()
+        .filter(|s| leaf_of(s).is_some())
+        .filter(|s| contains_path(s, &["main", "run"]))
+        .count();
+    assert!(rooted * 100 >= named * 90, "{rooted} of {named} JIT stacks go on into run and main");
+
+    let line = summary_line(&done.stderr, "JIT frames:");
+    eprintln!("{line}\n{}", summary_line(&done.stderr, "jitdumps:"));
+    assert!(count_before(line, "from jitdump") >= named as u64, "{line}");
+    let dumps = summary_line(&done.stderr, "jitdumps:");
+    assert!(count_before(dumps, "code loads") >= 2, "{dumps}");
+    assert!(count_before(dumps, "debug-info") >= 2, "{dumps}");
+}
+
+/// Bad maps and dumps, each in a JIT process of its own in one recording: a dump with a bad
+/// magic, version or record size, or another user's; a perf map with garbage and a truncated line, one past the
+/// size bound, a symlink to /etc/shadow, another user's file. None stops or hangs the
+/// recording: each is skipped and counted in the summary, and what a good file still says
+/// (the garbage map's good line; the bad-magic process's perf map) names the code.
+#[test]
+fn bad_jitdumps_and_perf_maps_are_skipped_and_counted() {
+    let exe = fixtures::build("jitreuse").expect("build jitreuse");
+    let output = output_path("jit_bad_input", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    // (dump, map, how the code is named: its module, or None for unnamed)
+    let cases: [(&str, &str, Option<&str>); 8] = [
+        ("badmagic", "good", Some("[jit]")),
+        ("otheruser", "none", None),
+        ("badversion", "none", None),
+        ("badsize", "none", None),
+        ("none", "garbage", Some("[jit]")),
+        ("none", "huge", None),
+        ("none", "symlink", None),
+        ("none", "otheruser", None),
+    ];
+    let mut children = Vec::new();
+    let mut files = Vec::new();
+    for (dump, map, _) in cases {
+        let child = Command::new(&exe)
+            .args(["1", dump, map])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start jitreuse");
+        files.push(jit_files(child.id()));
+        children.push(child);
+    }
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    for mut c in children {
+        assert!(c.wait().expect("jitreuse ran").success());
+    }
+    let done = rec.interrupt().expect("stop recording");
+    assert!(done.status.success(), "recording failed:\n{}", done.stderr);
+    let profile = done.profile().expect("profile written");
+    for ((dump, map, want), pid) in cases.iter().zip(&pids) {
+        let (_, stacks) = main_thread_stacks(&profile, *pid);
+        // The code's frame: the one under `run`.
+        let code: Vec<&String> = stacks
+            .iter()
+            .filter_map(|s| {
+                let run = s.iter().position(|l| function_name(l) == "run")?;
+                s.get(run + 1)
+            })
+            .filter(|l| module_name(l) != Some("jitreuse") && module_name(l) != Some("libc.so.6"))
+            .filter(|l| {
+                module_name(l) != Some("[vdso]") && module_name(l) != Some("[kernel.kallsyms]")
+            })
+            .collect();
+        // A second of CPU time each: some 1,000 samples.
+        assert!(code.len() > 50, "{dump}/{map}: {} samples in the JIT code", code.len());
+        let as_wanted = code
+            .iter()
+            .filter(|l| match want {
+                Some(module) => function_name(l) == "jit_alpha" && module_name(l) == Some(*module),
+                None => module_name(l) == Some("[anon]"),
+            })
+            .count();
+        eprintln!("{dump}/{map} ({pid}): {as_wanted} of {} code frames as wanted", code.len());
+        assert!(
+            as_wanted * 100 >= code.len() * 90,
+            "{dump}/{map}: {as_wanted} of {} code frames {want:?}, e.g. {}",
+            code.len(),
+            code[0]
+        );
+    }
+    let maps = summary_line(&done.stderr, "perf maps:");
+    let dumps = summary_line(&done.stderr, "jitdumps:");
+    eprintln!("{maps}\n{dumps}\n{}", summary_line(&done.stderr, "JIT frames:"));
+    // Other processes on the host may add to these, never take away.
+    assert!(count_before(maps, "garbage lines") >= 5, "{maps}");
+    assert!(count_before(maps, "stopped at the") >= 1, "{maps}");
+    assert!(count_before(maps, "refused") >= 2, "{maps}");
+    assert!(count_before(dumps, "with a bad header") >= 2, "{dumps}");
+    assert!(count_before(dumps, "stopped at a bad record") >= 1, "{dumps}");
+    assert!(count_before(dumps, "refused") >= 1, "{dumps}");
+}
+
+/// A process in another pid and mount namespace (a container as `unshare` makes one): node
+/// `--perf-basic-prof` is pid 1 there and writes `/tmp/perf-1.map` into a tmpfs only its
+/// namespace sees. The map is read through its root under the pid it knows itself by
+/// (`/proc/PID/root/tmp/perf-NSPID.map`): its samples carry the hot JS functions, 2:1.
+#[test]
+fn node_in_another_pid_namespace_is_named_from_its_own_tmp() {
+    let script = fixtures::source_dir().join("jsplit.js");
+    let output = output_path("jit_node_container", "json");
+    let rec = Recording::start(&["--all"], output.clone()).expect("start");
+    let inner = format!(
+        "mount -t tmpfs rsprof-test /tmp && exec {} --perf-basic-prof --no-turbo-inlining {} 6",
+        node(),
+        script.display()
+    );
+    let unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &inner])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("unshare (util-linux)");
+    let outer = unshare.id();
+    // node: the child unshare forked (pid 1 in the new namespace).
+    let children = format!("/proc/{outer}/task/{outer}/children");
+    let t0 = std::time::Instant::now();
+    let pid: u32 = loop {
+        let text = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
+            break pid;
+        }
+        assert!(t0.elapsed().as_secs() < 10, "unshare started no child");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let nstgid = status.lines().find(|l| l.starts_with("NStgid:")).unwrap_or_default().to_owned();
+    let out = unshare.wait_with_output().expect("unshare ran");
+    assert!(out.status.success(), "unshare/node failed: {}", out.status);
+    let done = rec.interrupt().expect("stop recording");
+    assert!(
+        !Path::new(&format!("/tmp/perf-{pid}.map")).exists(),
+        "node's map is in its own /tmp only"
+    );
+    let profile = done.profile().expect("profile written");
+    let (_, stacks) = main_thread_stacks(&profile, pid);
+    let total = stacks.len();
+    let holds = |s: &[String], f: &str| s.iter().any(|l| function_name(l).contains(f));
+    let alpha = stacks.iter().filter(|s| holds(s, "JS:*jsHotAlpha")).count();
+    let beta = stacks.iter().filter(|s| holds(s, "JS:*jsHotBeta")).count();
+    let pct = 100.0 * (alpha + beta) as f64 / total.max(1) as f64;
+    let share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    eprintln!(
+        "node {pid} ({nstgid}): {} of {total} samples ({pct:.1}%) name a hot JS function; alpha \
+         share {share:.1}%",
+        alpha + beta
+    );
+    eprintln!("{}", summary_line(&done.stderr, "JIT frames:"));
+    // 6 s keeps node's start-up (native code, no JS yet) a small part under load too.
+    assert!(total > 300, "6 s of a busy node: {total} samples");
+    assert!(pct >= 90.0, "{} of {total} samples ({pct:.1}%) name a hot function", alpha + beta);
+    assert!((66.7 - 7.0..=66.7 + 7.0).contains(&share), "jsHotAlpha share {share:.1}%");
+    let hot = stacks.iter().flatten().find(|l| function_name(l).starts_with("JS:*jsHotAlpha"));
+    assert_eq!(hot.and_then(|h| module_name(h)), Some("[jit]"), "{hot:?}");
 }

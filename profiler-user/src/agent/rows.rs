@@ -11,7 +11,7 @@ use prost::Message as _;
 use crate::{
     agent::spool::WindowMeta,
     model::stacks::{Frame, FrameKind, JitLanguage},
-    symbolize::{JIT_MODULE, KERNEL_MODULE, LABEL_MODULE},
+    symbolize::{JIT_MODULE, JITDUMP_MODULE, KERNEL_MODULE, LABEL_MODULE},
     writers::pprof::proto,
 };
 
@@ -50,7 +50,7 @@ pub fn kind_of(module: &str) -> FrameKind {
     match module {
         KERNEL_MODULE => FrameKind::Kernel,
         LABEL_MODULE => FrameKind::Label,
-        JIT_MODULE => FrameKind::Jit(JitLanguage::Other),
+        JIT_MODULE | JITDUMP_MODULE => FrameKind::Jit(JitLanguage::Other),
         _ => FrameKind::User,
     }
 }

@@ -23,7 +23,7 @@ use crate::{
         time::MonoNs,
     },
     store::{SampleSink, codec::StoredSample},
-    symbolize::perfmap::PerfMapStats,
+    symbolize::{jitdump, perfmap::PerfMapStats},
     system::procfs,
     unwind::copied::CopiedStacks,
 };
@@ -78,6 +78,8 @@ pub struct CollectorStats {
     pub off_cpu_copies_dropped: u64,
     /// What reading processes' perf maps did.
     pub perf_maps: PerfMapStats,
+    /// What reading processes' jitdumps did.
+    pub jitdumps: jitdump::JitDumpStats,
     /// CPU samples whose user stack was walked with tables, as the profile holds them (stack
     /// copies finished): (complete, walked) in the first second after the first sample, when
     /// tables are still landing, and after it.
@@ -239,18 +241,21 @@ impl<S: SampleSink> Collector<S> {
 
     fn on_map(&mut self, m: MapEvent) {
         self.stats.map_events += 1;
+        let anon_code = matches!(m.kind, MapKind::Anon);
         let p = self.known(m.pid);
         if p.mm != m.mm {
             // A space read from /proc does not know its mm: the first record names it. Any
             // other change means the exec record of a new image was lost: start afresh.
             if p.mm != 0 {
                 p.space = Default::default();
+                p.anon_unmapped(0, u64::MAX);
             }
             p.mm = m.mm;
         }
         let mappings = match &m.kind {
             MapKind::Unmap => {
                 p.space.remove(m.start, m.end);
+                p.anon_unmapped(m.start, m.end);
                 return;
             }
             MapKind::Anon => {
@@ -267,6 +272,14 @@ impl<S: SampleSink> Collector<S> {
             }
             MapKind::File { offset, dev, inode, path } => {
                 let ident = (*dev, *inode);
+                if jitdump::is_dump_path(&path.path) {
+                    // A JIT announcing its jitdump (it maps the file executable, as perf
+                    // expects): followed from now on.
+                    let (pid, range) = (m.pid, (m.start, m.end));
+                    p.jit_dump.found(|| jitdump::open_mapped(pid, range, Some(ident), &path.path));
+                    let found = p.jit_dump.take_stats();
+                    self.stats.jitdumps.add(&found);
+                }
                 let module =
                     self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, false);
                 vec![Mapping { start: m.start, end: m.end, file_offset: *offset, module }]
@@ -301,6 +314,31 @@ impl<S: SampleSink> Collector<S> {
         }
         let p = self.processes.entry(m.pid);
         for mapping in mappings {
+            let (start, end) = (mapping.start, mapping.end);
+            if anon_code {
+                // Anonymous code over memory that held none is new code: what a jitdump
+                // loaded there before cannot name it. Parts that held anonymous code already
+                // (a change of protection, a mapping grown) keep their time.
+                let mut at = start;
+                let mut gaps = Vec::new();
+                for held in p.space.mappings().iter().filter(|h| h.module == mapping.module) {
+                    if held.end <= at || held.start >= end {
+                        continue;
+                    }
+                    if held.start > at {
+                        gaps.push((at, held.start));
+                    }
+                    at = at.max(held.end);
+                }
+                if at < end {
+                    gaps.push((at, end));
+                }
+                for (s, e) in gaps {
+                    p.anon_mapped(s, e, m.time.0);
+                }
+            } else {
+                p.anon_unmapped(start, end);
+            }
             p.space.insert(mapping);
         }
         self.outbox.maps_changed(m.pid);
@@ -478,8 +516,14 @@ impl<S: SampleSink> Collector<S> {
         {
             self.outbox.table_wanted(s.pid);
         }
-        // Stacks named from the perf map are cached until it names more.
-        if p.perf_map.poll(s.pid, s.time.0) && p.perf_map_named_more(anon) {
+        // Stacks named from the perf map are cached until it names more. The jitdump is read
+        // once a sample is later than its last read, so each sample is named knowing every
+        // record written before it.
+        let dump_grew = p.jit_dump.refresh(s.time.0);
+        if dump_grew {
+            self.stats.jitdumps.add(&p.jit_dump.take_stats());
+        }
+        if (p.perf_map.poll(s.pid, s.time.0) | dump_grew) && p.perf_map_named_more(anon) {
             self.outbox.maps_changed(s.pid);
         }
         // The kernel knew its interpreter before this process was looked at (`PY_FILES`).
@@ -526,7 +570,7 @@ impl<S: SampleSink> Collector<S> {
             self.frames.push(FrameAddr::OffCpuNotCaptured);
         }
         let stack = self.store.intern_stack(&self.frames);
-        if cacheable {
+        if cacheable && !r.time_bound {
             self.stack_cache.insert(stack, r.unmapped, self.store.stack_stamp());
         }
         (cpu_delta, stack)
@@ -612,6 +656,7 @@ impl<S: SampleSink> Collector<S> {
                 p.forget_label_depths();
                 p.made_code = false;
                 self.stats.perf_maps.add(&p.perf_map.take_stats());
+                self.stats.jitdumps.add(&p.jit_dump.take_stats());
                 p.forget_perf_map();
                 p.python = Default::default();
                 p.space_source = SpaceSource::Kernel;
@@ -638,12 +683,13 @@ impl<S: SampleSink> Collector<S> {
                 }
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
-                    // Lines written up to its exit, before its pid can be reused.
-                    if p.perf_map.finish(t.pid, t.time.0) {
+                    // Lines and records written up to its exit, before its pid can be reused.
+                    if p.perf_map.finish(t.pid, t.time.0) | p.jit_dump.finish() {
                         p.space.touch();
                         p.name_late();
                     }
                     self.stats.perf_maps.add(&p.perf_map.take_stats());
+                    self.stats.jitdumps.add(&p.jit_dump.take_stats());
                     p.meta.end = Some(t.time);
                     p.exited = true;
                     self.processes.pending_exits.push_back((t.time, t.pid));
@@ -696,6 +742,14 @@ fn first_sight_space(
     stats.maps_reads += 1;
     stats.maps_reads_late += u64::from(stats.started);
     stats.maps_errors += u64::from(read_space_once(pid, p, modules).is_err());
+    // A JIT already running maps its jitdump (read from /proc, with the rest of its space).
+    let dump =
+        p.space.mappings().iter().find(|m| jitdump::is_dump_path(&modules.get(m.module).path));
+    if let Some(m) = dump {
+        let (range, path) = ((m.start, m.end), modules.get(m.module).path.clone());
+        p.jit_dump.found(|| jitdump::open_mapped(pid, range, None, &path));
+        stats.jitdumps.add(&p.jit_dump.take_stats());
+    }
 }
 
 /// Size of the vDSO image (the same in every process): ours, from /proc/self/maps, once.

@@ -528,7 +528,7 @@ fn map_file_holding(pid: Pid, addr: u64) -> Option<File> {
 }
 
 /// /proc/PID/maps prints the device as major:minor from the kernel's dev_t.
-fn dev_matches(st_dev: u64, maps_dev: u64) -> bool {
+pub fn dev_matches(st_dev: u64, maps_dev: u64) -> bool {
     let major = libc::major(st_dev) as u64;
     let minor = libc::minor(st_dev) as u64;
     (major << 32 | minor) == maps_dev

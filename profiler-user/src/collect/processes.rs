@@ -15,7 +15,10 @@ use crate::{
         process::{JitSymbol, ProcessMeta, ProcessesMeta},
         time::MonoNs,
     },
-    symbolize::perfmap::{self, ProcessPerfMap},
+    symbolize::{
+        jitdump::{self, ProcessJitDump},
+        perfmap::{self, ProcessPerfMap},
+    },
     system::cgroup::{fs::PathCache, membership::ProcessCgroup},
 };
 
@@ -65,11 +68,21 @@ pub struct ProcessInfo {
     label_depths: HashMap<(Tid, u32), (u64, u32)>,
     /// Its perf map, followed from its first JIT address on (see `symbolize::perfmap`).
     pub perf_map: ProcessPerfMap,
-    /// `meta.jit_symbols` by name, to give a name sampled again its id.
-    jit_ids: HashMap<Arc<str>, JitSymbolId>,
-    /// Addresses in anonymous executable memory stored unnamed, for lines read later to name
-    /// (`meta.jit_late`); at most `MAX_UNNAMED_JIT`.
-    unnamed_jit: std::collections::HashSet<u64>,
+    /// Its jitdump, followed from its mapping on (see `symbolize::jitdump`).
+    pub jit_dump: ProcessJitDump,
+    /// `meta.jit_symbols` by what they name, to give a name sampled again its id.
+    jit_ids: HashMap<JitKey, JitSymbolId>,
+    /// Addresses in anonymous executable memory stored unnamed, for lines or records read
+    /// later to name (`meta.jit_late`), with the first and last time a sample held them and
+    /// when their memory was mapped (u64::MAX once that changed between the samples): a
+    /// jitdump names them only if one code was there all that time; at most
+    /// `MAX_UNNAMED_JIT`.
+    unnamed_jit: HashMap<u64, (u64, u64, u64)>,
+    /// When each of its anonymous code mappings was made, as the kernel's records said (none
+    /// for mappings read from /proc): start → (end, time). Code a jitdump loaded before the
+    /// memory at its address was mapped lived in memory unmapped since, so it names nothing
+    /// there, even while the record of the code there now is still in the JIT's buffer.
+    anon_since: BTreeMap<u64, (u64, u64)>,
     /// Starts of its anonymous executable mappings that hold CPython perf trampolines (the
     /// perf map names their first one `py::…`), flagged to the walker, sorted.
     pub py_trampoline_arenas: Vec<u64>,
@@ -80,34 +93,66 @@ pub struct ProcessInfo {
     pub python_checked: u64,
 }
 
+/// What a JIT symbol stands for: its name, where the jitdump placed the sampled instruction,
+/// and which file named it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct JitKey {
+    name: Arc<str>,
+    line: Option<(Arc<str>, u32)>,
+    from_dump: bool,
+}
+
 impl ProcessInfo {
-    /// The id of JIT function `name` (None past `MAX_JIT_SYMBOLS`).
+    /// The id of JIT function `name`, as a perf map names it (None past `MAX_JIT_SYMBOLS`).
     pub fn jit_symbol(&mut self, name: &Arc<str>) -> Option<JitSymbolId> {
-        if let Some(&id) = self.jit_ids.get(name) {
+        self.jit_key_symbol(JitKey { name: name.clone(), line: None, from_dump: false })
+    }
+
+    /// The id of the code a jitdump placed at `addr`, with the line there.
+    pub fn jit_dump_symbol(&mut self, code: &jitdump::Code, addr: u64) -> Option<JitSymbolId> {
+        let line = code.line_at(addr).map(|(f, l)| (f.clone(), l));
+        self.jit_key_symbol(JitKey { name: code.name.clone(), line, from_dump: true })
+    }
+
+    fn jit_key_symbol(&mut self, key: JitKey) -> Option<JitSymbolId> {
+        if let Some(&id) = self.jit_ids.get(&key) {
             return Some(id);
         }
         if self.jit_ids.len() >= MAX_JIT_SYMBOLS {
             return None;
         }
         let id = JitSymbolId(self.meta.jit_symbols.len() as u32);
-        let language = perfmap::language(name, &self.meta.exe);
+        let language = perfmap::language(&key.name, &self.meta.exe);
         self.meta.jit_symbols.push(JitSymbol {
-            name: name.to_string(),
+            name: key.name.to_string(),
             language,
-            file: None,
-            line: None,
+            file: key.line.as_ref().map(|(f, _)| f.to_string()),
+            line: key.line.as_ref().map(|&(_, l)| l),
+            from_dump: key.from_dump,
             interpreter: false,
         });
-        self.jit_ids.insert(name.clone(), id);
+        self.jit_ids.insert(key, id);
         Some(id)
     }
 
-    /// A new image: its JIT code and perf map are new (ids already given stay valid).
+    /// A new image: its JIT code, perf map and jitdump are new (ids already given stay
+    /// valid).
     pub fn forget_perf_map(&mut self) {
         self.perf_map = ProcessPerfMap::default();
+        self.jit_dump = ProcessJitDump::default();
+        self.anon_since.clear();
         self.jit_ids.clear();
         self.unnamed_jit.clear();
         self.py_trampoline_arenas.clear();
+    }
+
+    /// The name the process's records give `addr` now, whatever the time: its jitdump's
+    /// latest code there, else its perf map's line.
+    fn jit_name_now(&self, addr: u64) -> Option<&Arc<str>> {
+        match self.jit_dump.latest(addr) {
+            Some(code) => Some(&code.name),
+            None => self.perf_map.lookup(addr),
+        }
     }
 
     /// Its perf map named more code: stacks cached with the old names are stale (a new space
@@ -128,7 +173,7 @@ impl ProcessInfo {
             .mappings()
             .iter()
             .filter(|m| m.module == anon)
-            .filter(|m| self.perf_map.lookup(m.start).is_some_and(|n| n.starts_with("py::")))
+            .filter(|m| self.jit_name_now(m.start).is_some_and(|n| n.starts_with("py::")))
             .map(|m| m.start)
             .collect();
         arenas.sort_unstable();
@@ -139,26 +184,78 @@ impl ProcessInfo {
         true
     }
 
-    /// Remembers an address in anonymous executable memory stored unnamed.
-    pub fn unnamed_jit(&mut self, addr: u64) {
-        if self.unnamed_jit.len() < MAX_UNNAMED_JIT {
-            self.unnamed_jit.insert(addr);
+    /// Remembers an address in anonymous executable memory stored unnamed by a sample at
+    /// time `t`, its memory mapped at `since`.
+    pub fn unnamed_jit(&mut self, addr: u64, t: u64, since: u64) {
+        if let Some(span) = self.unnamed_jit.get_mut(&addr) {
+            let since = if span.2 == since { since } else { u64::MAX };
+            *span = (span.0.min(t), span.1.max(t), since);
+        } else if self.unnamed_jit.len() < MAX_UNNAMED_JIT {
+            self.unnamed_jit.insert(addr, (t, t, since));
         }
     }
 
-    /// Names the unnamed addresses that the perf map's lines read so far name (the first
-    /// line read after their samples); called when new lines were read.
+    /// New anonymous code was mapped at `start..end` at `time`.
+    pub fn anon_mapped(&mut self, start: u64, end: u64, time: u64) {
+        self.anon_unmapped(start, end);
+        self.anon_since.insert(start, (end, time));
+    }
+
+    /// `start..end` no longer holds anonymous code.
+    pub fn anon_unmapped(&mut self, start: u64, end: u64) {
+        let cut: Vec<(u64, (u64, u64))> = self
+            .anon_since
+            .range(..end)
+            .rev()
+            .take_while(|(_, (e, _))| *e > start)
+            .map(|(&s, &v)| (s, v))
+            .collect();
+        for (s, (e, t)) in cut {
+            self.anon_since.remove(&s);
+            if s < start {
+                self.anon_since.insert(s, (start, t));
+            }
+            if e > end {
+                self.anon_since.insert(end, (e, t));
+            }
+        }
+    }
+
+    /// When the anonymous code mapping holding `addr` was made (0: not known).
+    pub fn anon_since_at(&self, addr: u64) -> u64 {
+        match self.anon_since.range(..=addr).next_back() {
+            Some((_, &(end, time))) if addr < end => time,
+            _ => 0,
+        }
+    }
+
+    /// Names the unnamed addresses that the records read so far name: the jitdump where one
+    /// code was there all the time samples held the address (an address whose code changed
+    /// meanwhile stays unnamed), else the perf map's line (the first one read after their
+    /// samples); called when new lines or records were read.
     pub fn name_late(&mut self) {
         if self.unnamed_jit.is_empty() {
             return;
         }
-        let named: Vec<(u64, Arc<str>)> = self
+        enum Late {
+            Dump(Arc<jitdump::Code>),
+            Map(Arc<str>),
+        }
+        let named: Vec<(u64, Late)> = self
             .unnamed_jit
             .iter()
-            .filter_map(|&a| Some((a, self.perf_map.lookup(a)?.clone())))
+            .filter_map(|(&a, &(t0, t1, since))| match self.jit_dump.over(a, t0, t1, since) {
+                jitdump::Over::Named(code) => Some((a, Late::Dump(code.clone()))),
+                jitdump::Over::Ambiguous => None,
+                jitdump::Over::NotCovered => Some((a, Late::Map(self.perf_map.lookup(a)?.clone()))),
+            })
             .collect();
-        for (addr, name) in named {
-            if let Some(id) = self.jit_symbol(&name) {
+        for (addr, late) in named {
+            let id = match late {
+                Late::Dump(code) => self.jit_dump_symbol(&code, addr),
+                Late::Map(name) => self.jit_symbol(&name),
+            };
+            if let Some(id) = id {
                 self.meta.jit_late.insert(addr, id);
                 self.unnamed_jit.remove(&addr);
             }
@@ -321,6 +418,31 @@ impl ProcessTable {
 
 #[cfg(test)]
 mod tests {
+    /// Anonymous code mapping times: a mapping cut by an unmap keeps its time for what is
+    /// left, memory mapped again takes the new time, and addresses outside know none.
+    #[test]
+    fn anonymous_code_remembers_when_it_was_mapped() {
+        let mut p = ProcessInfo::default();
+        p.anon_mapped(0x1000, 0x5000, 10);
+        assert_eq!(p.anon_since_at(0x1000), 10);
+        assert_eq!(p.anon_since_at(0x4fff), 10);
+        assert_eq!(p.anon_since_at(0x5000), 0);
+        p.anon_unmapped(0x2000, 0x3000);
+        assert_eq!(p.anon_since_at(0x2800), 0);
+        assert_eq!((p.anon_since_at(0x1fff), p.anon_since_at(0x3000)), (10, 10));
+        p.anon_mapped(0x2000, 0x3000, 20);
+        assert_eq!([0x1000, 0x2000, 0x2fff, 0x3000].map(|a| p.anon_since_at(a)), [10, 20, 20, 10]);
+        p.anon_mapped(0x0, 0x10000, 30);
+        assert_eq!(p.anon_since_at(0x2000), 30);
+        assert_eq!(p.anon_since.len(), 1);
+        // Samples of one address in two mappings of it: no one mapping time.
+        p.unnamed_jit(0x2000, 100, 20);
+        p.unnamed_jit(0x2000, 200, 20);
+        assert_eq!(p.unnamed_jit[&0x2000], (100, 200, 20));
+        p.unnamed_jit(0x2000, 300, 30);
+        assert_eq!(p.unnamed_jit[&0x2000], (100, 300, u64::MAX));
+    }
+
     use super::*;
     use crate::model::process::ThreadMeta;
 

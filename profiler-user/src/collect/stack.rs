@@ -13,6 +13,7 @@ use crate::{
         address::FrameAddr,
         ids::{LabelId, ModuleId, Pid},
     },
+    symbolize::jitdump::At,
     system::procfs::ProcError,
 };
 
@@ -23,20 +24,24 @@ pub struct Normalized {
     pub unmapped: u64,
     /// The user stack walk did not reach the root (a `Truncated` root frame was added).
     pub truncated: bool,
-    /// Frames in anonymous executable memory or in no mapping that the process's perf map
-    /// named, and those it did not (kept as addresses).
+    /// Frames in anonymous executable memory or in no mapping that the process's jitdump or
+    /// perf map named, and those they did not (kept as addresses).
     pub jit_named: u64,
     pub jit_unnamed: u64,
     /// The perf map was read on the way and named more code.
     pub perf_map_grew: bool,
+    /// The stack holds for this sample's time only (its jitdump names code at an address
+    /// that held other code later, or leaves an address unnamed whose samples' times name it
+    /// later): not to be served to other samples from the stack cache.
+    pub time_bound: bool,
 }
 
 /// Fills `frames` (cleared first) with the normalized stack of `s`, a sample of process `p`.
 /// An address outside every known mapping is counted and kept as an address: the mappings
 /// come from the kernel as they are made, so /proc would not know better (and by now may
 /// describe another image or nothing). Such an address, and one in anonymous memory (module
-/// `anon`), is looked up in the process's perf map: JIT code it names becomes a
-/// `FrameAddr::Jit`.
+/// `anon`), is looked up in the process's jitdump at the sample's time, else in its perf map:
+/// JIT code either names becomes a `FrameAddr::Jit`.
 pub fn normalize(
     s: &Sample,
     p: &mut ProcessInfo,
@@ -64,15 +69,45 @@ pub fn normalize(
         let lookup = if i == 0 { addr } else { addr.saturating_sub(1) };
         let found = p.space.lookup(lookup);
         if found.is_none_or(|(m, _)| m == anon) {
-            let name = p.perf_map.name(s.pid, lookup, s.time.0, &mut out.perf_map_grew);
+            let t = s.time.0;
+            let since = if found.is_some() { p.anon_since_at(lookup) } else { 0 };
+            let from_dump = match p.jit_dump.at(lookup, t, since) {
+                At::NotCovered => None,
+                At::Unknown => Some(None),
+                At::Named { code, superseded } => {
+                    out.time_bound |= superseded;
+                    let code = code.clone();
+                    Some(p.jit_dump_symbol(&code, lookup))
+                }
+            };
+            if let Some(symbol) = from_dump {
+                if let Some(symbol) = symbol {
+                    out.jit_named += 1;
+                    frames.push(FrameAddr::Jit { pid: s.pid, symbol });
+                    continue;
+                }
+                out.jit_unnamed += 1;
+                out.time_bound = true;
+                if found.is_some() {
+                    p.unnamed_jit(lookup, t, since);
+                    frames.push(FrameAddr::Anon { pid: s.pid, addr: lookup });
+                } else {
+                    out.unmapped += 1;
+                    frames.push(FrameAddr::Unmapped(addr));
+                }
+                continue;
+            }
+            let name = p.perf_map.name(s.pid, lookup, t, &mut out.perf_map_grew);
             if let Some(symbol) = name.and_then(|n| p.jit_symbol(&n)) {
                 out.jit_named += 1;
                 frames.push(FrameAddr::Jit { pid: s.pid, symbol });
                 continue;
             }
             out.jit_unnamed += 1;
+            // A process with a jitdump may still name the address, for these samples' times.
+            out.time_bound |= p.jit_dump.is_open();
             if found.is_some() {
-                p.unnamed_jit(lookup);
+                p.unnamed_jit(lookup, t, since);
                 frames.push(FrameAddr::Anon { pid: s.pid, addr: lookup });
                 continue;
             }

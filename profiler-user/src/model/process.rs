@@ -55,14 +55,16 @@ pub struct ProcessMeta {
     pub container: Option<Identity>,
     /// `rsprof:label_push` texts.
     pub labels: HashMap<LabelId, String>,
-    /// JIT functions its perf map named in samples, by `JitSymbolId`.
+    /// JIT functions its perf map or jitdump named in samples, by `JitSymbolId`.
     pub jit_symbols: Vec<JitSymbol>,
-    /// Addresses of `FrameAddr::Anon` frames that lines read after their samples named.
+    /// Addresses of `FrameAddr::Anon` frames that lines or records read after their samples
+    /// named.
     pub jit_late: HashMap<u64, super::ids::JitSymbolId>,
 }
 
-/// A JIT function as its runtime named it in its perf map, or a Python function (and line)
-/// read from the interpreter's frames.
+/// A JIT function as its runtime named it in its perf map or jitdump (with the file and line
+/// of the code sampled, where the jitdump's debug info gave them), or a Python function (and
+/// line) read from the interpreter's frames.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JitSymbol {
     pub name: String,
@@ -70,6 +72,8 @@ pub struct JitSymbol {
     /// Source file and line, where the runtime tells them.
     pub file: Option<String>,
     pub line: Option<u32>,
+    /// Named from a jitdump (else a perf map).
+    pub from_dump: bool,
     /// Read from the interpreter's own frames (`crate::python`), not named by a perf map.
     pub interpreter: bool,
 }

@@ -173,6 +173,7 @@ impl PyProcess {
             language: JitLanguage::Python,
             file,
             line,
+            from_dump: false,
             interpreter: true,
         });
         e.lines.insert(line, symbol);

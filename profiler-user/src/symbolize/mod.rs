@@ -7,6 +7,7 @@ pub mod cache;
 pub mod debuginfod;
 mod dwarf;
 pub mod gopclntab;
+pub mod jitdump;
 pub mod pages;
 pub mod perfmap;
 
@@ -37,6 +38,8 @@ use crate::{
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 /// The "library" of JIT frames named from perf maps.
 pub const JIT_MODULE: &str = "[jit]";
+/// The "library" of JIT frames named from jitdumps.
+pub const JITDUMP_MODULE: &str = "[jitdump]";
 /// The "library" of the root pseudo-frame of a truncated user stack.
 pub const TRUNCATED_MODULE: &str = "rsprof unwind";
 
@@ -202,8 +205,8 @@ pub const PYTHON_MODULE: &str = "[python]";
 /// The "library" of frames in anonymous executable memory no perf map named.
 pub const ANON_MODULE: &str = "[anon]";
 
-/// Adds a frame for every JIT address, named as its process's perf map named it (at the
-/// sample, or by a line read later), or `0x… (in [anon])`.
+/// Adds a frame for every JIT address, named as its process's jitdump or perf map named it (at
+/// the sample, or by a record or line read later), or `0x… (in [anon])`.
 pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &ProcessesMeta) {
     for &a in addrs {
         let (pid, symbol) = match a {
@@ -221,29 +224,33 @@ pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Processe
             _ => continue,
         };
         let named = processes.get(&pid).and_then(|p| p.jit_symbols.get(symbol.0 as usize));
-        let (function, kind, module, file, line) = match named {
-            Some(s) => {
-                let module = if s.interpreter { PYTHON_MODULE } else { JIT_MODULE };
-                (s.name.clone(), FrameKind::Jit(s.language), module, s.file.clone(), s.line)
-            }
-            // Its process was forgotten while the frame was stored (not expected).
-            None => {
-                let kind = FrameKind::Jit(JitLanguage::Other);
-                (format!("jit {}", symbol.0), kind, JIT_MODULE, None, None)
-            }
-        };
-        symbols.insert(
-            a,
-            vec![Frame {
-                kind,
-                function,
-                module: module.into(),
-                file,
-                line,
+        let frame = match named {
+            Some(s) => Frame {
+                kind: FrameKind::Jit(s.language),
+                function: s.name.clone(),
+                module: match (s.interpreter, s.from_dump) {
+                    (true, _) => PYTHON_MODULE,
+                    (false, true) => JITDUMP_MODULE,
+                    (false, false) => JIT_MODULE,
+                }
+                .into(),
+                file: s.file.clone(),
+                line: s.line,
                 column: None,
                 inlined: false,
-            }],
-        );
+            },
+            // Its process was forgotten while the frame was stored (not expected).
+            None => Frame {
+                kind: FrameKind::Jit(JitLanguage::Other),
+                function: format!("jit {}", symbol.0),
+                module: JIT_MODULE.into(),
+                file: None,
+                line: None,
+                column: None,
+                inlined: false,
+            },
+        };
+        symbols.insert(a, vec![frame]);
     }
 }
 

@@ -31,6 +31,10 @@ pub const MAX_MAP_BYTES: u64 = 64 << 20;
 const MAX_LINE: usize = 64 << 10;
 /// Bytes read per `read` call.
 const CHUNK: usize = 256 << 10;
+/// Bytes read per `MapFile::read_tail` at most: a long map (a JDK snapshot, or one near the
+/// bound) is read over several calls, so no drain stalls the event loop for long (64 MiB
+/// at once took long enough to fill the ring).
+const READ_PER_CALL: u64 = 4 << 20;
 
 /// What reading maps ran into, for the summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -192,7 +196,13 @@ impl MapFile {
         self.size_seen = size;
         let before = self.map.stats.lines;
         let mut buf = Vec::new();
+        let mut this_call = 0;
         while self.offset < size {
+            if this_call >= READ_PER_CALL {
+                // The rest at the next call (which must not take the file for unchanged).
+                self.size_seen = u64::MAX;
+                break;
+            }
             let room = MAX_MAP_BYTES.saturating_sub(self.read);
             if room == 0 {
                 self.map.stats.over_bound = 1;
@@ -209,6 +219,7 @@ impl MapFile {
                 Ok(n) => n,
             };
             buf.truncate(start + n);
+            this_call += n as u64;
             self.read += n as u64;
             self.map.stats.bytes += n as u64;
             let used = self.map.feed(&buf);
@@ -239,7 +250,7 @@ pub enum OpenError {
 
 /// The process's pid in its own pid namespace (`NStgid`, innermost) and its user ids (real,
 /// effective, saved, filesystem), from /proc/PID/status.
-fn status(pid: Pid) -> Option<(u32, [u32; 4])> {
+pub(crate) fn status(pid: Pid) -> Option<(u32, [u32; 4])> {
     let text = std::fs::read_to_string(format!("/proc/{}/status", pid.0)).ok()?;
     let mut nstgid = None;
     let mut uids = None;
@@ -291,7 +302,14 @@ impl Identity {
 
 /// Opens `tmp/perf-NSTGID.map` under `root` (see `open`).
 fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
-    let root = CString::new(root).expect("no NUL");
+    open_in_root(root, &format!("tmp/perf-{nstgid}.map"), uids)
+}
+
+/// Opens `path` (relative) under `root` as `open` does: symlinks resolved inside the root,
+/// none followed at the last component, never blocking, only a regular file owned by one of
+/// `uids`.
+pub(crate) fn open_in_root(root: &str, path: &str, uids: [u32; 4]) -> Result<File, OpenError> {
+    let root = CString::new(root).map_err(|_| OpenError::Missing)?;
     // SAFETY: plain syscalls on NUL-terminated paths; each fd returned is owned once.
     let root_fd =
         unsafe { libc::open(root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
@@ -300,7 +318,7 @@ fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
     }
     // SAFETY: `root_fd` was just opened and is owned here.
     let root_dir = unsafe { std::os::fd::OwnedFd::from_raw_fd(root_fd) };
-    let path = CString::new(format!("tmp/perf-{nstgid}.map")).expect("no NUL");
+    let path = CString::new(path).map_err(|_| OpenError::Missing)?;
     // SAFETY: `open_how` is plain integers; all zero is its "no flags" value.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
@@ -324,6 +342,11 @@ fn open_in(root: &str, nstgid: u32, uids: [u32; 4]) -> Result<File, OpenError> {
     }
     // SAFETY: `fd` was just opened and is owned by the `File` alone.
     let file = unsafe { File::from_raw_fd(fd as i32) };
+    owned_regular_file(file, uids)
+}
+
+/// `file` if it is a regular file owned by one of `uids`.
+pub(crate) fn owned_regular_file(file: File, uids: [u32; 4]) -> Result<File, OpenError> {
     let meta = file.metadata().map_err(|_| OpenError::Missing)?;
     use std::os::unix::fs::MetadataExt as _;
     if !meta.file_type().is_file() {
@@ -646,6 +669,8 @@ mod tests {
         std::fs::write(&path, &text).unwrap();
         let mut f = MapFile::new(File::open(&path).unwrap());
         assert!(f.read_tail());
+        assert!(f.map.stats.bytes <= READ_PER_CALL + CHUNK as u64, "one call reads a part");
+        while f.read_tail() {}
         assert_eq!(f.map.stats.bytes, MAX_MAP_BYTES);
         assert_eq!(f.map.stats.over_bound, 1);
         assert!(f.map.lookup(0x2000).is_none());

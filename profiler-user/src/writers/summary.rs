@@ -18,7 +18,7 @@ use crate::{
         stacks::{FrameIndex, FrameKind, SymbolizedStacks},
     },
     store::StoreStats,
-    symbolize::{ANON_MODULE, PYTHON_MODULE, SymbolizeErrors},
+    symbolize::{ANON_MODULE, JITDUMP_MODULE, PYTHON_MODULE, SymbolizeErrors},
     writers::{EventSink, Format, ProfileContext},
 };
 
@@ -39,9 +39,10 @@ pub struct ProfileStats {
     pub dropped_events: u64,
     /// Corrupt chunks or blocks found while reading storage (skipped).
     pub corrupt: Vec<String>,
-    /// Frames of samples named from perf maps, frames in anonymous executable memory left
-    /// unnamed, and the processes with such frames.
+    /// Frames of samples named from perf maps, from jitdumps, frames in anonymous executable
+    /// memory left unnamed, and the processes with such frames.
     pub jit_named_frames: u64,
+    pub jit_dump_frames: u64,
     pub jit_unnamed_frames: u64,
     pub jit_unnamed_processes: usize,
 }
@@ -53,8 +54,9 @@ pub struct SummaryCounts<'a> {
     threads: HashSet<ThreadKey>,
     processes: HashSet<Option<Pid>>,
     leaves: HashMap<FrameIndex, u64>,
-    /// (JIT frames named, anonymous frames unnamed) of each stack, root to leaf.
-    jit: HashMap<StackId, (u32, u32)>,
+    /// (JIT frames named from perf maps, from jitdumps, anonymous frames unnamed) of each
+    /// stack, root to leaf.
+    jit: HashMap<StackId, (u32, u32, u32)>,
     jit_unnamed_processes: HashSet<Pid>,
 }
 
@@ -71,12 +73,12 @@ impl<'a> SummaryCounts<'a> {
         }
     }
 
-    /// JIT frames named and anonymous frames left unnamed on stack `id`, each node counted
-    /// once.
-    fn jit_frames(&mut self, id: StackId) -> (u32, u32) {
+    /// JIT frames named (from perf maps, from jitdumps) and anonymous frames left unnamed on
+    /// stack `id`, each node counted once.
+    fn jit_frames(&mut self, id: StackId) -> (u32, u32, u32) {
         let mut path = Vec::new();
         let mut cur = Some(id);
-        let mut base = (0, 0);
+        let mut base = (0, 0, 0);
         while let Some(i) = cur {
             if let Some(&known) = self.jit.get(&i) {
                 base = known;
@@ -91,9 +93,13 @@ impl<'a> SummaryCounts<'a> {
                 match self.stacks.frame(f) {
                     // Python frames read from the interpreter have their own line.
                     Some(f) if matches!(f.kind, FrameKind::Jit(_)) && f.module != PYTHON_MODULE => {
-                        base.0 += 1
+                        if f.module == JITDUMP_MODULE {
+                            base.1 += 1;
+                        } else {
+                            base.0 += 1;
+                        }
                     }
-                    Some(f) if f.kind == FrameKind::User && f.module == ANON_MODULE => base.1 += 1,
+                    Some(f) if f.kind == FrameKind::User && f.module == ANON_MODULE => base.2 += 1,
                     _ => {}
                 }
             }
@@ -138,8 +144,9 @@ impl EventSink for SummaryCounts<'_> {
             *self.leaves.entry(leaf).or_default() += 1;
         }
         if let Some(id) = s.stack {
-            let (named, unnamed) = self.jit_frames(id);
+            let (named, from_dump, unnamed) = self.jit_frames(id);
             self.stats.jit_named_frames += u64::from(named);
+            self.stats.jit_dump_frames += u64::from(from_dump);
             self.stats.jit_unnamed_frames += u64::from(unnamed);
             if let (true, Some(pid)) = (unnamed > 0, thread.pid()) {
                 self.jit_unnamed_processes.insert(pid);
@@ -345,11 +352,35 @@ pub fn render(i: &SummaryInput) -> String {
         }
     }
     let p = i.profile;
-    if p.jit_named_frames + p.jit_unnamed_frames > 0 {
+    if p.jit_named_frames + p.jit_dump_frames + p.jit_unnamed_frames > 0 {
         let _ = writeln!(
             s,
-            "JIT frames: {} named from perf maps, {} unnamed in {} processes",
-            p.jit_named_frames, p.jit_unnamed_frames, p.jit_unnamed_processes
+            "JIT frames: {} named from perf maps, {} from jitdump, {} unnamed in {} processes",
+            p.jit_named_frames, p.jit_dump_frames, p.jit_unnamed_frames, p.jit_unnamed_processes
+        );
+    }
+    let d = &i.stats.jitdumps;
+    if d.opened + d.refused > 0 {
+        let _ = writeln!(
+            s,
+            "  jitdumps: {} read ({} code loads, {} moves, {} debug-info, {} unwinding-info, {} \
+             close records; {}), {} refused (not a regular file, another user's, not the file \
+             mapped), {} with a bad header, {} stopped at a bad record, {} records of unknown \
+             kinds skipped, {} stopped at the {} bound, {} timed by the CPU counter",
+            d.opened,
+            d.loads,
+            d.moves,
+            d.debug_info,
+            d.unwinding_info,
+            d.closes,
+            human_bytes(d.bytes as usize).trim(),
+            d.refused,
+            d.bad_header,
+            d.bad_record,
+            d.unknown,
+            d.over_bound,
+            human_bytes(crate::symbolize::jitdump::MAX_DUMP_BYTES as usize).trim(),
+            d.arch_timestamps
         );
     }
     if let Some(line) = i.stats.python.render() {
