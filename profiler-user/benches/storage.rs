@@ -208,7 +208,7 @@ fn main() {
         Format::Gecko,
         &snap,
         &procs,
-        (&symbols, &Default::default()),
+        (&symbols, &Default::default(), &Default::default()),
         &info,
         &[],
         &[],

@@ -16,6 +16,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{
     agent::{
         labels::WindowLabels,
+        names,
         rows::{self, Stacks, WindowRows},
         sinks::clickhouse,
         spool::{WindowMeta, read_windows},
@@ -30,6 +31,7 @@ use crate::{
         stacks::{Frame, FrameIndex, SymbolizedStacks},
         time::MonoNs,
     },
+    symbolize::by_build_id::{self, ByBuildId},
     writers::{Format, ProfileContext},
 };
 
@@ -91,8 +93,13 @@ pub enum Source<'a> {
 }
 
 impl Source<'_> {
-    /// The selected windows, oldest first, and their stacks.
-    pub fn read(&self, sel: &Selection) -> Result<(Vec<WindowRows>, Stacks)> {
+    /// The selected windows, oldest first, and their stacks, the frames their agents left
+    /// unnamed named by `names` where it can.
+    pub fn read(
+        &self,
+        sel: &Selection,
+        names: &mut ByBuildId,
+    ) -> Result<(Vec<WindowRows>, Stacks)> {
         match self {
             Self::Spool(dir) => {
                 let mut stacks = Stacks::new();
@@ -103,8 +110,9 @@ impl Source<'_> {
                     }
                     let raw =
                         std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-                    let p =
+                    let mut p =
                         rows::read_pprof_gz(&raw).with_context(|| format!("{}", path.display()))?;
+                    names::name_locations(&mut p, names);
                     let mut w = rows::from_pprof(meta, &p, &mut stacks)?;
                     if sel.filters_rows() {
                         w.rows.retain(|r| sel.selects_row(r));
@@ -139,6 +147,8 @@ pub struct QueryWritten {
     pub samples: u64,
     pub tracks: usize,
     pub format: Format,
+    /// What naming the frames agents left unnamed did.
+    pub names: by_build_id::Stats,
 }
 
 /// Parses an RFC 3339 time or one relative to `now_ms` (`-1h`, `-90s`, `now`) into ms since
@@ -190,7 +200,9 @@ impl<'a> Query<'a> {
     pub fn run(&self) -> Result<QueryWritten> {
         let output = PendingOutput::create(&self.args.output)?.compress(self.args.compress);
         let source = self.source();
-        let (windows, stacks) = source.read(&self.selection)?;
+        let debuginfod = self.args.debuginfod.config(self.args.quiet);
+        let mut names = ByBuildId::new(self.args.debug_dir.clone(), debuginfod);
+        let (windows, stacks) = source.read(&self.selection, &mut names)?;
         if windows.is_empty() {
             bail!("no window in {} matches", source.describe());
         }
@@ -258,6 +270,7 @@ impl<'a> Query<'a> {
             samples,
             tracks: merged.tracks.len(),
             format: self.format,
+            names: names.stats,
         })
     }
 }

@@ -20,7 +20,7 @@ use crate::{
         markers::{Marker, MarkerPhase, MarkerSchema, MarkerValue},
         process::{ProcessMeta, ProcessesMeta},
         recording::RecordingInfo,
-        stacks::SymbolizedStacks,
+        stacks::{Frame, SymbolizedStacks},
         time::MonoNs,
     },
     store::{
@@ -30,7 +30,7 @@ use crate::{
     },
     symbolize::{
         ModuleSource, SymbolizeErrors, Symbols, module_build_ids, module_sources, name_jit,
-        name_labels, symbolize,
+        name_labels, symbolize, unnamed_addresses,
     },
     writers::{
         EventSink, Format, ProfileContext,
@@ -179,10 +179,12 @@ impl ExportJob {
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(crate::symbolize::named_from_processes);
         let build_ids = module_build_ids(&self.modules);
+        let modules = self.modules.clone();
         let (mut symbols, errors) = match symbolizer {
             Some(s) => s.symbolize(addrs, std::mem::take(&mut self.modules))?,
             None => symbolize(addrs, std::mem::take(&mut self.modules))?,
         };
+        let addresses = unnamed_addresses(&symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);
         name_jit(&mut symbols, &labels, &self.processes);
         let me = Pid(std::process::id());
@@ -203,6 +205,7 @@ impl ExportJob {
             processes: self.processes,
             symbols,
             build_ids,
+            addresses,
             info: self.info,
             marker_schemas: self.marker_schemas,
             open: self.open,
@@ -219,6 +222,8 @@ struct Prepared {
     symbols: Symbols,
     /// Build-ids by module name, for writers whose mappings carry them.
     build_ids: HashMap<String, String>,
+    /// ELF addresses of unnamed frames (see `unnamed_addresses`).
+    addresses: HashMap<Frame, u64>,
     info: RecordingInfo,
     marker_schemas: Vec<MarkerSchema>,
     open: Vec<(ThreadKey, Marker)>,
@@ -236,7 +241,7 @@ impl Prepared {
             format,
             &self.snapshot,
             &self.processes,
-            (&self.symbols, &self.build_ids),
+            (&self.symbols, &self.build_ids, &self.addresses),
             &self.info,
             &self.marker_schemas,
             &self.open,
@@ -253,6 +258,8 @@ pub struct Symbolized {
     pub symbols: Symbols,
     /// Build-ids by module name (see `module_build_ids`).
     pub build_ids: HashMap<String, String>,
+    /// ELF addresses of unnamed frames (see `unnamed_addresses`).
+    pub addresses: HashMap<Frame, u64>,
     pub info: RecordingInfo,
     pub errors: SymbolizeErrors,
 }
@@ -287,10 +294,12 @@ impl ExportJob {
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(crate::symbolize::named_from_processes);
         let build_ids = module_build_ids(&self.modules);
+        let modules = self.modules.clone();
         let (mut symbols, errors) = match service {
             Some(s) => s.symbolize(addrs, self.modules)?,
             None => symbolize(addrs, self.modules)?,
         };
+        let addresses = unnamed_addresses(&symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);
         name_jit(&mut symbols, &labels, &self.processes);
         Ok(Symbolized {
@@ -298,6 +307,7 @@ impl ExportJob {
             processes: self.processes,
             symbols,
             build_ids,
+            addresses,
             info: self.info,
             errors,
         })
@@ -308,6 +318,7 @@ impl Symbolized {
     pub fn stacks(&self) -> SymbolizedStacks {
         let mut stacks = SymbolizedStacks::new(&self.snapshot.stacks, &self.symbols);
         stacks.module_build_ids.clone_from(&self.build_ids);
+        stacks.set_addresses(&self.addresses);
         stacks
     }
 
@@ -325,7 +336,7 @@ pub fn write_profile(
     format: Format,
     snapshot: &StoreSnapshot,
     processes: &ProcessesMeta,
-    (symbols, build_ids): (&Symbols, &HashMap<String, String>),
+    (symbols, build_ids, addresses): (&Symbols, &HashMap<String, String>, &HashMap<Frame, u64>),
     info: &RecordingInfo,
     marker_schemas: &[MarkerSchema],
     open: &[(ThreadKey, Marker)],
@@ -334,6 +345,7 @@ pub fn write_profile(
 ) -> std::io::Result<(ProfileStats, bool)> {
     let mut stacks = SymbolizedStacks::new(&snapshot.stacks, symbols);
     stacks.module_build_ids.clone_from(build_ids);
+    stacks.set_addresses(addresses);
     let ctx = ProfileContext {
         info,
         stacks: &stacks,

@@ -62,6 +62,9 @@ pub struct SymbolizedStacks {
     same_display: Vec<FrameIndex>,
     /// GNU build-id (hex) of modules by the name frames carry, where known and unambiguous.
     pub module_build_ids: HashMap<String, String>,
+    /// ELF virtual address of frames left unnamed in files with a build-id (see
+    /// `symbolize::unnamed_addresses`), for writers that keep addresses.
+    pub addresses: HashMap<FrameIndex, u64>,
 }
 
 impl SymbolizedStacks {
@@ -113,7 +116,24 @@ impl SymbolizedStacks {
             })
             .collect();
         let same_display = same_display(&frames);
-        Self { frames, nodes, frame_lists, same_display, module_build_ids: HashMap::new() }
+        Self {
+            frames,
+            nodes,
+            frame_lists,
+            same_display,
+            module_build_ids: HashMap::new(),
+            addresses: HashMap::new(),
+        }
+    }
+
+    /// Sets the addresses of unnamed frames (`addresses`) from `by_frame`.
+    pub fn set_addresses(&mut self, by_frame: &HashMap<Frame, u64>) {
+        if by_frame.is_empty() {
+            return;
+        }
+        self.addresses = (self.frames.iter().enumerate())
+            .filter_map(|(i, f)| Some((FrameIndex(i as u32), *by_frame.get(f)?)))
+            .collect();
     }
 
     /// Frames that display the same (equal but for `inlined`) share this index.
