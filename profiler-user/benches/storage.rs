@@ -176,6 +176,7 @@ fn main() {
                     line: None,
                     column: None,
                     inlined: false,
+                    elf: None,
                 }],
             )
         })
@@ -208,7 +209,7 @@ fn main() {
         Format::Gecko,
         &snap,
         &procs,
-        (&symbols, &Default::default(), &Default::default()),
+        (&symbols, &Default::default()),
         &info,
         &[],
         &[],

@@ -272,12 +272,16 @@ fn servers_down_missing_garbage_or_silent_leave_addresses_counted() -> Result<()
 /// `rsprof-bpf query` of `spool` (the fixture's process only) with `args`, the debuginfod
 /// cache at `cache`: the merged profile and query's stderr.
 fn query(spool: &Path, cache: &Path, args: &[&str], out: &Path) -> Result<(Value, String)> {
+    query_from(&["--spool", spool.to_str().unwrap()], cache, args, out)
+}
+
+/// `query`, of the windows `source` says.
+fn query_from(source: &[&str], cache: &Path, args: &[&str], out: &Path) -> Result<(Value, String)> {
     let done = harness::command()?
         .env_remove("DEBUGINFOD_URLS")
         .env("DEBUGINFOD_CACHE_PATH", cache)
         .arg("query")
-        .arg("--spool")
-        .arg(spool)
+        .args(source)
         .args(["--process", NAME, "-o"])
         .arg(out)
         .args(args)
@@ -381,6 +385,107 @@ fn agent_leaves_addresses_that_query_names_from_debug_files() -> Result<()> {
         .filter(|l| l.contains(&format!("GET /buildid/{}/debuginfo 200 ", stripped.build_id)))
         .count();
     assert_eq!(asked, 2, "the probe and query's:\n{}", server.log());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `(named, by the database's names, stored there)` of query's report.
+fn query_store_counts(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rsprof-bpf: addresses agents left unnamed (stripped files): ")
+        })
+        .unwrap_or_else(|| panic!("no report on unnamed addresses:\n{stderr}"));
+    let n: Vec<u64> = line.split([' ', '(', ',']).filter_map(|w| w.parse().ok()).collect();
+    (n[0], n[1], n[2])
+}
+
+/// The agent's ClickHouse sink keeps the unnamed frames' build-id and address; the first
+/// `query --clickhouse` that names them (from a debug directory) stores the names in the
+/// database, and later queries, with no debug file anywhere, name them from there.
+#[test]
+fn clickhouse_keeps_addresses_and_the_names_a_query_found() -> Result<()> {
+    let dir = temp_dir("ch");
+    let stripped = stripped_fixture("split", &dir, NAME)?;
+    let server = tests::clickhouse::Server::start()?;
+    let url = server.url();
+    let tree = tests::cgroups::CgroupTree::create("dbgd-ch")?;
+    let cg = tree.mkdir("app")?;
+    let spool = dir.join("spool");
+    // Only the fixture's cgroup: the sink keeps up with one process's windows.
+    let agent = tests::agent::Agent::start(&[
+        "--spool",
+        spool.to_str().unwrap(),
+        "--clickhouse",
+        &url,
+        "--window",
+        "1",
+        "-F",
+        "499",
+        "--cgroup",
+        cg.to_str().unwrap(),
+    ]);
+    let ran = std::process::Command::new("/bin/sh")
+        .args(["-c", r#"echo $$ > "$1/cgroup.procs" && exec "$2" 3"#, "sh"])
+        .arg(&cg)
+        .arg(&stripped.exe)
+        .stdout(Stdio::null())
+        .status()?;
+    assert!(ran.success(), "{ran}");
+    let (status, agent_err) = agent.stop(libc::SIGTERM, Duration::from_secs(10));
+    assert!(status.success(), "agent failed:\n{agent_err}");
+    assert!(agent_err.contains(" rejected"), "no sink line:\n{agent_err}");
+    let id = &stripped.build_id;
+    let kept = server.query(&format!(
+        "SELECT count() FROM rsprof_stacks ARRAY JOIN build_ids AS b, addrs AS a WHERE b = \
+         '{id}' AND a != 0 FORMAT TSV"
+    ))?;
+    assert!(kept.trim().parse::<u64>()? > 0, "no frame of {id} kept:\n{agent_err}");
+
+    let cache = dir.join("cache");
+    let ch = ["--clickhouse", url.as_str()];
+    // Nothing to name them with: addresses, counted, nothing stored.
+    let (profile, err) = query_from(&ch, &cache, &["--no-debuginfod"], &dir.join("c0.json"))?;
+    let leaves = query_leaves(&profile);
+    assert!(leaves.len() > 300, "{} fixture samples:\n{err}\n{agent_err}", leaves.len());
+    assert!(unnamed(&leaves) >= leaves.len() * 9 / 10, "{:?}", &leaves[..10]);
+    assert_eq!(query_store_counts(&err), (0, 0, 0), "{err}");
+
+    let check = |profile: &Value| {
+        let leaves = query_leaves(profile);
+        let (a, b) = (
+            named_with_line(&leaves, &stripped, "hot_a"),
+            named_with_line(&leaves, &stripped, "hot_b"),
+        );
+        assert!(a + b >= leaves.len() * 9 / 10, "{a}+{b} of {}: {:?}", leaves.len(), &leaves[..10]);
+        assert!(a > 2 * b && b > 0, "hot_a {a}, hot_b {b}");
+    };
+    // Named from a debug directory, the names stored.
+    let root = dir.join("debug-root");
+    let (head, rest) = id.split_at(2);
+    std::fs::create_dir_all(root.join(".build-id").join(head))?;
+    std::fs::copy(
+        stripped.debug_dir.join(format!("{NAME}.debug")),
+        root.join(".build-id").join(head).join(format!("{rest}.debug")),
+    )?;
+    let args = ["--no-debuginfod", "--debug-dir", root.to_str().unwrap()];
+    let (profile, err) = query_from(&ch, &cache, &args, &dir.join("c1.json"))?;
+    check(&profile);
+    let (named, from_db, stored) = query_store_counts(&err);
+    assert!(named > 0 && from_db == 0 && stored == named, "{err}");
+    let held = server.query(&format!(
+        "SELECT count(), countIf(has(functions, 'hot_a')) FROM rsprof_names WHERE build_id = \
+         '{id}' FORMAT TSV"
+    ))?;
+    let held: Vec<u64> = held.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    assert!(held[0] >= stored && held[1] > 0, "rsprof_names holds {held:?} of {stored}");
+
+    // No debug file anywhere now: named from the database's names alone.
+    let (profile, err) = query_from(&ch, &cache, &["--no-debuginfod"], &dir.join("c2.json"))?;
+    check(&profile);
+    let (named2, from_db, stored) = query_store_counts(&err);
+    assert!(named2 == named && from_db == named && stored == 0, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

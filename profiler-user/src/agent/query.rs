@@ -93,13 +93,8 @@ pub enum Source<'a> {
 }
 
 impl Source<'_> {
-    /// The selected windows, oldest first, and their stacks, the frames their agents left
-    /// unnamed named by `names` where it can.
-    pub fn read(
-        &self,
-        sel: &Selection,
-        names: &mut ByBuildId,
-    ) -> Result<(Vec<WindowRows>, Stacks)> {
+    /// The selected windows, oldest first, and their stacks.
+    pub fn read(&self, sel: &Selection) -> Result<(Vec<WindowRows>, Stacks)> {
         match self {
             Self::Spool(dir) => {
                 let mut stacks = Stacks::new();
@@ -110,9 +105,8 @@ impl Source<'_> {
                     }
                     let raw =
                         std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
-                    let mut p =
+                    let p =
                         rows::read_pprof_gz(&raw).with_context(|| format!("{}", path.display()))?;
-                    names::name_locations(&mut p, names);
                     let mut w = rows::from_pprof(meta, &p, &mut stacks)?;
                     if sel.filters_rows() {
                         w.rows.retain(|r| sel.selects_row(r));
@@ -202,7 +196,26 @@ impl<'a> Query<'a> {
         let source = self.source();
         let debuginfod = self.args.debuginfod.config(self.args.quiet);
         let mut names = ByBuildId::new(self.args.debug_dir.clone(), debuginfod);
-        let (windows, stacks) = source.read(&self.selection, &mut names)?;
+        let (windows, mut stacks) = source.read(&self.selection)?;
+        // Only the selected rows' stacks are named (a spool's windows hold every process's).
+        let used: std::collections::HashSet<u64> =
+            windows.iter().flat_map(|w| w.rows.iter().map(|r| r.stack)).collect();
+        stacks.retain(|h, _| used.contains(h));
+        // A database keeps what queries named, for the next ones.
+        if let Source::ClickHouse(url) = source {
+            match clickhouse::stored_names(url, &names::unnamed(&stacks)) {
+                Ok(known) => names.known(known),
+                Err(e) => names.stats.store_error = Some(format!("{e:#}")),
+            }
+        }
+        names::name_stacks(&mut stacks, &mut names);
+        if let Source::ClickHouse(url) = source {
+            let fresh = names.fresh();
+            match clickhouse::store_names(url, &fresh) {
+                Ok(()) => names.stats.stored += fresh.len() as u64,
+                Err(e) => names.stats.store_error = Some(format!("{e:#}")),
+            }
+        }
         if windows.is_empty() {
             bail!("no window in {} matches", source.describe());
         }

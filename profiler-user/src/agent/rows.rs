@@ -10,8 +10,8 @@ use prost::Message as _;
 
 use crate::{
     agent::spool::WindowMeta,
-    model::stacks::{Frame, FrameKind, JitLanguage},
-    symbolize::{JIT_MODULE, KERNEL_MODULE, LABEL_MODULE},
+    model::stacks::{ElfAddress, Frame, FrameKind, JitLanguage},
+    symbolize::{JIT_MODULE, KERNEL_MODULE, LABEL_MODULE, unnamed_offset},
     writers::pprof::proto,
 };
 
@@ -73,6 +73,11 @@ pub fn stack_hash(frames: &[Frame]) -> u64 {
         eat(&f.line.unwrap_or(0).to_le_bytes());
         eat(&f.column.unwrap_or(0).to_le_bytes());
         eat(&[u8::from(f.inlined)]);
+        // Only unnamed frames have one, so the hashes of other stacks stay as they were.
+        if let Some(e) = &f.elf {
+            eat(e.build_id.as_bytes());
+            eat(&e.address.to_le_bytes());
+        }
     }
     h.max(1)
 }
@@ -92,8 +97,10 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
     // Each location's frames, outermost first (pprof lists the innermost inlined first).
     let mut locations: HashMap<u64, Vec<Frame>> = HashMap::new();
     for loc in &p.location {
-        let module = mappings.get(&loc.mapping_id).map_or("[unknown]", |m| s(m.filename));
-        let frames = (loc.line.iter().rev().enumerate())
+        let mapping = mappings.get(&loc.mapping_id);
+        let module = mapping.map_or("[unknown]", |m| s(m.filename));
+        let build_id = mapping.map_or("", |m| s(m.build_id));
+        let mut frames: Vec<Frame> = (loc.line.iter().rev().enumerate())
             .map(|(i, l)| {
                 let f = functions.get(&l.function_id);
                 Frame {
@@ -105,9 +112,19 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
                     column: u32::try_from(l.column).ok().filter(|&x| x > 0),
                     // All but the outermost of a location were inlined into the one before.
                     inlined: i > 0,
+                    elf: None,
                 }
             })
             .collect();
+        // A frame its agent left unnamed keeps where it is, to be named later (`query`).
+        if let [f] = frames.as_mut_slice()
+            && loc.address != 0
+            && !build_id.is_empty()
+            && unnamed_offset(f).is_some()
+        {
+            let build_id = build_id.to_owned();
+            f.elf = Some(Box::new(ElfAddress { build_id, address: loc.address }));
+        }
         locations.insert(loc.id, frames);
     }
     let value_index = |name: &str| p.sample_type.iter().position(|t| s(t.r#type) == name);

@@ -23,11 +23,18 @@ pub fn run(args: QueryArgs) -> Result<()> {
         written.format
     );
     let n = &written.names;
-    if n.named + n.unnamed > 0 {
+    if n.named + n.unnamed + n.from_store > 0 {
+        let database = match args.clickhouse {
+            Some(_) => {
+                format!(" ({} by names the database held, {} stored there)", n.from_store, n.stored)
+            }
+            None => String::new(),
+        };
         eprintln!(
-            "rsprof-bpf: addresses agents left unnamed (stripped files): {} named, {} left as \
-             addresses",
-            n.named, n.unnamed
+            "rsprof-bpf: addresses agents left unnamed (stripped files): {} named{database}, {} \
+             left as addresses",
+            n.named + n.from_store,
+            n.unnamed
         );
         eprintln!(
             "rsprof-bpf: their debug files: {} from --debug-dir, {} found nowhere{}",
@@ -53,6 +60,9 @@ pub fn run(args: QueryArgs) -> Result<()> {
         if let Some(e) = &d.last_error {
             eprintln!("rsprof-bpf: warning: debuginfod: {e}");
         }
+    }
+    if let Some(e) = &n.store_error {
+        eprintln!("rsprof-bpf: warning: ClickHouse's names of unnamed addresses: {e}");
     }
     if let Some(e) = &n.last_error {
         eprintln!("rsprof-bpf: warning: {} debug files unreadable: {e}", n.errors);

@@ -20,7 +20,7 @@ use crate::{
         markers::{Marker, MarkerPhase, MarkerSchema, MarkerValue},
         process::{ProcessMeta, ProcessesMeta},
         recording::RecordingInfo,
-        stacks::{Frame, SymbolizedStacks},
+        stacks::SymbolizedStacks,
         time::MonoNs,
     },
     store::{
@@ -29,8 +29,8 @@ use crate::{
         snapshot::{StoreSnapshot, read_events},
     },
     symbolize::{
-        ModuleSource, SymbolizeErrors, Symbols, module_build_ids, module_sources, name_jit,
-        name_labels, symbolize, unnamed_addresses,
+        ModuleSource, SymbolizeErrors, Symbols, keep_unnamed_addresses, module_build_ids,
+        module_sources, name_jit, name_labels, symbolize,
     },
     writers::{
         EventSink, Format, ProfileContext,
@@ -184,7 +184,7 @@ impl ExportJob {
             Some(s) => s.symbolize(addrs, std::mem::take(&mut self.modules))?,
             None => symbolize(addrs, std::mem::take(&mut self.modules))?,
         };
-        let addresses = unnamed_addresses(&symbols, &modules);
+        keep_unnamed_addresses(&mut symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);
         name_jit(&mut symbols, &labels, &self.processes);
         let me = Pid(std::process::id());
@@ -205,7 +205,6 @@ impl ExportJob {
             processes: self.processes,
             symbols,
             build_ids,
-            addresses,
             info: self.info,
             marker_schemas: self.marker_schemas,
             open: self.open,
@@ -222,8 +221,6 @@ struct Prepared {
     symbols: Symbols,
     /// Build-ids by module name, for writers whose mappings carry them.
     build_ids: HashMap<String, String>,
-    /// ELF addresses of unnamed frames (see `unnamed_addresses`).
-    addresses: HashMap<Frame, u64>,
     info: RecordingInfo,
     marker_schemas: Vec<MarkerSchema>,
     open: Vec<(ThreadKey, Marker)>,
@@ -241,7 +238,7 @@ impl Prepared {
             format,
             &self.snapshot,
             &self.processes,
-            (&self.symbols, &self.build_ids, &self.addresses),
+            (&self.symbols, &self.build_ids),
             &self.info,
             &self.marker_schemas,
             &self.open,
@@ -258,8 +255,6 @@ pub struct Symbolized {
     pub symbols: Symbols,
     /// Build-ids by module name (see `module_build_ids`).
     pub build_ids: HashMap<String, String>,
-    /// ELF addresses of unnamed frames (see `unnamed_addresses`).
-    pub addresses: HashMap<Frame, u64>,
     pub info: RecordingInfo,
     pub errors: SymbolizeErrors,
 }
@@ -299,7 +294,7 @@ impl ExportJob {
             Some(s) => s.symbolize(addrs, self.modules)?,
             None => symbolize(addrs, self.modules)?,
         };
-        let addresses = unnamed_addresses(&symbols, &modules);
+        keep_unnamed_addresses(&mut symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);
         name_jit(&mut symbols, &labels, &self.processes);
         Ok(Symbolized {
@@ -307,7 +302,6 @@ impl ExportJob {
             processes: self.processes,
             symbols,
             build_ids,
-            addresses,
             info: self.info,
             errors,
         })
@@ -318,7 +312,6 @@ impl Symbolized {
     pub fn stacks(&self) -> SymbolizedStacks {
         let mut stacks = SymbolizedStacks::new(&self.snapshot.stacks, &self.symbols);
         stacks.module_build_ids.clone_from(&self.build_ids);
-        stacks.set_addresses(&self.addresses);
         stacks
     }
 
@@ -336,7 +329,7 @@ pub fn write_profile(
     format: Format,
     snapshot: &StoreSnapshot,
     processes: &ProcessesMeta,
-    (symbols, build_ids, addresses): (&Symbols, &HashMap<String, String>, &HashMap<Frame, u64>),
+    (symbols, build_ids): (&Symbols, &HashMap<String, String>),
     info: &RecordingInfo,
     marker_schemas: &[MarkerSchema],
     open: &[(ThreadKey, Marker)],
@@ -345,7 +338,6 @@ pub fn write_profile(
 ) -> std::io::Result<(ProfileStats, bool)> {
     let mut stacks = SymbolizedStacks::new(&snapshot.stacks, symbols);
     stacks.module_build_ids.clone_from(build_ids);
-    stacks.set_addresses(addresses);
     let ctx = ProfileContext {
         info,
         stacks: &stacks,

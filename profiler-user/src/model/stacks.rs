@@ -44,6 +44,17 @@ pub struct Frame {
     pub column: Option<u32>,
     /// True for a frame of a function inlined into the next-outer frame (same address).
     pub inlined: bool,
+    /// A frame left unnamed in a file with a build-id: where it is in that file, to name it
+    /// elsewhere later from the file's debug file (`query`).
+    pub elf: Option<Box<ElfAddress>>,
+}
+
+/// A place in an ELF file known by its GNU build-id (lower-case hex): its virtual address, as
+/// the file's symbols and its debug file's DWARF give them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ElfAddress {
+    pub build_id: String,
+    pub address: u64,
 }
 
 /// Index into [`SymbolizedStacks::frames`].
@@ -62,9 +73,6 @@ pub struct SymbolizedStacks {
     same_display: Vec<FrameIndex>,
     /// GNU build-id (hex) of modules by the name frames carry, where known and unambiguous.
     pub module_build_ids: HashMap<String, String>,
-    /// ELF virtual address of frames left unnamed in files with a build-id (see
-    /// `symbolize::unnamed_addresses`), for writers that keep addresses.
-    pub addresses: HashMap<FrameIndex, u64>,
 }
 
 impl SymbolizedStacks {
@@ -116,24 +124,7 @@ impl SymbolizedStacks {
             })
             .collect();
         let same_display = same_display(&frames);
-        Self {
-            frames,
-            nodes,
-            frame_lists,
-            same_display,
-            module_build_ids: HashMap::new(),
-            addresses: HashMap::new(),
-        }
-    }
-
-    /// Sets the addresses of unnamed frames (`addresses`) from `by_frame`.
-    pub fn set_addresses(&mut self, by_frame: &HashMap<Frame, u64>) {
-        if by_frame.is_empty() {
-            return;
-        }
-        self.addresses = (self.frames.iter().enumerate())
-            .filter_map(|(i, f)| Some((FrameIndex(i as u32), *by_frame.get(f)?)))
-            .collect();
+        Self { frames, nodes, frame_lists, same_display, module_build_ids: HashMap::new() }
     }
 
     /// Frames that display the same (equal but for `inlined`) share this index.

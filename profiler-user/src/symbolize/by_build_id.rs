@@ -14,7 +14,7 @@ use blazesym::symbolize::{
 };
 
 use super::{debuginfod, new_symbolizer, sym_frames};
-use crate::model::stacks::Frame;
+use crate::model::stacks::{ElfAddress, Frame};
 
 /// What naming by build-id did, for `query`'s report.
 #[derive(Clone, Debug, Default)]
@@ -26,6 +26,11 @@ pub struct Stats {
     pub from_dir: u64,
     pub missing: u64,
     pub debuginfod: debuginfod::Stats,
+    /// Pairs named from names a database held (`known`), and pairs stored there
+    /// after; the last failure to read or store them.
+    pub from_store: u64,
+    pub stored: u64,
+    pub store_error: Option<String>,
     /// Debug files blazesym could not read, the last reason.
     pub errors: u64,
     pub last_error: Option<String>,
@@ -38,6 +43,8 @@ pub struct ByBuildId {
     files: HashMap<String, Option<PathBuf>>,
     /// Frames of each pair asked (None: not named), outermost first, `module` empty.
     names: HashMap<(String, u64), Option<Vec<Frame>>>,
+    /// Pairs named from debug files, in order.
+    fresh: Vec<(String, u64)>,
     sym: Symbolizer,
     pub stats: Stats,
 }
@@ -49,6 +56,7 @@ impl ByBuildId {
             debuginfod,
             files: HashMap::new(),
             names: HashMap::new(),
+            fresh: Vec::new(),
             sym: new_symbolizer(),
             stats: Stats::default(),
         }
@@ -122,12 +130,31 @@ impl ByBuildId {
                 };
                 if frames.is_some() {
                     self.stats.named += 1;
+                    self.fresh.push((id.to_owned(), addr));
                 } else {
                     self.stats.unnamed += 1;
                 }
                 self.names.insert((id.to_owned(), addr), frames);
             }
         }
+    }
+
+    /// Names known already (from a database), so that `name` does not look for them.
+    pub fn known(&mut self, named: Vec<(ElfAddress, Vec<Frame>)>) {
+        for (at, frames) in named {
+            self.stats.from_store += 1;
+            self.names.insert((at.build_id, at.address), Some(frames));
+        }
+    }
+
+    /// The pairs named from debug files so far, with their frames.
+    pub fn fresh(&self) -> Vec<(ElfAddress, Vec<Frame>)> {
+        (self.fresh.iter())
+            .filter_map(|(id, addr)| {
+                let frames = self.frames(id, *addr)?.to_vec();
+                Some((ElfAddress { build_id: id.clone(), address: *addr }, frames))
+            })
+            .collect()
     }
 
     /// The frames of a pair `name` was given (outermost first, `module` empty).

@@ -31,7 +31,7 @@ use crate::{
         address::FrameAddr,
         ids::ModuleId,
         process::ProcessesMeta,
-        stacks::{Frame, FrameKind, JitLanguage},
+        stacks::{ElfAddress, Frame, FrameKind, JitLanguage},
     },
 };
 
@@ -186,6 +186,7 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
                 line: None,
                 column: None,
                 inlined: false,
+                elf: None,
             }],
         );
     }
@@ -234,6 +235,7 @@ pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Processe
                 line: None,
                 column: None,
                 inlined: false,
+                elf: None,
             }],
         );
     }
@@ -623,6 +625,7 @@ impl SymbolizerThread {
                             line: None,
                             column: None,
                             inlined: false,
+                            elf: None,
                         }],
                     );
                 }
@@ -874,6 +877,7 @@ fn sym_frames(s: &blazesym::symbolize::Sym<'_>, module: &str) -> Vec<Frame> {
             line: loc.as_ref().and_then(|c| c.line),
             column: loc.as_ref().and_then(|c| c.column.map(u32::from)),
             inlined: depth > 0,
+            elf: None,
         })
         .collect()
 }
@@ -937,6 +941,7 @@ fn go_frames(table: &gopclntab::GoTable, offset: u64, module: &str) -> Option<Ve
                 line: f.line,
                 column: None,
                 inlined: f.inlined,
+                elf: None,
             })
             .collect(),
     )
@@ -955,6 +960,7 @@ fn off_cpu_not_captured() -> Frame {
         line: None,
         column: None,
         inlined: false,
+        elf: None,
     }
 }
 
@@ -967,6 +973,7 @@ fn kernel_frame(function: String) -> Frame {
         line: None,
         column: None,
         inlined: false,
+        elf: None,
     }
 }
 
@@ -978,31 +985,28 @@ pub fn unnamed_offset(f: &Frame) -> Option<u64> {
     u64::from_str_radix(f.function.strip_prefix("0x")?, 16).ok()
 }
 
-/// The ELF virtual address of each frame left unnamed in a file with a build-id: its file
-/// offset through the file's loadable segments, read here where the file is. With the
-/// build-id it names the frame from the file's debug file anywhere, later (`query`), as a
+/// Gives each frame left unnamed in a file with a build-id its ELF virtual address (`elf`):
+/// its file offset through the file's loadable segments, read here where the file is. With
+/// the build-id it names the frame from the file's debug file anywhere, later (`query`), as a
 /// debug file made by `objcopy --only-keep-debug` keeps addresses but not file offsets.
-pub fn unnamed_addresses(symbols: &Symbols, modules: &[ModuleSource]) -> HashMap<Frame, u64> {
+pub fn keep_unnamed_addresses(symbols: &mut Symbols, modules: &[ModuleSource]) {
     let mut loads: HashMap<ModuleId, Option<dwarf::DwarfSource>> = HashMap::new();
-    let mut out = HashMap::new();
-    for (addr, frames) in symbols {
-        let (FrameAddr::User { module, offset }, [f]) = (addr, frames.as_slice()) else {
+    for (addr, frames) in symbols.iter_mut() {
+        let (FrameAddr::User { module, offset }, [f]) = (addr, frames.as_mut_slice()) else {
             continue;
         };
         if unnamed_offset(f) != Some(*offset) {
             continue;
         }
-        let Some(m) = modules.get(module.0 as usize).filter(|m| m.build_id.is_some()) else {
-            continue;
-        };
+        let Some(m) = modules.get(module.0 as usize) else { continue };
+        let Some(build_id) = &m.build_id else { continue };
         let segments = loads
             .entry(*module)
             .or_insert_with(|| m.open_path.as_deref().and_then(|p| dwarf::with_debug_file(p, p)));
-        if let Some(vaddr) = segments.as_ref().and_then(|s| s.address(*offset)) {
-            out.insert(f.clone(), vaddr);
+        if let Some(address) = segments.as_ref().and_then(|s| s.address(*offset)) {
+            f.elf = Some(Box::new(ElfAddress { build_id: build_id.clone(), address }));
         }
     }
-    out
 }
 
 fn unknown(kind: FrameKind, addr: u64, module: &str) -> Frame {
@@ -1014,6 +1018,7 @@ fn unknown(kind: FrameKind, addr: u64, module: &str) -> Frame {
         line: None,
         column: None,
         inlined: false,
+        elf: None,
     }
 }
 

@@ -283,7 +283,7 @@ impl<'a> Builder<'a> {
         }
         let id = self.locations.len() as u64 + 1;
         // An unnamed frame's ELF address: with its mapping's build-id, named at read time.
-        let address = frames.first().and_then(|f| stacks.addresses.get(f)).copied().unwrap_or(0);
+        let address = frames_of.first().and_then(|f| f.elf.as_ref()).map_or(0, |e| e.address);
         self.locations.push(proto::Location { id, mapping_id, address, line });
         self.location_ids.insert(frames, id);
         id
