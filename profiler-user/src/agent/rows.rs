@@ -226,4 +226,68 @@ mod tests {
         assert_eq!(n[0].len(), 2);
         assert_eq!(n[1][0].function, "hot");
     }
+
+    /// A pprof location its agent left unnamed, with an address and its mapping's build-id.
+    fn unnamed_window(build_id: &str) -> proto::Profile {
+        let strings = ["", "samples", "count", "app", build_id, "0x1130", "main"];
+        proto::Profile {
+            sample_type: vec![proto::ValueType { r#type: 1, unit: 2 }],
+            mapping: vec![proto::Mapping { id: 1, filename: 3, build_id: 4, ..Default::default() }],
+            location: vec![
+                proto::Location {
+                    id: 1,
+                    mapping_id: 1,
+                    address: 0x401130,
+                    line: vec![proto::Line { function_id: 1, line: 0, column: 0 }],
+                },
+                proto::Location {
+                    id: 2,
+                    mapping_id: 1,
+                    address: 0,
+                    line: vec![proto::Line { function_id: 2, line: 3, column: 0 }],
+                },
+            ],
+            function: vec![
+                proto::Function { id: 1, name: 5, system_name: 5, ..Default::default() },
+                proto::Function { id: 2, name: 6, system_name: 6, ..Default::default() },
+            ],
+            sample: vec![proto::Sample { location_id: vec![1, 2], value: vec![3], label: vec![] }],
+            string_table: strings.map(str::to_owned).to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn meta() -> WindowMeta {
+        WindowMeta {
+            window_id: "w".into(),
+            start_ms: 0,
+            end_ms: 1000,
+            samples: 3,
+            labels: crate::agent::labels::WindowLabels {
+                service_name: "app".into(),
+                host: "h".into(),
+                pid: 0,
+                process: String::new(),
+                container_runtime: None,
+                container_id: None,
+                systemd_unit: None,
+                pod_uid: None,
+                pod_qos: None,
+            },
+        }
+    }
+
+    #[test]
+    fn unnamed_frames_keep_build_id_and_address_and_hash_apart_per_build() {
+        let mut stacks = Stacks::new();
+        let a = from_pprof(meta(), &unnamed_window("aaaa"), &mut stacks).unwrap();
+        let b = from_pprof(meta(), &unnamed_window("bbbb"), &mut stacks).unwrap();
+        let frames = &stacks[&a.rows[0].stack];
+        assert_eq!(frames[0].function, "main");
+        assert_eq!(frames[0].elf, None, "a named frame has none");
+        let elf = frames[1].elf.as_deref().expect("the unnamed frame keeps its place");
+        assert_eq!((elf.build_id.as_str(), elf.address), ("aaaa", 0x401130));
+        // The same file offset in two builds is two stacks.
+        assert_ne!(a.rows[0].stack, b.rows[0].stack);
+    }
 }
