@@ -413,6 +413,14 @@ fn clickhouse_keeps_addresses_and_the_names_a_query_found() -> Result<()> {
     let tree = tests::cgroups::CgroupTree::create("dbgd-ch")?;
     let cg = tree.mkdir("app")?;
     let spool = dir.join("spool");
+    // `rsprof_stacks` as agents made it before frames kept their place: the agent adds the
+    // columns.
+    server.query(
+        "CREATE TABLE rsprof_stacks (day DateTime, stack_hash UInt64, functions Array(String), \
+         modules Array(String), files Array(String), lines Array(UInt32), cols Array(UInt32), \
+         inlined Array(UInt8)) ENGINE = ReplacingMergeTree() PARTITION BY toYYYYMMDD(day) ORDER \
+         BY stack_hash",
+    )?;
     // Only the fixture's cgroup: the sink keeps up with one process's windows.
     let agent = tests::agent::Agent::start(&[
         "--spool",
