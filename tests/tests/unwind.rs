@@ -1065,3 +1065,64 @@ fn unwind_off_cpu_stack_taken_before_the_tables_keeps_every_caller() {
     let used = line.split('(').nth(1).and_then(|t| t.split(' ').next()?.parse::<u64>().ok());
     assert!(used.is_some_and(|n| n >= 1), "no off-CPU copy finished: {line}");
 }
+
+/// The `disk cache:` line's numbers: tables read, stored, found bad.
+fn disk_cache(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr.lines().find(|l| l.contains("disk cache:")).unwrap_or_else(|| {
+        panic!("no disk cache line:\n{stderr}");
+    });
+    let before = |word: &str| -> u64 {
+        let at = line.find(word).unwrap();
+        line[..at].split_whitespace().last().unwrap().parse().unwrap()
+    };
+    (before("tables read"), before("stored"), before("found bad"))
+}
+
+/// Compiled tables are kept on disk for the next run: a second recording of the same program
+/// reads them instead of compiling, and a damaged cache file is rejected, deleted and compiled
+/// again (the profile unharmed).
+#[test]
+fn unwind_tables_are_kept_on_disk_for_the_next_run() {
+    let exe = build_no_fp("split");
+    let cache = output_path("unwind_disk_cache", "d");
+    let _ = std::fs::remove_dir_all(&cache);
+    let record = |n: u32| {
+        let out = output_path(&format!("unwind_disk_cache{n}"), "json");
+        let done = tests::harness::command()
+            .unwrap()
+            .env("RSPROF_UNWIND_CACHE", &cache)
+            .args(["-F", "199", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&exe)
+            .arg("1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+        assert!(done.status.success(), "{stderr}");
+        validate(&serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()).unwrap();
+        stderr
+    };
+    let first = record(1);
+    let (read, stored, bad) = disk_cache(&first);
+    // libc and ld.so at least (files under 64 KiB, like split itself, are not kept).
+    assert!(read == 0 && stored >= 2 && bad == 0, "first run:\n{first}");
+    let files = std::fs::read_dir(&cache).unwrap().count() as u64;
+    assert_eq!(files, stored, "one file per stored table in {}", cache.display());
+    let second = record(2);
+    let (read2, _, bad2) = disk_cache(&second);
+    assert!(read2 >= stored && bad2 == 0, "second run read {read2} of {stored}:\n{second}");
+    // Damage every cached table: each is rejected, deleted and compiled again.
+    for e in std::fs::read_dir(&cache).unwrap() {
+        let p = e.unwrap().path();
+        let mut bytes = std::fs::read(&p).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x55;
+        std::fs::write(&p, bytes).unwrap();
+    }
+    let third = record(3);
+    let (read3, stored3, bad3) = disk_cache(&third);
+    assert!(read3 == 0 && bad3 >= stored && stored3 >= stored, "third run:\n{third}");
+    let _ = std::fs::remove_dir_all(&cache);
+}

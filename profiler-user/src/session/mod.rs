@@ -780,7 +780,9 @@ impl<'p> Recorder<'p> {
             stop_reason,
         }));
         self.msgs.block(&format!("{}\n", self.drains.render(duration_s)));
-        if let Some(u) = &self.unwind {
+        if let Some(u) = &mut self.unwind {
+            // Mostly done while the profile was written; the rest for the next run's sake.
+            u.finish_for_disk(Duration::from_secs(3));
             self.msgs.block(&u.render());
         }
         if !copies_summary.is_empty() {

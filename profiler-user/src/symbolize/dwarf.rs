@@ -12,10 +12,8 @@
 
 use std::{
     hash::{Hash as _, Hasher as _},
-    io::Write as _,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    time::SystemTime,
 };
 
 use object::{
@@ -23,6 +21,8 @@ use object::{
     build::elf::{Builder, SectionData},
     elf,
 };
+
+use crate::system::cache_dir::CacheDir;
 
 /// Overrides the cache directory (tests).
 const CACHE_ENV: &str = "RSPROF_DEBUG_CACHE";
@@ -142,24 +142,14 @@ fn uncompressed_copy(path: &Path, data: &[u8], cache: &Path) -> Result<PathBuf, 
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec(), path).hash(&mut h);
     let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy());
-    let copy = cache.join(format!("{:016x}-{name}", h.finish()));
-    if let Ok(f) = std::fs::File::options().append(true).open(&copy) {
-        let _ = f.set_modified(SystemTime::now());
-        return Ok(copy);
+    let name = format!("{:016x}-{name}", h.finish());
+    let dir = CacheDir::new(cache.to_owned(), CACHE_BYTES);
+    if dir.open(&name).is_some() {
+        return Ok(dir.path(&name));
     }
     let out = inflate(data)?;
-    std::fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
-    let tmp =
-        cache.join(format!(".{}.{}.tmp", copy.file_name().unwrap().display(), std::process::id()));
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(&out))
-        .and_then(|()| std::fs::rename(&tmp, &copy));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("{}: {e}", copy.display()));
-    }
-    trim(cache, &copy);
-    Ok(copy)
+    dir.write(&name, &[&out]).map_err(|e| format!("{}: {e}", dir.path(&name).display()))?;
+    Ok(dir.path(&name))
 }
 
 /// `data` (an ELF file) with its zlib-compressed sections stored uncompressed.
@@ -200,28 +190,6 @@ fn inflate(data: &[u8]) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     b.write(&mut out).map_err(|e| e.to_string())?;
     Ok(out)
-}
-
-/// Deletes the least recently used copies in `cache` beyond `CACHE_BYTES`, never `keep`.
-fn trim(cache: &Path, keep: &Path) {
-    let Ok(dir) = std::fs::read_dir(cache) else { return };
-    let mut files: Vec<(SystemTime, u64, PathBuf)> = dir
-        .flatten()
-        .filter_map(|e| {
-            let m = e.metadata().ok()?;
-            m.is_file().then(|| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len(), e.path()))
-        })
-        .collect();
-    let mut total: u64 = files.iter().map(|f| f.1).sum();
-    files.sort();
-    for (_, len, p) in files {
-        if total <= CACHE_BYTES {
-            break;
-        }
-        if p != keep && std::fs::remove_file(&p).is_ok() {
-            total -= len;
-        }
-    }
 }
 
 #[cfg(test)]

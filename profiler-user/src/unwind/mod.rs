@@ -11,6 +11,7 @@
 
 mod alloc;
 mod debugfile;
+mod disk;
 #[cfg(test)]
 pub(crate) use debugfile::tests::tool as run_tool;
 pub use debugfile::{build_id_path, debug_root, find_path as find_debug_file, inflate_zlib};
@@ -114,6 +115,15 @@ pub struct UnwindStats {
     pub debug_fdes: u64,
     pub debug_rejected: u64,
     pub debug_errors: Vec<String>,
+    /// The disk cache (`disk`): tables read from it, stored in it, least recently used ones
+    /// it deleted to stay in bounds, cached files found bad (deleted and compiled again, with
+    /// the first reason), stores that failed (with the first error).
+    pub disk_read: u64,
+    pub disk_stored: u64,
+    pub disk_evicted: u64,
+    pub disk_rejected: u64,
+    pub disk_errors: u64,
+    pub disk_first_error: Option<String>,
     /// Worker time reading and compiling, and copying rows into the mapped array.
     pub compile_time: Duration,
     pub load_time: Duration,
@@ -401,6 +411,16 @@ impl UnwindLoader {
         self.stats.compile_time += d.compile;
         self.stats.load_time += d.copy;
         self.debug_used(d.debug);
+        let s = &mut self.stats;
+        s.disk_read += u64::from(d.disk.read);
+        s.disk_stored += u64::from(d.disk.stored);
+        s.disk_evicted += d.disk.evicted;
+        let failed = d.disk.rejected.is_some() as u64 + d.disk.store_error.is_some() as u64;
+        s.disk_rejected += u64::from(d.disk.rejected.is_some());
+        s.disk_errors += u64::from(d.disk.store_error.is_some());
+        if failed > 0 && s.disk_first_error.is_none() {
+            s.disk_first_error = d.disk.rejected.or(d.disk.store_error);
+        }
         for e in &d.evicted {
             self.stats.tables_evicted += 1;
             self.stats.rows_evicted += u64::from(e.count);
@@ -744,6 +764,19 @@ impl UnwindLoader {
             s.loop_time.as_secs_f64() * 1e3,
             s.loop_max.as_secs_f64() * 1e3
         );
+        if s.disk_read + s.disk_stored + s.disk_rejected + s.disk_errors > 0 {
+            let _ = writeln!(
+                out,
+                "  disk cache: {} tables read, {} stored ({} least recently used deleted), {} \
+                 found bad and compiled again, {} stores failed{}",
+                s.disk_read,
+                s.disk_stored,
+                s.disk_evicted,
+                s.disk_rejected,
+                s.disk_errors,
+                s.disk_first_error.as_ref().map_or(String::new(), |e| format!(" (first: {e})"))
+            );
+        }
         let _ = writeln!(
             out,
             "  process tables: {} writes ({} refused, {} when a table landed), {} removed, {} \
@@ -769,6 +802,22 @@ impl UnwindLoader {
             let _ = writeln!(out, "  debug file rejected: {err}");
         }
         out
+    }
+
+    /// Waits, at most `limit`, for the files still queued to be compiled, so that their
+    /// tables reach the disk cache and the next run of the same programs starts warm (a short
+    /// command's big libraries are often still queued when it exits). Nothing to wait for
+    /// without the disk cache.
+    pub fn finish_for_disk(&mut self, limit: Duration) {
+        if !self.shared.has_disk() {
+            return;
+        }
+        let end = Instant::now() + limit;
+        while self.pending() > 0 {
+            let left = end.saturating_duration_since(Instant::now());
+            let Ok(d) = self.done.recv_timeout(left) else { break };
+            self.landed(d, &mut HashSet::new());
+        }
     }
 
     /// Files queued or being compiled.

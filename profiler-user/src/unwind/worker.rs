@@ -11,9 +11,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_unwind::UnwindTable;
+use profiler_unwind::{PageIndex, UnwindTable};
 
-use super::{FileIdentity, FileTable, alloc::RowAllocator, debugfile, rows::RowsMmap};
+use super::{FileIdentity, FileTable, alloc::RowAllocator, debugfile, disk, rows::RowsMmap};
 use crate::collect::modules::{ElfLayout, fd_path};
 
 /// The walker's binary search does at most 24 halvings.
@@ -89,6 +89,36 @@ pub struct Done {
     pub error: Option<String>,
     pub name: String,
     pub debug: DebugUse,
+    pub disk: DiskUse,
+}
+
+/// A file's rows: compiled now, or read from the disk cache.
+enum Rows {
+    Compiled(UnwindTable),
+    Read(Vec<profiler_common::UnwindRow>),
+}
+
+impl Rows {
+    fn rows(&self) -> &[profiler_common::UnwindRow] {
+        match self {
+            Self::Compiled(t) => t.rows(),
+            Self::Read(r) => r,
+        }
+    }
+}
+
+/// What the disk cache did for a file (`disk`).
+#[derive(Debug, Default)]
+pub struct DiskUse {
+    /// Its table was read from the cache (with this many separate-debug-file FDEs in it).
+    pub read: bool,
+    pub debug_fdes: u64,
+    /// A cached table found bad (deleted), and why.
+    pub rejected: Option<String>,
+    /// Its compiled table was stored, deleting this many least recently used ones.
+    pub stored: bool,
+    pub evicted: u64,
+    pub store_error: Option<String>,
 }
 
 /// What a separate debug file did for a file.
@@ -227,6 +257,8 @@ pub struct Shared {
     rows: RowsMmap,
     /// The one lock for row allocation, eviction and claiming a table back (`claim`).
     tables: Mutex<Tables>,
+    /// Compiled tables kept across runs.
+    disk: Option<disk::DiskTables>,
 }
 
 impl Shared {
@@ -237,6 +269,7 @@ impl Shared {
             ready: Condvar::new(),
             tables: Mutex::new(Tables::new(rows.capacity())),
             rows,
+            disk: disk::DiskTables::from_env(),
         })
     }
 
@@ -274,6 +307,11 @@ impl Shared {
     }
 
     /// Stops the workers after their current file (queued files are dropped).
+    /// Whether compiled tables are kept on disk.
+    pub fn has_disk(&self) -> bool {
+        self.disk.is_some()
+    }
+
     pub fn close(&self) {
         let mut q = self.queue.lock().unwrap();
         q.closed = true;
@@ -351,16 +389,35 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     let started = Instant::now();
     let path = job.source();
     let layout = ElfLayout::read(&path).map(Arc::new);
-    // Mapped, not read: a 150 MB library would otherwise be 150 MB more of our RSS.
-    let compiled = File::open(&path)
-        // SAFETY: a read-only private mapping of a file the process maps as code; a file
-        // truncated meanwhile would fault (SIGBUS), as it would in the processes using it.
-        .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
-        .map_err(|e| e.to_string())
-        .map(|data| with_debug_file(&data, &job.name, &shared.debug_root));
-    let (compiled, debug) = match compiled {
-        Ok((table, debug)) => (table, debug),
-        Err(e) => (Err(e), DebugUse::NotNeeded),
+    let mut disk = DiskUse::default();
+    let cached = match shared.disk.as_ref().map(|d| d.load(&identity)) {
+        Some(disk::Loaded::Hit(c)) => Some(c),
+        Some(disk::Loaded::Rejected(why)) => {
+            disk.rejected = Some(why);
+            None
+        }
+        _ => None,
+    };
+    let (compiled, debug) = match cached {
+        Some(c) => {
+            disk.read = true;
+            disk.debug_fdes = c.debug_fdes;
+            (Ok(Rows::Read(c.rows)), DebugUse::NotNeeded)
+        }
+        None => {
+            // Mapped, not read: a 150 MB library would otherwise be 150 MB more of our RSS.
+            let compiled = File::open(&path)
+                // SAFETY: a read-only private mapping of a file the process maps as code; a
+                // file truncated meanwhile would fault (SIGBUS), as it would in the processes
+                // using it.
+                .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
+                .map_err(|e| e.to_string())
+                .map(|data| with_debug_file(&data, &job.name, &shared.debug_root));
+            match compiled {
+                Ok((table, debug)) => (table.map(Rows::Compiled), debug),
+                Err(e) => (Err(e), DebugUse::NotNeeded),
+            }
+        }
     };
     drop(job.hold);
     let compile = started.elapsed();
@@ -375,6 +432,7 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
         error: None,
         name: job.name,
         debug,
+        disk,
     };
     let table = match compiled {
         Ok(t) if !t.rows().is_empty() && t.rows().len() < MAX_TABLE_ROWS => t,
@@ -387,9 +445,19 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
             return done;
         }
     };
+    // A small file's table compiles in well under a millisecond: caching it would save
+    // nothing and fill the directory with one-off files (memfds, a build's fresh binaries).
+    let worth_keeping = identity.3 >= disk::MIN_FILE_BYTES;
+    if let (Rows::Compiled(t), Some(d), true) = (&table, &shared.disk, worth_keeping) {
+        let fdes = t.stats().separate_debug_frame_fdes as u64;
+        match d.store(&identity, t.rows(), fdes) {
+            Ok(evicted) => (done.disk.stored, done.disk.evicted) = (true, evicted),
+            Err(e) => done.disk.store_error = Some(e.to_string()),
+        }
+    }
     // The rows, then their page index (see `profiler_common::UNWIND_PAGE_SHIFT`).
     let rows = table.rows();
-    let index = table.page_index();
+    let index = PageIndex::of(rows);
     let count = (rows.len() + index.entries.len()) as u32;
     done.rows = count;
     let Some((first, serial, evicted)) = shared.alloc(count) else {
