@@ -176,6 +176,7 @@ fn main() {
                     line: None,
                     column: None,
                     inlined: false,
+                    elf: None,
                 }],
             )
         })

@@ -260,6 +260,240 @@ fn servers_down_missing_garbage_or_silent_leave_addresses_counted() -> Result<()
     check(&run, (0, 0, 1, 0), "budget");
     // The fixture's second and the budget, plus start-up and writing: far under the timeout.
     assert!(run.took < Duration::from_secs(30), "took {:?}", run.took);
+    // The wait says how it goes every 2 s, but not with -q.
+    assert!(run.stderr.contains("debug files after"), "{}", run.stderr);
+    let quiet = [&args[..], &["-q"]].concat();
+    let run = record(&stripped.exe, "1", &dir.join("cache-quiet"), &quiet)?;
+    assert!(!run.stderr.contains("debug files after"), "{}", run.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `rsprof-bpf query` of `spool` (the fixture's process only) with `args`, the debuginfod
+/// cache at `cache`: the merged profile and query's stderr.
+fn query(spool: &Path, cache: &Path, args: &[&str], out: &Path) -> Result<(Value, String)> {
+    query_from(&["--spool", spool.to_str().unwrap()], cache, args, out)
+}
+
+/// `query`, of the windows `source` says.
+fn query_from(source: &[&str], cache: &Path, args: &[&str], out: &Path) -> Result<(Value, String)> {
+    let done = harness::command()?
+        .env_remove("DEBUGINFOD_URLS")
+        .env("DEBUGINFOD_CACHE_PATH", cache)
+        .arg("query")
+        .args(source)
+        .args(["--process", NAME, "-o"])
+        .arg(out)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("run rsprof-bpf query")?;
+    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+    if !done.status.success() {
+        bail!("query failed ({}):\n{stderr}", done.status);
+    }
+    Ok((gecko_schema::load(out)?, stderr))
+}
+
+/// The fixture's sample leaves in a merged profile (its track is `dbgsplit @ host`).
+fn query_leaves(profile: &Value) -> Vec<String> {
+    threads(profile)
+        .into_iter()
+        .filter(|t| t.process_name.starts_with(&format!("{NAME} @ ")))
+        .flat_map(|t| sample_stacks(t.thread))
+        .filter_map(|s| s.last().cloned())
+        .filter(|l| l.contains(&format!("(in {NAME})")))
+        .collect()
+}
+
+/// `(named, left as addresses)` of query's report on the frames agents left unnamed.
+fn query_counts(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rsprof-bpf: addresses agents left unnamed (stripped files): ")
+        })
+        .unwrap_or_else(|| panic!("no report on unnamed addresses:\n{stderr}"));
+    let mut n = line.split(", ").map(|p| p.split(' ').next().unwrap().parse::<u64>().unwrap());
+    (n.next().unwrap(), n.next().unwrap())
+}
+
+/// An agent on a host without the fixture's debug file spools its frames as (build-id,
+/// address); `query` names them from a debug directory or from a debuginfod server, and
+/// without either they stay addresses, counted.
+#[test]
+fn agent_leaves_addresses_that_query_names_from_debug_files() -> Result<()> {
+    let dir = temp_dir("agent");
+    let stripped = stripped_fixture("split", &dir, NAME)?;
+    let spool = dir.join("spool");
+    let agent = tests::agent::Agent::start(&[
+        "--spool",
+        spool.to_str().unwrap(),
+        "--window",
+        "1",
+        "-F",
+        "499",
+    ]);
+    let ran = std::process::Command::new(&stripped.exe).arg("3").status()?;
+    assert!(ran.success(), "{ran}");
+    let (status, agent_err) = agent.stop(libc::SIGTERM, Duration::from_secs(10));
+    assert!(status.success(), "agent failed:\n{agent_err}");
+
+    // Neither a debug directory nor a server: addresses, counted.
+    let cache = dir.join("cache");
+    let (profile, err) = query(&spool, &cache, &["--no-debuginfod"], &dir.join("q0.json"))?;
+    let leaves = query_leaves(&profile);
+    assert!(leaves.len() > 300, "{} fixture samples:\n{err}\n{agent_err}", leaves.len());
+    assert!(unnamed(&leaves) >= leaves.len() * 9 / 10, "{:?}", &leaves[..10]);
+    let (named, left) = query_counts(&err);
+    assert!(named == 0 && left > 0, "{err}");
+    // The fixture's and those of the libraries' frames outside their .dynsym.
+    assert!(err.contains(" found nowhere (no --debug-dir, no debuginfod)"), "{err}");
+
+    let check = |profile: &Value, err: &str| {
+        let leaves = query_leaves(profile);
+        let (a, b) = (
+            named_with_line(&leaves, &stripped, "hot_a"),
+            named_with_line(&leaves, &stripped, "hot_b"),
+        );
+        assert!(a + b >= leaves.len() * 9 / 10, "{a}+{b} of {}: {:?}", leaves.len(), &leaves[..10]);
+        assert!(a > 2 * b && b > 0, "hot_a {a}, hot_b {b}");
+        let (named, _) = query_counts(err);
+        assert!(named > 0, "{err}");
+    };
+    // A debug directory laid out as /usr/lib/debug.
+    let root = dir.join("debug-root");
+    let (head, rest) = stripped.build_id.split_at(2);
+    let by_id = root.join(".build-id").join(head);
+    std::fs::create_dir_all(&by_id)?;
+    std::fs::copy(
+        stripped.debug_dir.join(format!("{NAME}.debug")),
+        by_id.join(format!("{rest}.debug")),
+    )?;
+    let args = ["--no-debuginfod", "--debug-dir", root.to_str().unwrap()];
+    let (profile, err) = query(&spool, &cache, &args, &dir.join("q1.json"))?;
+    check(&profile, &err);
+    assert!(err.contains("1 from --debug-dir, "), "{err}");
+
+    // Debian's debuginfod server: fetched once into the cache.
+    let server = Server::start("query", &stripped.debug_dir, Some(&stripped.build_id))?;
+    let (profile, err) =
+        query(&spool, &cache, &["--debuginfod", &server.url], &dir.join("q2.json"))?;
+    check(&profile, &err);
+    assert!(err.contains("debuginfod: 1 files fetched"), "{err}");
+    let asked = (server.log().lines())
+        .filter(|l| l.contains(&format!("GET /buildid/{}/debuginfo 200 ", stripped.build_id)))
+        .count();
+    assert_eq!(asked, 2, "the probe and query's:\n{}", server.log());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `(named, by the database's names, stored there)` of query's report.
+fn query_store_counts(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rsprof-bpf: addresses agents left unnamed (stripped files): ")
+        })
+        .unwrap_or_else(|| panic!("no report on unnamed addresses:\n{stderr}"));
+    let n: Vec<u64> = line.split([' ', '(', ',']).filter_map(|w| w.parse().ok()).collect();
+    (n[0], n[1], n[2])
+}
+
+/// The agent's ClickHouse sink keeps the unnamed frames' build-id and address; the first
+/// `query --clickhouse` that names them (from a debug directory) stores the names in the
+/// database, and later queries, with no debug file anywhere, name them from there.
+#[test]
+fn clickhouse_keeps_addresses_and_the_names_a_query_found() -> Result<()> {
+    let dir = temp_dir("ch");
+    let stripped = stripped_fixture("split", &dir, NAME)?;
+    let server = tests::clickhouse::Server::start()?;
+    let url = server.url();
+    let tree = tests::cgroups::CgroupTree::create("dbgd-ch")?;
+    let cg = tree.mkdir("app")?;
+    let spool = dir.join("spool");
+    // `rsprof_stacks` as agents made it before frames kept their place: the agent adds the
+    // columns.
+    server.query(
+        "CREATE TABLE rsprof_stacks (day DateTime, stack_hash UInt64, functions Array(String), \
+         modules Array(String), files Array(String), lines Array(UInt32), cols Array(UInt32), \
+         inlined Array(UInt8)) ENGINE = ReplacingMergeTree() PARTITION BY toYYYYMMDD(day) ORDER \
+         BY stack_hash",
+    )?;
+    // Only the fixture's cgroup: the sink keeps up with one process's windows.
+    let agent = tests::agent::Agent::start(&[
+        "--spool",
+        spool.to_str().unwrap(),
+        "--clickhouse",
+        &url,
+        "--window",
+        "1",
+        "-F",
+        "499",
+        "--cgroup",
+        cg.to_str().unwrap(),
+    ]);
+    let ran = std::process::Command::new("/bin/sh")
+        .args(["-c", r#"echo $$ > "$1/cgroup.procs" && exec "$2" 3"#, "sh"])
+        .arg(&cg)
+        .arg(&stripped.exe)
+        .stdout(Stdio::null())
+        .status()?;
+    assert!(ran.success(), "{ran}");
+    let (status, agent_err) = agent.stop(libc::SIGTERM, Duration::from_secs(10));
+    assert!(status.success(), "agent failed:\n{agent_err}");
+    assert!(agent_err.contains(" rejected"), "no sink line:\n{agent_err}");
+    let id = &stripped.build_id;
+    let kept = server.query(&format!(
+        "SELECT count() FROM rsprof_stacks ARRAY JOIN build_ids AS b, addrs AS a WHERE b = \
+         '{id}' AND a != 0 FORMAT TSV"
+    ))?;
+    assert!(kept.trim().parse::<u64>()? > 0, "no frame of {id} kept:\n{agent_err}");
+
+    let cache = dir.join("cache");
+    let ch = ["--clickhouse", url.as_str()];
+    // Nothing to name them with: addresses, counted, nothing stored.
+    let (profile, err) = query_from(&ch, &cache, &["--no-debuginfod"], &dir.join("c0.json"))?;
+    let leaves = query_leaves(&profile);
+    assert!(leaves.len() > 300, "{} fixture samples:\n{err}\n{agent_err}", leaves.len());
+    assert!(unnamed(&leaves) >= leaves.len() * 9 / 10, "{:?}", &leaves[..10]);
+    assert_eq!(query_store_counts(&err), (0, 0, 0), "{err}");
+
+    let check = |profile: &Value| {
+        let leaves = query_leaves(profile);
+        let (a, b) = (
+            named_with_line(&leaves, &stripped, "hot_a"),
+            named_with_line(&leaves, &stripped, "hot_b"),
+        );
+        assert!(a + b >= leaves.len() * 9 / 10, "{a}+{b} of {}: {:?}", leaves.len(), &leaves[..10]);
+        assert!(a > 2 * b && b > 0, "hot_a {a}, hot_b {b}");
+    };
+    // Named from a debug directory, the names stored.
+    let root = dir.join("debug-root");
+    let (head, rest) = id.split_at(2);
+    std::fs::create_dir_all(root.join(".build-id").join(head))?;
+    std::fs::copy(
+        stripped.debug_dir.join(format!("{NAME}.debug")),
+        root.join(".build-id").join(head).join(format!("{rest}.debug")),
+    )?;
+    let args = ["--no-debuginfod", "--debug-dir", root.to_str().unwrap()];
+    let (profile, err) = query_from(&ch, &cache, &args, &dir.join("c1.json"))?;
+    check(&profile);
+    let (named, from_db, stored) = query_store_counts(&err);
+    assert!(named > 0 && from_db == 0 && stored == named, "{err}");
+    let held = server.query(&format!(
+        "SELECT count(), countIf(has(functions, 'hot_a')) FROM rsprof_names WHERE build_id = \
+         '{id}' FORMAT TSV"
+    ))?;
+    let held: Vec<u64> = held.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    assert!(held[0] >= stored && held[1] > 0, "rsprof_names holds {held:?} of {stored}");
+
+    // No debug file anywhere now: named from the database's names alone.
+    let (profile, err) = query_from(&ch, &cache, &["--no-debuginfod"], &dir.join("c2.json"))?;
+    check(&profile);
+    let (named2, from_db, stored) = query_store_counts(&err);
+    assert!(named2 == named && from_db == named && stored == 0, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

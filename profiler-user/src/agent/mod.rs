@@ -12,6 +12,7 @@ pub mod config;
 pub mod flight;
 pub mod labels;
 pub mod metrics;
+pub mod names;
 pub mod query;
 pub mod rows;
 pub mod sinks;

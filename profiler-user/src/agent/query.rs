@@ -16,6 +16,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::{
     agent::{
         labels::WindowLabels,
+        names,
         rows::{self, Stacks, WindowRows},
         sinks::clickhouse,
         spool::{WindowMeta, read_windows},
@@ -30,6 +31,7 @@ use crate::{
         stacks::{Frame, FrameIndex, SymbolizedStacks},
         time::MonoNs,
     },
+    symbolize::by_build_id::{self, ByBuildId},
     writers::{Format, ProfileContext},
 };
 
@@ -139,6 +141,8 @@ pub struct QueryWritten {
     pub samples: u64,
     pub tracks: usize,
     pub format: Format,
+    /// What naming the frames agents left unnamed did.
+    pub names: by_build_id::Stats,
 }
 
 /// Parses an RFC 3339 time or one relative to `now_ms` (`-1h`, `-90s`, `now`) into ms since
@@ -190,7 +194,28 @@ impl<'a> Query<'a> {
     pub fn run(&self) -> Result<QueryWritten> {
         let output = PendingOutput::create(&self.args.output)?.compress(self.args.compress);
         let source = self.source();
-        let (windows, stacks) = source.read(&self.selection)?;
+        let debuginfod = self.args.debuginfod.config(self.args.quiet);
+        let mut names = ByBuildId::new(self.args.debug_dir.clone(), debuginfod);
+        let (windows, mut stacks) = source.read(&self.selection)?;
+        // Only the selected rows' stacks are named (a spool's windows hold every process's).
+        let used: std::collections::HashSet<u64> =
+            windows.iter().flat_map(|w| w.rows.iter().map(|r| r.stack)).collect();
+        stacks.retain(|h, _| used.contains(h));
+        // A database keeps what queries named, for the next ones.
+        if let Source::ClickHouse(url) = source {
+            match clickhouse::stored_names(url, &names::unnamed(&stacks)) {
+                Ok(known) => names.known(known),
+                Err(e) => names.stats.store_error = Some(format!("{e:#}")),
+            }
+        }
+        names::name_stacks(&mut stacks, &mut names);
+        if let Source::ClickHouse(url) = source {
+            let fresh = names.fresh();
+            match clickhouse::store_names(url, &fresh) {
+                Ok(()) => names.stats.stored += fresh.len() as u64,
+                Err(e) => names.stats.store_error = Some(format!("{e:#}")),
+            }
+        }
         if windows.is_empty() {
             bail!("no window in {} matches", source.describe());
         }
@@ -258,6 +283,7 @@ impl<'a> Query<'a> {
             samples,
             tracks: merged.tracks.len(),
             format: self.format,
+            names: names.stats,
         })
     }
 }

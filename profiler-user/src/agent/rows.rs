@@ -10,8 +10,8 @@ use prost::Message as _;
 
 use crate::{
     agent::spool::WindowMeta,
-    model::stacks::{Frame, FrameKind, JitLanguage},
-    symbolize::{JIT_MODULE, JITDUMP_MODULE, KERNEL_MODULE, LABEL_MODULE},
+    model::stacks::{ElfAddress, Frame, FrameKind, JitLanguage},
+    symbolize::{JIT_MODULE, JITDUMP_MODULE, KERNEL_MODULE, LABEL_MODULE, unnamed_offset},
     writers::pprof::proto,
 };
 
@@ -73,6 +73,11 @@ pub fn stack_hash(frames: &[Frame]) -> u64 {
         eat(&f.line.unwrap_or(0).to_le_bytes());
         eat(&f.column.unwrap_or(0).to_le_bytes());
         eat(&[u8::from(f.inlined)]);
+        // Only unnamed frames have one, so the hashes of other stacks stay as they were.
+        if let Some(e) = &f.elf {
+            eat(e.build_id.as_bytes());
+            eat(&e.address.to_le_bytes());
+        }
     }
     h.max(1)
 }
@@ -92,8 +97,10 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
     // Each location's frames, outermost first (pprof lists the innermost inlined first).
     let mut locations: HashMap<u64, Vec<Frame>> = HashMap::new();
     for loc in &p.location {
-        let module = mappings.get(&loc.mapping_id).map_or("[unknown]", |m| s(m.filename));
-        let frames = (loc.line.iter().rev().enumerate())
+        let mapping = mappings.get(&loc.mapping_id);
+        let module = mapping.map_or("[unknown]", |m| s(m.filename));
+        let build_id = mapping.map_or("", |m| s(m.build_id));
+        let mut frames: Vec<Frame> = (loc.line.iter().rev().enumerate())
             .map(|(i, l)| {
                 let f = functions.get(&l.function_id);
                 Frame {
@@ -105,9 +112,19 @@ pub fn from_pprof(meta: WindowMeta, p: &proto::Profile, stacks: &mut Stacks) -> 
                     column: u32::try_from(l.column).ok().filter(|&x| x > 0),
                     // All but the outermost of a location were inlined into the one before.
                     inlined: i > 0,
+                    elf: None,
                 }
             })
             .collect();
+        // A frame its agent left unnamed keeps where it is, to be named later (`query`).
+        if let [f] = frames.as_mut_slice()
+            && loc.address != 0
+            && !build_id.is_empty()
+            && unnamed_offset(f).is_some()
+        {
+            let build_id = build_id.to_owned();
+            f.elf = Some(Box::new(ElfAddress { build_id, address: loc.address }));
+        }
         locations.insert(loc.id, frames);
     }
     let value_index = |name: &str| p.sample_type.iter().position(|t| s(t.r#type) == name);
@@ -208,5 +225,69 @@ mod tests {
         assert_eq!(n.len(), 2);
         assert_eq!(n[0].len(), 2);
         assert_eq!(n[1][0].function, "hot");
+    }
+
+    /// A pprof location its agent left unnamed, with an address and its mapping's build-id.
+    fn unnamed_window(build_id: &str) -> proto::Profile {
+        let strings = ["", "samples", "count", "app", build_id, "0x1130", "main"];
+        proto::Profile {
+            sample_type: vec![proto::ValueType { r#type: 1, unit: 2 }],
+            mapping: vec![proto::Mapping { id: 1, filename: 3, build_id: 4, ..Default::default() }],
+            location: vec![
+                proto::Location {
+                    id: 1,
+                    mapping_id: 1,
+                    address: 0x401130,
+                    line: vec![proto::Line { function_id: 1, line: 0, column: 0 }],
+                },
+                proto::Location {
+                    id: 2,
+                    mapping_id: 1,
+                    address: 0,
+                    line: vec![proto::Line { function_id: 2, line: 3, column: 0 }],
+                },
+            ],
+            function: vec![
+                proto::Function { id: 1, name: 5, system_name: 5, ..Default::default() },
+                proto::Function { id: 2, name: 6, system_name: 6, ..Default::default() },
+            ],
+            sample: vec![proto::Sample { location_id: vec![1, 2], value: vec![3], label: vec![] }],
+            string_table: strings.map(str::to_owned).to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn meta() -> WindowMeta {
+        WindowMeta {
+            window_id: "w".into(),
+            start_ms: 0,
+            end_ms: 1000,
+            samples: 3,
+            labels: crate::agent::labels::WindowLabels {
+                service_name: "app".into(),
+                host: "h".into(),
+                pid: 0,
+                process: String::new(),
+                container_runtime: None,
+                container_id: None,
+                systemd_unit: None,
+                pod_uid: None,
+                pod_qos: None,
+            },
+        }
+    }
+
+    #[test]
+    fn unnamed_frames_keep_build_id_and_address_and_hash_apart_per_build() {
+        let mut stacks = Stacks::new();
+        let a = from_pprof(meta(), &unnamed_window("aaaa"), &mut stacks).unwrap();
+        let b = from_pprof(meta(), &unnamed_window("bbbb"), &mut stacks).unwrap();
+        let frames = &stacks[&a.rows[0].stack];
+        assert_eq!(frames[0].function, "main");
+        assert_eq!(frames[0].elf, None, "a named frame has none");
+        let elf = frames[1].elf.as_deref().expect("the unnamed frame keeps its place");
+        assert_eq!((elf.build_id.as_str(), elf.address), ("aaaa", 0x401130));
+        // The same file offset in two builds is two stacks.
+        assert_ne!(a.rows[0].stack, b.rows[0].stack);
     }
 }

@@ -196,6 +196,15 @@ pub struct QueryArgs {
     /// Gzip the output whatever its name (a `.gz` name always is).
     #[arg(short = 'z', long)]
     pub compress: bool,
+    /// Name the frames agents left as addresses (stripped files) from debug files here, by
+    /// build-id as under /usr/lib/debug (`DIR/.build-id/xx/rest.debug`).
+    #[arg(long, value_name = "DIR")]
+    pub debug_dir: Option<PathBuf>,
+    /// No progress lines and no report.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub debuginfod: DebuginfodArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -354,19 +363,26 @@ pub struct DebuginfodArgs {
 }
 
 impl DebuginfodArgs {
-    /// Makes symbolization in this process use debuginfod as these arguments say.
-    pub fn apply(&self) {
-        use crate::symbolize::debuginfod::{Config, configure};
+    /// Makes symbolization in this process use debuginfod as these arguments say (`quiet`:
+    /// without progress lines).
+    pub fn apply(&self, quiet: bool) {
+        crate::symbolize::debuginfod::configure(self.config(quiet));
+    }
+
+    /// The debuginfod configuration these arguments say (None: none).
+    pub fn config(&self, quiet: bool) -> Option<crate::symbolize::debuginfod::Config> {
+        use crate::symbolize::debuginfod::Config;
         let config = match (self.no_debuginfod, self.debuginfod.is_empty()) {
             (true, _) => None,
             (false, true) => Config::from_env(),
             (false, false) => Config::with_urls(self.debuginfod.clone()),
         };
-        configure(config.map(|c| Config {
+        config.map(|c| Config {
             timeout: self.debuginfod_timeout,
             budget: self.debuginfod_budget,
+            quiet,
             ..c
-        }));
+        })
     }
 }
 

@@ -11,7 +11,7 @@ use crate::{
 };
 
 pub fn run(args: RecordArgs) -> Result<()> {
-    args.debuginfod.apply();
+    args.debuginfod.apply(args.quiet);
     let plan = RecordPlan::from_args(args)?;
     // Before anything slow: an unwritable path fails now, not after the recording.
     let output =

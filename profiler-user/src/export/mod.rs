@@ -29,8 +29,8 @@ use crate::{
         snapshot::{StoreSnapshot, read_events},
     },
     symbolize::{
-        ModuleSource, SymbolizeErrors, Symbols, module_build_ids, module_sources, name_jit,
-        name_labels, symbolize,
+        ModuleSource, SymbolizeErrors, Symbols, keep_unnamed_addresses, module_build_ids,
+        module_sources, name_jit, name_labels, symbolize,
     },
     writers::{
         EventSink, Format, ProfileContext,
@@ -179,10 +179,12 @@ impl ExportJob {
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(crate::symbolize::named_from_processes);
         let build_ids = module_build_ids(&self.modules);
+        let modules = self.modules.clone();
         let (mut symbols, errors) = match symbolizer {
             Some(s) => s.symbolize(addrs, std::mem::take(&mut self.modules))?,
             None => symbolize(addrs, std::mem::take(&mut self.modules))?,
         };
+        keep_unnamed_addresses(&mut symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);
         name_jit(&mut symbols, &labels, &self.processes);
         let me = Pid(std::process::id());
@@ -287,10 +289,12 @@ impl ExportJob {
         let (labels, addrs): (Vec<FrameAddr>, Vec<FrameAddr>) =
             frames.into_iter().partition(crate::symbolize::named_from_processes);
         let build_ids = module_build_ids(&self.modules);
+        let modules = self.modules.clone();
         let (mut symbols, errors) = match service {
             Some(s) => s.symbolize(addrs, self.modules)?,
             None => symbolize(addrs, self.modules)?,
         };
+        keep_unnamed_addresses(&mut symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);
         name_jit(&mut symbols, &labels, &self.processes);
         Ok(Symbolized {

@@ -44,6 +44,17 @@ pub struct Frame {
     pub column: Option<u32>,
     /// True for a frame of a function inlined into the next-outer frame (same address).
     pub inlined: bool,
+    /// A frame left unnamed in a file with a build-id: where it is in that file, to name it
+    /// elsewhere later from the file's debug file (`query`).
+    pub elf: Option<Box<ElfAddress>>,
+}
+
+/// A place in an ELF file known by its GNU build-id (lower-case hex): its virtual address, as
+/// the file's symbols and its debug file's DWARF give them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ElfAddress {
+    pub build_id: String,
+    pub address: u64,
 }
 
 /// Index into [`SymbolizedStacks::frames`].

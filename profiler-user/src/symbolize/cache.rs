@@ -100,6 +100,7 @@ impl CachedFrame {
             line: self.line,
             column: self.column,
             inlined: self.inlined,
+            elf: None,
         }
     }
 }
@@ -432,6 +433,7 @@ pub(crate) mod tests {
             line: None,
             column: None,
             inlined: false,
+            elf: None,
         }]
     }
 

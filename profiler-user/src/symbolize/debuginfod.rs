@@ -40,6 +40,8 @@ pub struct Config {
     pub cache: PathBuf,
     pub timeout: Duration,
     pub budget: Duration,
+    /// No progress lines (`-q`).
+    pub quiet: bool,
 }
 
 impl Config {
@@ -60,6 +62,7 @@ impl Config {
             cache: cache_root(),
             timeout: DEFAULT_TIMEOUT,
             budget: DEFAULT_BUDGET,
+            quiet: false,
         })
     }
 }
@@ -222,7 +225,7 @@ pub fn debug_files(config: &Config, ids: &[String], stats: &mut Stats) -> HashMa
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                if Instant::now() >= next_progress {
+                if Instant::now() >= next_progress && !config.quiet {
                     let bytes = progress.load(std::sync::atomic::Ordering::Relaxed);
                     eprintln!(
                         "rsprof-bpf: debuginfod: {done} of {total} debug files after {:.0?}, {:.1} MiB \
@@ -264,7 +267,7 @@ fn cache_miss(cache: &Path) -> Duration {
 }
 
 /// The build-id of the ELF file at `path`, lower-case hex.
-fn file_build_id(path: &Path) -> Option<String> {
+pub fn file_build_id(path: &Path) -> Option<String> {
     let file = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping of a file in our cache; a file truncated meanwhile
     // faults only this read.
@@ -408,6 +411,7 @@ mod tests {
             cache: dir.path().to_owned(),
             timeout: Duration::from_secs(2),
             budget: Duration::from_secs(5),
+            quiet: false,
         };
         let id = "00112233445566778899aabbccddeeff00112233".to_owned();
         write_negative(&config.cache, &id);

@@ -3,6 +3,7 @@
 //! address (inlined functions expand to several, outermost first). Each address is resolved
 //! once: results are cached by (module, offset) or kernel address.
 
+pub mod by_build_id;
 pub mod cache;
 pub mod debuginfod;
 mod dwarf;
@@ -31,7 +32,7 @@ use crate::{
         address::FrameAddr,
         ids::ModuleId,
         process::ProcessesMeta,
-        stacks::{Frame, FrameKind, JitLanguage},
+        stacks::{ElfAddress, Frame, FrameKind, JitLanguage},
     },
 };
 
@@ -188,6 +189,7 @@ pub fn name_labels(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Proce
                 line: None,
                 column: None,
                 inlined: false,
+                elf: None,
             }],
         );
     }
@@ -238,6 +240,7 @@ pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Processe
                 line: s.line,
                 column: None,
                 inlined: false,
+                elf: None,
             },
             // Its process was forgotten while the frame was stored (not expected).
             None => Frame {
@@ -248,6 +251,7 @@ pub fn name_jit(symbols: &mut Symbols, addrs: &[FrameAddr], processes: &Processe
                 line: None,
                 column: None,
                 inlined: false,
+                elf: None,
             },
         };
         symbols.insert(a, vec![frame]);
@@ -638,6 +642,7 @@ impl SymbolizerThread {
                             line: None,
                             column: None,
                             inlined: false,
+                            elf: None,
                         }],
                     );
                 }
@@ -859,33 +864,39 @@ impl SymbolizerThread {
                         self.function_starts
                             .insert(FrameAddr::User { module, offset }, (start, offset));
                     }
-                    // blazesym reports the innermost location on the symbol and, for each
-                    // inlined function, the call site in its caller: shift them so each frame
-                    // carries the line executing in that function.
-                    let mut names: Vec<String> = vec![s.name.to_string()];
-                    names.extend(s.inlined.iter().map(|f| f.name.to_string()));
-                    let mut locs: Vec<_> = s.inlined.iter().map(|f| f.code_info.clone()).collect();
-                    locs.push(s.code_info.as_deref().cloned());
-                    names
-                        .into_iter()
-                        .zip(locs)
-                        .enumerate()
-                        .map(|(depth, (name, loc))| Frame {
-                            kind: FrameKind::User,
-                            function: name,
-                            module: m.name.clone(),
-                            file: loc.as_ref().map(|c| c.to_path().display().to_string()),
-                            line: loc.as_ref().and_then(|c| c.line),
-                            column: loc.as_ref().and_then(|c| c.column.map(u32::from)),
-                            inlined: depth > 0,
-                        })
-                        .collect()
+                    sym_frames(s, &m.name)
                 }
                 _ => vec![unknown(FrameKind::User, offset, &m.name)],
             };
             self.out.insert(FrameAddr::User { module, offset }, frames);
         }
     }
+}
+
+/// The frames of a user address blazesym named, outermost first.
+fn sym_frames(s: &blazesym::symbolize::Sym<'_>, module: &str) -> Vec<Frame> {
+    // blazesym reports the innermost location on the symbol and, for each inlined function,
+    // the call site in its caller: shift them so each frame carries the line executing in
+    // that function.
+    let mut names: Vec<String> = vec![s.name.to_string()];
+    names.extend(s.inlined.iter().map(|f| f.name.to_string()));
+    let mut locs: Vec<_> = s.inlined.iter().map(|f| f.code_info.clone()).collect();
+    locs.push(s.code_info.as_deref().cloned());
+    names
+        .into_iter()
+        .zip(locs)
+        .enumerate()
+        .map(|(depth, (name, loc))| Frame {
+            kind: FrameKind::User,
+            function: name,
+            module: module.to_owned(),
+            file: loc.as_ref().map(|c| c.to_path().display().to_string()),
+            line: loc.as_ref().and_then(|c| c.line),
+            column: loc.as_ref().and_then(|c| c.column.map(u32::from)),
+            inlined: depth > 0,
+            elf: None,
+        })
+        .collect()
 }
 
 /// Whether blazesym names the ELF file at `path` from its `.dynsym` alone: it has no
@@ -947,6 +958,7 @@ fn go_frames(table: &gopclntab::GoTable, offset: u64, module: &str) -> Option<Ve
                 line: f.line,
                 column: None,
                 inlined: f.inlined,
+                elf: None,
             })
             .collect(),
     )
@@ -965,6 +977,7 @@ fn off_cpu_not_captured() -> Frame {
         line: None,
         column: None,
         inlined: false,
+        elf: None,
     }
 }
 
@@ -977,6 +990,39 @@ fn kernel_frame(function: String) -> Frame {
         line: None,
         column: None,
         inlined: false,
+        elf: None,
+    }
+}
+
+/// The file offset an unnamed frame of a module's file keeps in its name (see `unknown`).
+pub fn unnamed_offset(f: &Frame) -> Option<u64> {
+    if f.kind != FrameKind::User || f.file.is_some() || f.module.starts_with('[') {
+        return None;
+    }
+    u64::from_str_radix(f.function.strip_prefix("0x")?, 16).ok()
+}
+
+/// Gives each frame left unnamed in a file with a build-id its ELF virtual address (`elf`):
+/// its file offset through the file's loadable segments, read here where the file is. With
+/// the build-id it names the frame from the file's debug file anywhere, later (`query`), as a
+/// debug file made by `objcopy --only-keep-debug` keeps addresses but not file offsets.
+pub fn keep_unnamed_addresses(symbols: &mut Symbols, modules: &[ModuleSource]) {
+    let mut loads: HashMap<ModuleId, Option<dwarf::DwarfSource>> = HashMap::new();
+    for (addr, frames) in symbols.iter_mut() {
+        let (FrameAddr::User { module, offset }, [f]) = (addr, frames.as_mut_slice()) else {
+            continue;
+        };
+        if unnamed_offset(f) != Some(*offset) {
+            continue;
+        }
+        let Some(m) = modules.get(module.0 as usize) else { continue };
+        let Some(build_id) = &m.build_id else { continue };
+        let segments = loads
+            .entry(*module)
+            .or_insert_with(|| m.open_path.as_deref().and_then(|p| dwarf::with_debug_file(p, p)));
+        if let Some(address) = segments.as_ref().and_then(|s| s.address(*offset)) {
+            f.elf = Some(Box::new(ElfAddress { build_id: build_id.clone(), address }));
+        }
     }
 }
 
@@ -989,6 +1035,7 @@ fn unknown(kind: FrameKind, addr: u64, module: &str) -> Frame {
         line: None,
         column: None,
         inlined: false,
+        elf: None,
     }
 }
 

@@ -209,6 +209,7 @@ mod tests {
             line: None,
             column: None,
             inlined: false,
+            elf: None,
         };
         assert_eq!(super::frame_text(&f), "JS:*jsHotAlpha /x.js:3:20_[j]");
     }

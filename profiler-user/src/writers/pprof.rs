@@ -282,7 +282,9 @@ impl<'a> Builder<'a> {
             m.has_line_numbers |= frames_of.iter().any(|f| f.line.is_some());
         }
         let id = self.locations.len() as u64 + 1;
-        self.locations.push(proto::Location { id, mapping_id, address: 0, line });
+        // An unnamed frame's ELF address: with its mapping's build-id, named at read time.
+        let address = frames_of.first().and_then(|f| f.elf.as_ref()).map_or(0, |e| e.address);
+        self.locations.push(proto::Location { id, mapping_id, address, line });
         self.location_ids.insert(frames, id);
         id
     }

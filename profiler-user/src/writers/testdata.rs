@@ -46,6 +46,7 @@ pub fn frame(kind: FrameKind, function: &str, module: &str) -> Frame {
         line: None,
         column: None,
         inlined: false,
+        elf: None,
     }
 }
 

@@ -14,6 +14,10 @@
 //!   (pid reuse within a window; rare, and changing the key needs new tables). `ORDER BY (service_name, host, window_start, …)` makes "service
 //!   X, hosts Y, time range Z" a range scan of the primary key; `PARTITION BY` day.
 //! * `rsprof_windows`: one row per window, written last: the commit record.
+//! * `rsprof_names`: frames agents left unnamed (stripped files; `rsprof_stacks` keeps their
+//!   file's build-id and ELF address in `build_ids`/`addrs`), as `query` named them from debug
+//!   files, per (build-id, address): a fleet's queries name each address once. Written by
+//!   `query`; added to older databases (and the two `rsprof_stacks` columns) when missing.
 //!
 //! Exactly once, although the forwarder may deliver a window again (a crash or a lost answer
 //! after the server stored it): delivery first looks the window up in `rsprof_windows` and
@@ -51,7 +55,7 @@ use crate::{
         sinks::{RemoteSink, SinkError},
         spool::WindowMeta,
     },
-    model::stacks::Frame,
+    model::stacks::{ElfAddress, Frame},
 };
 
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
@@ -244,7 +248,9 @@ fn schema(ttl_days: Option<u32>) -> [String; 3] {
     files Array(String),
     lines Array(UInt32),
     cols Array(UInt32),
-    inlined Array(UInt8)
+    inlined Array(UInt8),
+    build_ids Array(String),
+    addrs Array(UInt64)
 ) ENGINE = ReplacingMergeTree() PARTITION BY toYYYYMMDD(day) ORDER BY stack_hash{}",
             ttl("day")
         ),
@@ -382,6 +388,34 @@ struct StackRow {
     lines: Vec<u32>,
     cols: Vec<u32>,
     inlined: Vec<u8>,
+    /// Per frame: its file's build-id and its ELF address when it was left unnamed, else ''
+    /// and 0 (both empty in tables of older agents).
+    #[serde(default)]
+    build_ids: Vec<String>,
+    #[serde(default, deserialize_with = "vec_u64_any")]
+    addrs: Vec<u64>,
+}
+
+/// The frame columns `rsprof_stacks` gained for unnamed frames, added to a table made before.
+const ELF_COLUMNS: [(&str, &str); 2] = [("build_ids", "Array(String)"), ("addrs", "Array(UInt64)")];
+
+/// The columns of `table` in the current database.
+fn columns(client: &Client, table: &str) -> Result<HashSet<String>, Failure> {
+    let sql = format!(
+        "SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {} \
+         FORMAT TSV",
+        quote(table)
+    );
+    Ok(client.run(&sql, None)?.lines().map(str::to_owned).collect())
+}
+
+/// Adds `ELF_COLUMNS` to an `rsprof_stacks` made by an older agent.
+fn add_elf_columns(client: &Client) -> Result<(), Failure> {
+    let have = columns(client, "rsprof_stacks")?;
+    for (name, ty) in ELF_COLUMNS.iter().filter(|(n, _)| !have.contains(*n)) {
+        client.run(&format!("ALTER TABLE rsprof_stacks ADD COLUMN {name} {ty}"), None)?;
+    }
+    Ok(())
 }
 
 impl StackRow {
@@ -395,6 +429,10 @@ impl StackRow {
             lines: frames.iter().map(|f| f.line.unwrap_or(0)).collect(),
             cols: frames.iter().map(|f| f.column.unwrap_or(0)).collect(),
             inlined: frames.iter().map(|f| u8::from(f.inlined)).collect(),
+            build_ids: (frames.iter())
+                .map(|f| f.elf.as_ref().map_or(String::new(), |e| e.build_id.clone()))
+                .collect(),
+            addrs: frames.iter().map(|f| f.elf.as_ref().map_or(0, |e| e.address)).collect(),
         }
     }
 
@@ -412,6 +450,12 @@ impl StackRow {
                     line: nz(self.lines.get(i)),
                     column: nz(self.cols.get(i)),
                     inlined: self.inlined.get(i).is_some_and(|&x| x != 0),
+                    elf: match (self.build_ids.get(i), self.addrs.get(i)) {
+                        (Some(b), Some(&address)) if !b.is_empty() && address != 0 => {
+                            Some(Box::new(ElfAddress { build_id: b.clone(), address }))
+                        }
+                        _ => None,
+                    },
                 }
             })
             .collect()
@@ -430,6 +474,100 @@ fn u64_any<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         N::Num(n) => Ok(n),
         N::Str(s) => s.parse().map_err(serde::de::Error::custom),
     }
+}
+
+const NAMES_TABLE: &str = "CREATE TABLE IF NOT EXISTS rsprof_names (
+    build_id String,
+    address UInt64,
+    functions Array(String),
+    files Array(String),
+    lines Array(UInt32),
+    cols Array(UInt32),
+    inlined Array(UInt8)
+) ENGINE = ReplacingMergeTree() ORDER BY (build_id, address)";
+
+/// A row of `rsprof_names`: the frames at one address, outermost first.
+#[derive(Serialize, Deserialize)]
+struct NameRow {
+    build_id: String,
+    #[serde(deserialize_with = "u64_any")]
+    address: u64,
+    functions: Vec<String>,
+    files: Vec<String>,
+    lines: Vec<u32>,
+    cols: Vec<u32>,
+    inlined: Vec<u8>,
+}
+
+/// The names the database at `url` holds for `wanted` (frames outermost first, `module`
+/// empty); none when it has no `rsprof_names` yet.
+pub fn stored_names(url: &str, wanted: &[ElfAddress]) -> Result<Vec<(ElfAddress, Vec<Frame>)>> {
+    let client = Client::new(url, Duration::from_secs(600))?;
+    if wanted.is_empty()
+        || columns(&client, "rsprof_names").map_err(Failure::into_error)?.is_empty()
+    {
+        return Ok(Vec::new());
+    }
+    let mut ids: Vec<String> = wanted.iter().map(|e| quote(&e.build_id)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let addrs: Vec<String> = wanted.iter().map(|e| e.address.to_string()).collect();
+    let rows: Vec<NameRow> = json_rows(&client.query(&format!(
+        "SELECT build_id, address, any(functions) AS functions, any(files) AS files, any(lines) \
+         AS lines, any(cols) AS cols, any(inlined) AS inlined FROM rsprof_names WHERE build_id \
+         IN ({}) AND address IN ({}) GROUP BY build_id, address FORMAT JSONEachRow",
+        ids.join(", "),
+        addrs.join(", ")
+    ))?)?;
+    let wanted: HashSet<&ElfAddress> = wanted.iter().collect();
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let at = ElfAddress { build_id: r.build_id.clone(), address: r.address };
+            let stack = StackRow {
+                day: 0,
+                stack_hash: 0,
+                modules: vec![String::new(); r.functions.len()],
+                functions: r.functions,
+                files: r.files,
+                lines: r.lines,
+                cols: r.cols,
+                inlined: r.inlined,
+                build_ids: Vec::new(),
+                addrs: Vec::new(),
+            };
+            (at, stack.frames())
+        })
+        .filter(|(at, frames)| wanted.contains(at) && !frames.is_empty())
+        .collect())
+}
+
+/// Stores names `query` found (see `rsprof_names`), the table made if missing.
+pub fn store_names(url: &str, named: &[(ElfAddress, Vec<Frame>)]) -> Result<()> {
+    if named.is_empty() {
+        return Ok(());
+    }
+    let client = Client::new(url, Duration::from_secs(60))?;
+    client.query(NAMES_TABLE)?;
+    let rows = named.iter().map(|(at, frames)| NameRow {
+        build_id: at.build_id.clone(),
+        address: at.address,
+        functions: frames.iter().map(|f| f.function.clone()).collect(),
+        files: frames.iter().map(|f| f.file.clone().unwrap_or_default()).collect(),
+        lines: frames.iter().map(|f| f.line.unwrap_or(0)).collect(),
+        cols: frames.iter().map(|f| f.column.unwrap_or(0)).collect(),
+        inlined: frames.iter().map(|f| u8::from(f.inlined)).collect(),
+    });
+    (client.run("INSERT INTO rsprof_names FORMAT JSONEachRow", Some(&json_lines(rows))))
+        .map(drop)
+        .map_err(Failure::into_error)
+}
+
+/// `u64_any` for an array.
+fn vec_u64_any<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct N(#[serde(deserialize_with = "u64_any")] u64);
+    Ok(Vec::<N>::deserialize(d)?.into_iter().map(|n| n.0).collect())
 }
 
 /// JSONEachRow: one JSON object per line (serde_json escapes quotes, backslashes and control
@@ -498,6 +636,7 @@ impl ClickHouseSink {
         for sql in schema(ttl.then_some(self.retention_days)) {
             self.client.run(&sql, None)?;
         }
+        add_elf_columns(&self.client)?;
         self.schema = Some(ttl);
         Ok(ttl)
     }
@@ -916,9 +1055,15 @@ pub fn read_windows(url: &str, sel: &Selection) -> Result<(Vec<WindowRows>, Stac
             w.rows.sort_unstable_by(order);
         }
     }
+    // Tables of older agents lack the columns of unnamed frames.
+    let have = columns(&client, "rsprof_stacks").map_err(Failure::into_error)?;
+    let elf = match ELF_COLUMNS.iter().all(|(n, _)| have.contains(*n)) {
+        true => ", any(build_ids) AS build_ids, any(addrs) AS addrs",
+        false => "",
+    };
     let stack_rows: Vec<StackRow> = json_rows(&client.query(&format!(
         "SELECT stack_hash, any(functions) AS functions, any(modules) AS modules, any(files) AS \
-         files, any(lines) AS lines, any(cols) AS cols, any(inlined) AS inlined FROM \
+         files, any(lines) AS lines, any(cols) AS cols, any(inlined) AS inlined{elf} FROM \
          rsprof_stacks WHERE stack_hash IN (SELECT stack_hash FROM rsprof_samples WHERE {row_cond}) \
          GROUP BY stack_hash FORMAT JSONEachRow"
     ))?)?;
