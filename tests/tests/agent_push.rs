@@ -443,12 +443,17 @@ fn rejecting(test: &str, code: u16) -> (String, Vec<Vec<Pushed>>) {
     let dir = spool_dir(test);
     let receiver = Receiver::start(0, code);
     let url = format!("http://127.0.0.1:{}", receiver.port);
-    // Two busy processes: every window holds at least two profiles, so a batch is more
-    // than one request's worth even on a quiet host (on one, a window held a single
-    // profile and no batch was ever split).
+    // Two busy programs of different names, so two services: every window holds at least
+    // two profiles, so a batch is more than one request's worth even on a quiet host (on one,
+    // a window held a single profile and no batch was ever split). Two processes of one
+    // program would fold into one profile (windows are per service).
     let exe = fixtures::build("split").expect("build split");
-    let busy: Vec<Background> = (0..2)
-        .map(|_| Background(Command::new(&exe).arg("20").spawn().expect("start split")))
+    let other = output_path(&format!("{test}_bin"), "d").join("split_other");
+    std::fs::create_dir_all(other.parent().unwrap()).unwrap();
+    std::fs::copy(&exe, &other).unwrap();
+    let busy: Vec<Background> = [&exe, &other]
+        .into_iter()
+        .map(|e| Background(Command::new(e).arg("20").spawn().expect("start split")))
         .collect();
     // Queue mode (no --spool): windows are deleted once the sink is done with them.
     let mut agent = Agent::start(&[
