@@ -97,7 +97,7 @@ struct Run {
     post: Option<f64>,
 }
 
-fn forks_since_boot() -> u64 {
+pub(crate) fn forks_since_boot() -> u64 {
     fs::read_to_string("/proc/stat")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("processes ")?.trim().parse().ok()))

@@ -119,23 +119,26 @@ impl PyStats {
         self.no_thread_state + self.no_frame + self.read_fault + self.not_loaded + self.unplaced
     }
 
+    /// Records (`unit`) with Python frames and those without, by why (both summary lines).
+    fn with_and_without(&self, unit: &str) -> String {
+        format!(
+            "{}{unit} with Python frames, {} without: {} in threads without a Python thread state, {} \
+             between frames, {} unreadable, {} before the process was known, {} with no eval \
+             loop frame to place them at",
+            self.samples_with,
+            self.without(),
+            self.no_thread_state,
+            self.no_frame,
+            self.read_fault,
+            self.not_loaded,
+            self.unplaced
+        )
+    }
+
     /// The summary's line on off-CPU records (these stats counting them), None without any.
     pub fn render_off_cpu(&self) -> Option<String> {
         let n = self.samples_with + self.without();
-        (n > 0).then(|| {
-            format!(
-                "  python off-CPU records: {} with Python frames, {} without: {} in threads \
-                 without a Python thread state, {} between frames, {} unreadable, {} before the \
-                 process was known, {} with no eval loop frame to place them at",
-                self.samples_with,
-                self.without(),
-                self.no_thread_state,
-                self.no_frame,
-                self.read_fault,
-                self.not_loaded,
-                self.unplaced
-            )
-        })
+        (n > 0).then(|| format!("  python off-CPU records: {}", self.with_and_without("")))
     }
 
     /// The summary's line, None when no CPython ran.
@@ -144,20 +147,12 @@ impl PyStats {
             return None;
         }
         Some(format!(
-            "python: {} processes, {} samples with Python frames, {} without: {} in threads \
-             without a Python thread state, {} between frames, {} unreadable, {} before the \
-             process was known, {} with no eval loop frame to place them at; {} placed from \
-             the leaf (stacks cut), {} under a cut native stack, {} cut at {} frames; code objects: {} read, {} unreadable, \
-             {} not code objects, {} reused; {} frames still setting up skipped; {} \
-             interpreter files unsupported",
+            "python: {} processes, {}; {} placed from the leaf (stacks cut), {} \
+             under a cut native stack, {} cut at {} frames; code objects: {} read, {} \
+             unreadable, {} not code objects, {} reused; {} frames still setting up skipped; \
+             {} interpreter files unsupported",
             self.processes,
-            self.samples_with,
-            self.without(),
-            self.no_thread_state,
-            self.no_frame,
-            self.read_fault,
-            self.not_loaded,
-            self.unplaced,
+            self.with_and_without(" samples"),
             self.mismatched,
             self.above_cut,
             self.truncated,

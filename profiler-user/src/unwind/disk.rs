@@ -10,6 +10,7 @@ use std::io::Read as _;
 
 use profiler_common::UnwindRow;
 
+use super::FileIdentity;
 use crate::system::cache_dir::CacheDir;
 
 const CACHE_ENV: &str = "RSPROF_UNWIND_CACHE";
@@ -23,8 +24,6 @@ const MAGIC: &[u8; 8] = b"RSPUNW\0\x01";
 const VERSION: u32 = 1;
 const HEADER: usize = 8 + 4 + 4 + 8 * 4 + 8 + 4 + 4;
 const ROW: usize = std::mem::size_of::<UnwindRow>();
-
-pub type FileIdentity = (u64, u64, i64, u64);
 
 /// A table read back: its rows and the separate-debug-file FDEs it was built with.
 pub struct Cached {

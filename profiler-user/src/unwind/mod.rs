@@ -50,7 +50,7 @@ use crate::{
 
 /// A file as the kernel sees it: (device, inode, mtime ns, size). A file replaced in place
 /// keeps its inode but not its mtime.
-type FileIdentity = (u64, u64, i64, u64);
+pub(crate) type FileIdentity = (u64, u64, i64, u64);
 
 /// What became of a file's table.
 #[derive(Clone, Copy, Debug)]

@@ -45,13 +45,6 @@ struct Phase {
     files_per_window: f64,
 }
 
-fn processes_since_boot() -> anyhow::Result<u64> {
-    fs::read_to_string("/proc/stat")?
-        .lines()
-        .find_map(|l| l.strip_prefix("processes ")?.trim().parse().ok())
-        .context("no processes line in /proc/stat")
-}
-
 /// Runs `curl --version` every 10 ms until `stop`.
 fn paced_execs(stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
     thread::spawn(move || {
@@ -106,7 +99,8 @@ fn phase(
     // Profiles (one `.pb.gz` per service and window; each has a metadata file beside it).
     let files = |d: &Path| super::dir_bytes(d).1;
     let (a_cpu0, a_bpf0, p_cpu0) = (cpu_seconds(a)?, bpf_seconds(a)?, cpu_seconds(p)?);
-    let (execs0, files0, t0) = (processes_since_boot()?, files(&spool), Instant::now());
+    let (execs0, files0, t0) =
+        (crate::bench_cost::forks_since_boot(), files(&spool), Instant::now());
     let (mut agent_rss, mut perf_rss) =
         (vec![rss_kib(a)?], vec![status_kib(p, "VmRSS:").unwrap_or(0)]);
     while t0.elapsed() < Duration::from_secs(secs) {
@@ -115,7 +109,7 @@ fn phase(
         perf_rss.push(status_kib(p, "VmRSS:").unwrap_or(0));
     }
     let wall = t0.elapsed().as_secs_f64();
-    let execs = processes_since_boot()? - execs0;
+    let execs = crate::bench_cost::forks_since_boot().saturating_sub(execs0);
     let (a_cpu, a_bpf) = (cpu_seconds(a)? - a_cpu0, bpf_seconds(a)? - a_bpf0);
     let p_cpu = cpu_seconds(p)? - p_cpu0;
     let files_per_window = (files(&spool) - files0) as f64 / (wall / WINDOW as f64);
