@@ -34,7 +34,7 @@ use crate::{
     },
     writers::{
         EventSink, Format, ProfileContext,
-        summary::{ProfileStats, SummaryCounts},
+        stats::{ProfileStats, SummaryCounts},
     },
 };
 use output::PendingOutput;

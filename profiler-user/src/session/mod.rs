@@ -4,6 +4,7 @@
 //! through `messages`.
 
 pub mod messages;
+mod summary;
 mod timer;
 
 use std::time::{Duration, Instant};
@@ -30,7 +31,7 @@ use crate::{
     store::{ChunkedStore, StoreStats, WindowCursor, WindowSnapshot, chunks::Recycled},
     system::{host, launch, procfs},
     usdt::{self, UsdtSession},
-    writers::{Format, summary},
+    writers::Format,
 };
 use messages::Messages;
 use timer::DrainTimer;

@@ -1,7 +1,7 @@
 //! Profile writers: each turns a recording (its events plus a [`ProfileContext`]) into one
 //! output. `gecko` is the only code that produces Gecko (Firefox Profiler) JSON, `pprof` the
-//! only one producing pprof protobuf, `collapsed` folded stack lines; `summary` tallies the
-//! text summary printed at the end of a recording. [`Format`] picks the file writer.
+//! only one producing pprof protobuf, `collapsed` folded stack lines; `stats` tallies what the
+//! profile holds for the session's summary. [`Format`] picks the file writer.
 //!
 //! Export reads storage once and hands every event to each writer through [`EventSink`]
 //! (each thread's events in time order), then asks the file writers to write.
@@ -9,7 +9,7 @@
 pub mod collapsed;
 pub mod gecko;
 pub mod pprof;
-pub mod summary;
+pub mod stats;
 #[cfg(test)]
 pub(crate) mod testdata;
 
