@@ -82,7 +82,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let flight = (plan.flight.as_ref())
         .map(|f| flight::FlightServer::start(f, wake.clone(), symbolizer.clone(), msgs))
         .transpose()?;
-    let mut recorder = Recorder::start(&plan.record, msgs)?;
+    let mut recorder = Recorder::start(&plan.record, msgs, None)?;
     recorder.agent_mode(wake, plan.flight.as_ref().map(|f| f.keep));
     if let Some(listener) = listener {
         let (req_tx, req_rx) = tokio::sync::mpsc::channel(4);

@@ -2,13 +2,18 @@
 //! dispatches, `processes` is the process and thread table, `modules` maps user addresses to
 //! (file, offset) while the process is alive, `stack` normalizes a sample's stack,
 //! `stack_cache` skips that for a stack seen moments before, and `outbox` holds what other
-//! parts act on after each drain.
+//! parts act on after each drain. `facts` is where processes that existed before the
+//! recording are read (/proc, or a raw stream); `raw` is that stream's format (`--save-raw`)
+//! and `replay` feeds a collector from one.
 
 pub mod buildid;
 pub mod collector;
 pub mod elf;
+pub mod facts;
 pub mod modules;
 pub mod outbox;
 pub mod processes;
+pub mod raw;
+pub mod replay;
 pub mod stack;
 pub mod stack_cache;

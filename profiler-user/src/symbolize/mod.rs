@@ -11,6 +11,7 @@ pub mod gopclntab;
 pub mod jitdump;
 pub mod pages;
 pub mod perfmap;
+pub mod recorded_names;
 
 use std::{
     collections::HashMap,
@@ -99,6 +100,11 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
 /// address, None where it has none.
 pub trait KernelNames: Send {
     fn name(&mut self, addrs: &[u64]) -> Result<Vec<Option<KernelSymbol>>>;
+    /// Whether an address this namer leaves unnamed stays unnamed, rather than going to
+    /// /proc/kallsyms (a replay's namer: kallsyms there is another time's, or hidden).
+    fn only_source(&self) -> bool {
+        false
+    }
 }
 
 /// The kallsyms symbol holding a kernel address: its name, and the address's offset in it and
@@ -121,10 +127,11 @@ pub fn use_kernel_names(names: Box<dyn KernelNames>) {
 }
 
 /// Names `addrs` with the kernel namer, if there is one and it works: None otherwise.
-fn kernel_names(addrs: &[u64]) -> Option<Vec<Option<KernelSymbol>>> {
+fn kernel_names(addrs: &[u64]) -> Option<(Vec<Option<KernelSymbol>>, bool)> {
     let mut namer = KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    let only = namer.as_ref()?.only_source();
     match namer.as_mut()?.name(addrs) {
-        Ok(names) => Some(names),
+        Ok(names) => Some((names, only)),
         // Once failed, kallsyms from then on: the names are the same, only slower to get.
         Err(_) => {
             *namer = None;
@@ -662,7 +669,7 @@ impl SymbolizerThread {
             return;
         }
         let mut left = addrs.to_vec();
-        if let Some(names) = kernel_names(addrs) {
+        if let Some((names, only)) = kernel_names(addrs) {
             left.clear();
             for (&addr, name) in addrs.iter().zip(names) {
                 match name {
@@ -675,6 +682,10 @@ impl SymbolizerThread {
                             self.function_starts.insert(FrameAddr::Kernel(addr), (start, last));
                         }
                         self.out.insert(FrameAddr::Kernel(addr), vec![kernel_frame(sym.name)]);
+                    }
+                    None if only => {
+                        let frame = unknown(FrameKind::Kernel, addr, KERNEL_MODULE);
+                        self.out.insert(FrameAddr::Kernel(addr), vec![frame]);
                     }
                     // Cut short or unknown: kallsyms decides.
                     None => left.push(addr),
