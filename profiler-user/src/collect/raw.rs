@@ -383,10 +383,11 @@ mod tests {
         ]
     }
 
-    fn written(entries: &[Entry]) -> Vec<u8> {
+    /// The file `RawWriter` makes of `entries` (under `name`: tests run in parallel).
+    fn written(name: &str, entries: &[Entry]) -> Vec<u8> {
         let dir = std::env::temp_dir().join(format!("rsprof-raw-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("t{}.raw", entries.len()));
+        let path = dir.join(name);
         let mut w = RawWriter::create(&path).unwrap();
         for e in entries {
             w.write(e);
@@ -409,7 +410,7 @@ mod tests {
     #[test]
     fn every_kind_of_entry_round_trips() {
         let entries = every_kind();
-        assert_eq!(read_all(&written(&entries)).unwrap(), entries);
+        assert_eq!(read_all(&written("round-trip.raw", &entries)).unwrap(), entries);
     }
 
     /// A stream cut anywhere is an error saying so (or, cut between entries, fewer entries),
@@ -417,7 +418,7 @@ mod tests {
     #[test]
     fn cut_and_garbage_streams_are_errors() {
         let entries = every_kind();
-        let bytes = written(&entries);
+        let bytes = written("cut.raw", &entries);
         let mut plain = Vec::new();
         MultiGzDecoder::new(&bytes[..]).read_to_end(&mut plain).unwrap();
         for cut in 0..plain.len() {
