@@ -321,14 +321,17 @@ fn fixed<const N: usize>(payload: &[u8], n: u64) -> Result<[u8; N]> {
 }
 
 /// Reads until `buf` is full or the input ends; the bytes read.
-fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match input.read(&mut buf[got..]) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                bail!("truncated: the compressed stream ends early ({e})")
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("corrupt compressed stream")),
         }
     }
     Ok(got)
