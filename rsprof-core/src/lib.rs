@@ -21,7 +21,6 @@ pub mod debugfile;
 pub mod decode;
 pub mod export;
 pub mod model;
-pub mod python;
 pub mod store;
 pub mod symbolize;
 pub mod system;

@@ -27,6 +27,7 @@ mod bench_offcpu;
 mod bench_storage;
 mod bench_unwind;
 mod bench_usdt;
+mod layers;
 mod setup;
 
 use std::ffi::OsString;
@@ -78,6 +79,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         test_args: Vec<OsString>,
     },
+    /// Print the imports between each crate's top-level modules; fail on a cycle.
+    Layers,
     /// Measure the profiler's overhead against perf record and update BENCHMARKS.md.
     Bench(bench::BenchArgs),
     /// Measure the cost of one USDT probe hit with and without the profiler attached and
@@ -132,6 +135,7 @@ fn main() {
         Cmd::Build { no_setup } => setup_unless(no_setup).and_then(|()| build()).map(|_| ()),
         Cmd::Run { no_setup, args } => setup_unless(no_setup).and_then(|()| run(args)),
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
+        Cmd::Layers => layers::layers(),
         Cmd::Bench(args) => bench::bench(args),
         Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
         Cmd::BenchCost(args) => bench_cost::bench_cost(args),

@@ -3,4 +3,4 @@
 
 pub mod loader;
 
-pub use rsprof_core::python::*;
+pub use rsprof_core::collect::python::*;

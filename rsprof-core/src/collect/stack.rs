@@ -4,6 +4,7 @@
 //! that pushed them, then kernel frames.
 
 use crate::{
+    collect::jitdump::At,
     collect::{
         modules::{ModuleTable, read_address_space},
         processes::{ProcessInfo, SpaceSource},
@@ -13,7 +14,6 @@ use crate::{
         address::FrameAddr,
         ids::{LabelId, ModuleId, Pid},
     },
-    symbolize::jitdump::At,
     system::procfs::ProcError,
 };
 

@@ -8,9 +8,7 @@ pub mod cache;
 pub mod debuginfod;
 mod dwarf;
 pub mod gopclntab;
-pub mod jitdump;
 pub mod pages;
-pub mod perfmap;
 
 use std::{
     collections::HashMap,
@@ -201,7 +199,7 @@ pub fn named_from_processes(a: &FrameAddr) -> bool {
     matches!(a, FrameAddr::Label { .. } | FrameAddr::Jit { .. } | FrameAddr::Anon { .. })
 }
 
-/// The "library" of Python frames read from the interpreter (`crate::python`).
+/// The "library" of Python frames read from the interpreter (`crate::collect::python`).
 pub const PYTHON_MODULE: &str = "[python]";
 
 /// The "library" of frames in anonymous executable memory no perf map named.

@@ -186,7 +186,7 @@ mod tests {
     /// The header directories of every CPython the table must match: Debian's 3.11 and each
     /// pyenv 3.8–3.13. A missing one fails, naming it.
     fn installed_headers() -> Vec<(String, u32, PathBuf)> {
-        let pyenv = crate::python::tests_pyenv_root();
+        let pyenv = crate::collect::python::tests_pyenv_root();
         let mut found =
             vec![("/usr/include/python3.11".to_owned(), 11, "/usr/include/python3.11".into())];
         let mut missing = Vec::new();

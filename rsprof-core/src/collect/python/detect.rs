@@ -157,7 +157,7 @@ mod tests {
     /// Each installed interpreter file is found, with the version it really is.
     #[test]
     fn finds_each_installed_cpython_and_its_version() {
-        let pyenv = crate::python::tests_pyenv_root();
+        let pyenv = crate::collect::python::tests_pyenv_root();
         let mut files = vec![("/usr/bin/python3.11".into(), 11)];
         for (v, minor) in [
             ("3.8.18", 8),
