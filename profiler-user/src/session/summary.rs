@@ -232,7 +232,7 @@ pub fn render(i: &SummaryInput) -> String {
             d.bad_record,
             d.unknown,
             d.over_bound,
-            human_bytes(crate::symbolize::jitdump::MAX_DUMP_BYTES as usize).trim(),
+            human_bytes(crate::collect::jitdump::MAX_DUMP_BYTES as usize).trim(),
             d.arch_timestamps
         );
     }
@@ -253,7 +253,7 @@ pub fn render(i: &SummaryInput) -> String {
             human_bytes(m.bytes as usize).trim(),
             m.garbage,
             m.over_bound,
-            human_bytes(crate::symbolize::perfmap::MAX_MAP_BYTES as usize).trim(),
+            human_bytes(crate::collect::perfmap::MAX_MAP_BYTES as usize).trim(),
             m.refused
         );
     }

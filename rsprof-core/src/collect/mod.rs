@@ -8,11 +8,15 @@
 
 pub mod buildid;
 pub mod collector;
+pub mod copied;
 pub mod elf;
 pub mod facts;
+pub mod jitdump;
 pub mod modules;
 pub mod outbox;
+pub mod perfmap;
 pub mod processes;
+pub mod python;
 pub mod raw;
 pub mod replay;
 pub mod stack;

@@ -4,16 +4,16 @@
 //! that pushed them, then kernel frames.
 
 use crate::{
-    bpf::decode::{LabelRef, Sample},
+    collect::jitdump::At,
     collect::{
         modules::{ModuleTable, parse_maps},
         processes::{ProcessInfo, SpaceSource},
     },
+    decode::{LabelRef, Sample},
     model::{
         address::FrameAddr,
         ids::{LabelId, ModuleId, Pid},
     },
-    symbolize::jitdump::At,
     system::procfs::ProcError,
 };
 

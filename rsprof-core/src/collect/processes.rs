@@ -8,16 +8,16 @@ use std::{
 };
 
 use crate::{
-    bpf::decode::LabelRef,
     collect::modules::AddressSpace,
+    collect::{
+        jitdump::{self, ProcessJitDump},
+        perfmap::{self, ProcessPerfMap},
+    },
+    decode::LabelRef,
     model::{
         ids::{JitSymbolId, LabelId, ModuleId, Pid, Tid},
         process::{JitSymbol, ProcessMeta, ProcessesMeta},
         time::MonoNs,
-    },
-    symbolize::{
-        jitdump::{self, ProcessJitDump},
-        perfmap::{self, ProcessPerfMap},
     },
     system::cgroup::{fs::PathCache, membership::ProcessCgroup},
 };
@@ -89,7 +89,7 @@ pub struct ProcessInfo {
     /// It mapped anonymous code (JIT) since its exec.
     pub made_code: bool,
     /// Its CPython interpreter, if it runs one, and the space version last looked at for it.
-    pub python: crate::python::ProcessPython,
+    pub python: crate::collect::python::ProcessPython,
     pub python_checked: u64,
 }
 

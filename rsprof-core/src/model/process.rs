@@ -74,7 +74,7 @@ pub struct JitSymbol {
     pub line: Option<u32>,
     /// Named from a jitdump (else a perf map).
     pub from_dump: bool,
-    /// Read from the interpreter's own frames (`crate::python`), not named by a perf map.
+    /// Read from the interpreter's own frames (`crate::collect::python`), not named by a perf map.
     pub interpreter: bool,
 }
 

@@ -6,10 +6,7 @@
 //! `outbox`.
 
 use crate::{
-    bpf::decode::{
-        self, KernelEvent, LabelDepthEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent,
-        TaskKind,
-    },
+    collect::copied::CopiedStacks,
     collect::{
         facts::{LiveProc, ProcFacts},
         modules::{LoadedAt, Mapping, ModuleTable},
@@ -18,14 +15,17 @@ use crate::{
         stack::{self, kernel_frames, read_space_once},
         stack_cache::StackCache,
     },
+    collect::{jitdump, perfmap::PerfMapStats},
+    decode::{
+        self, KernelEvent, LabelDepthEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent,
+        TaskKind,
+    },
     model::{
         address::{FrameAddr, UserStackEnd},
         ids::{CgroupId, LabelId, Pid, StackId, ThreadKey, Tid},
         time::MonoNs,
     },
     store::{SampleSink, codec::StoredSample},
-    symbolize::{jitdump, perfmap::PerfMapStats},
-    unwind::copied::CopiedStacks,
 };
 
 /// Distinct (process, label) sample counts kept for the summary.
@@ -86,8 +86,8 @@ pub struct CollectorStats {
     pub user_stacks_first_second: (u64, u64),
     pub user_stacks_after: (u64, u64),
     /// What reading Python frames did, for CPU samples and for off-CPU records.
-    pub python: crate::python::PyStats,
-    pub python_off_cpu: crate::python::PyStats,
+    pub python: crate::collect::python::PyStats,
+    pub python_off_cpu: crate::collect::python::PyStats,
 }
 
 /// How long after a process's first anonymous code drains follow each other closely.
@@ -110,7 +110,7 @@ pub struct Collector<S> {
     /// Drains should follow each other closely until then (`Recorder::drain`).
     pub drain_soon_until: MonoNs,
     /// Which processes run CPython.
-    pub python: crate::python::tracker::PyTracker,
+    pub python: crate::collect::python::tracker::PyTracker,
     /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
     off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
     frames: Vec<FrameAddr>,
@@ -221,7 +221,7 @@ impl<S: SampleSink> Collector<S> {
             return;
         }
         if self.python.check(pid, p, &self.modules, &mut self.stats.python) {
-            let until = crate::python::tracker::follow_until(MonoNs::now());
+            let until = crate::collect::python::tracker::follow_until(MonoNs::now());
             self.drain_soon_until = self.drain_soon_until.max(until);
         }
     }
@@ -561,7 +561,7 @@ impl<S: SampleSink> Collector<S> {
         }
         // The kernel knew its interpreter before this process was looked at (`PY_FILES`).
         if s.flags & profiler_common::SAMPLE_PY_MASK != 0
-            && !matches!(p.python, crate::python::ProcessPython::Python(_))
+            && !matches!(p.python, crate::collect::python::ProcessPython::Python(_))
             && p.python_checked != p.space.version()
         {
             self.check_python(s.pid);
@@ -569,7 +569,7 @@ impl<S: SampleSink> Collector<S> {
         let p = self.processes.processes.get_mut(&s.pid).expect("just added");
         // Label frames depend on more than the addresses (the labels, their depths), and so do
         // a CPython process's (its Python frames, and each sample's count).
-        let python = matches!(p.python, crate::python::ProcessPython::Python(_));
+        let python = matches!(p.python, crate::collect::python::ProcessPython::Python(_));
         let cacheable = s.labels.is_empty() && !python;
         let flags = u64::from(s.flags) | u64::from(s.off_cpu.is_some()) << 32;
         if cacheable
@@ -588,7 +588,7 @@ impl<S: SampleSink> Collector<S> {
         self.stats.unmapped_frames += r.unmapped;
         if python {
             let (on, off) = (&mut self.stats.python, &mut self.stats.python_off_cpu);
-            crate::python::merge::merge(&mut self.frames, s, p, on, off);
+            crate::collect::python::merge::merge(&mut self.frames, s, p, on, off);
         }
         if r.jit_named + r.jit_unnamed > 0 {
             self.stats.perf_maps.add(&p.perf_map.take_stats());
@@ -795,7 +795,7 @@ fn first_sight_space(
 mod tests {
     use super::*;
     use crate::{
-        bpf::decode::{LabelRef, MappedPath},
+        decode::{LabelRef, MappedPath},
         model::ids::Tid,
         store::{ChunkedStore, chunks::ChunkedBuffer},
     };
