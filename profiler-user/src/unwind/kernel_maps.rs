@@ -48,13 +48,16 @@ impl ProcessSink for BpfHashMap<MapData, u32, UnwindProcess> {
     }
 }
 
+/// A process entry written (pid, its mappings) or removed (pid, None).
+pub type EntryWrite = (u32, Option<u32>);
+
 /// Rows and entries kept in memory: what the kernel's maps would hold.
 #[derive(Clone)]
 pub struct Recorded {
     pub rows: Arc<Mutex<Vec<UnwindRow>>>,
     pub procs: Arc<Mutex<HashMap<u32, UnwindProcess>>>,
-    /// Every insert and removal, in order: (pid, mappings written; None for a removal).
-    pub log: Arc<Mutex<Vec<(u32, Option<u32>)>>>,
+    /// Every insert and removal, in order.
+    pub log: Arc<Mutex<Vec<EntryWrite>>>,
 }
 
 impl Recorded {
