@@ -76,13 +76,13 @@ pub fn run(args: AgentArgs) -> Result<()> {
         None => None,
     };
     ignore_sighup(msgs)?;
-    // One symbolizer for windows and dumps: each address is named once.
-    let symbolizer = std::sync::Arc::new(Service::start()?);
     let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut recorder = Recorder::start(&plan.record, msgs)?;
+    // One symbolizer for windows and dumps: each address is named once.
+    let symbolizer = std::sync::Arc::new(Service::start(recorder.kernel_namer())?);
     let flight = (plan.flight.as_ref())
         .map(|f| flight::FlightServer::start(f, wake.clone(), symbolizer.clone(), msgs))
         .transpose()?;
-    let mut recorder = Recorder::start(&plan.record, msgs)?;
     recorder.agent_mode(wake, plan.flight.as_ref().map(|f| f.keep));
     if let Some(listener) = listener {
         let (req_tx, req_rx) = tokio::sync::mpsc::channel(4);

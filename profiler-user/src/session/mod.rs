@@ -29,6 +29,7 @@ use crate::{
         time::{MonoNs, clock_pair},
     },
     store::{ChunkedStore, StoreStats, WindowCursor, WindowSnapshot, chunks::Recycled},
+    symbolize::KernelNamer,
     system::{host, launch, procfs},
     usdt::{self, UsdtSession},
     writers::Format,
@@ -150,6 +151,9 @@ pub struct Recorder<'p> {
     plan: &'p RecordPlan,
     msgs: Messages,
     bpf: BpfObject,
+    /// Names kernel addresses through `bpf` for this recording's exports (and an agent's
+    /// symbolizer).
+    kernel: KernelNamer,
     collector: Collector<ChunkedStore>,
     usdt: UsdtSession,
     /// Unwind tables (None with `--unwind fp`).
@@ -251,8 +255,9 @@ impl<'p> Recorder<'p> {
             msgs.info(format_args!("tracefs was not mounted: mounted it at {at}"));
         }
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
+        let kernel = KernelNamer::default();
         match bpf.kernel_namer() {
-            Ok(namer) => crate::symbolize::use_kernel_names(Box::new(namer)),
+            Ok(namer) => kernel.set(Box::new(namer)),
             Err(e) => msgs.info(format_args!(
                 "kernel addresses are named from /proc/kallsyms (naming them through BPF: {e:#})"
             )),
@@ -394,6 +399,7 @@ impl<'p> Recorder<'p> {
             plan,
             msgs,
             bpf,
+            kernel,
             collector,
             usdt,
             unwind,
@@ -659,7 +665,10 @@ impl<'p> Recorder<'p> {
             ..self.info.clone()
         };
         let snapshot = std::mem::take(&mut w.snapshot);
-        (ExportJob::from_snapshot(&self.collector, snapshot, info), w)
+        let mut job = ExportJob::from_snapshot(&self.collector, snapshot, info);
+        job.kernel = self.kernel.clone();
+        job.kernel = self.kernel.clone();
+        (job, w)
     }
 
     /// For an agent: `run_until` also returns (None) when `wake` is notified, and on SIGUSR1
@@ -693,12 +702,18 @@ impl<'p> Recorder<'p> {
             ..self.info.clone()
         };
         let mut job = ExportJob::from_snapshot(&self.collector, snapshot, info);
+        job.kernel = self.kernel.clone();
         job.marker_schemas = self.usdt.marker_schemas();
         job.open = self.usdt.open_markers();
         job
     }
 
     /// When sampling began.
+    /// The recording's kernel namer, for a symbolizer that outlives its exports (the agent's).
+    pub fn kernel_namer(&self) -> KernelNamer {
+        self.kernel.clone()
+    }
+
     pub fn started(&self) -> MonoNs {
         self.info.start
     }
@@ -726,7 +741,9 @@ impl<'p> Recorder<'p> {
         let p = &self.plan;
         let path = snapshot_dest(&p.output, &p.output_dest, n, p.format, p.compress);
         let (schemas, open) = (self.usdt.marker_schemas(), self.usdt.open_markers());
-        let job = ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
+        let mut job =
+            ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
+        job.kernel = self.kernel.clone();
         let output = PendingOutput::create(&path).map(|o| o.compress(self.plan.compress));
         let (msgs, format) = (self.msgs, self.plan.format);
         let handle = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
@@ -768,7 +785,8 @@ impl<'p> Recorder<'p> {
             "Nothing recorded: no sample or marker matched in {duration_s:.2} s (stopped by \
              {stop_reason})"
         );
-        let job = ExportJob::finish(self.collector, info, marker_schemas);
+        let mut job = ExportJob::finish(self.collector, info, marker_schemas);
+        job.kernel = self.kernel;
         let described = output.describe();
         let Written { stats, nothing_recorded, symbolize_errors, bytes } =
             job.write(output, self.plan.format, &empty_note)?;
