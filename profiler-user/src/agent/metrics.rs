@@ -203,6 +203,25 @@ fn host_labels(host: &str) -> impl Iterator<Item = (Cow<'static, str>, Cow<'stat
 }
 
 impl AgentMetrics {
+    /// The symbolizer's counters since `seen` (its totals at the last window).
+    pub fn symbolizer(
+        &self,
+        st: &crate::symbolize::ServiceStats,
+        seen: &crate::symbolize::ServiceStats,
+    ) {
+        let mw = &self.windows;
+        mw.symbol_lookups.inc_by(st.asked - seen.asked);
+        mw.symbol_cache_hits.inc_by(st.cached - seen.cached);
+        mw.symbol_cache_entries.set(st.entries as i64);
+        mw.symbol_cache_bytes.set(st.bytes as i64);
+        mw.symbol_cache_evictions.inc_by(st.evicted - seen.evicted);
+        mw.symbol_files.set(st.files as i64);
+        mw.symbol_file_evictions.inc_by(st.files_evicted - seen.files_evicted);
+        mw.symbolizer_rebuilds.inc_by(st.rebuilds - seen.rebuilds);
+        mw.symbol_dwarf_reads.inc_by(st.dwarf_reads - seen.dwarf_reads);
+        mw.symbol_dwarf_copy_failures.inc_by(st.dwarf_copy_failures - seen.dwarf_copy_failures);
+    }
+
     /// `queue`: the spool shared with the remote sinks' forwarders, whose counters are read on
     /// each scrape.
     pub fn new(host: &str, queue: Option<Arc<Queue>>) -> Arc<Self> {

@@ -6,6 +6,7 @@
 pub mod messages;
 mod summary;
 mod timer;
+pub mod windows;
 
 use std::time::{Duration, Instant};
 
@@ -28,7 +29,7 @@ use crate::{
         recording::RecordingInfo,
         time::{MonoNs, clock_pair},
     },
-    store::{ChunkedStore, StoreStats, WindowCursor, WindowSnapshot, chunks::Recycled},
+    store::{ChunkedStore, StoreStats, chunks::Recycled},
     symbolize::KernelNamer,
     system::{host, launch, procfs},
     usdt::{self, UsdtSession},
@@ -647,75 +648,14 @@ impl<'p> Recorder<'p> {
         result
     }
 
-    /// The events since `cursor` (None: since sampling began) for an agent's window, ready to
-    /// symbolize on another thread; memory of earlier windows is released. Drains first.
-    pub fn window(
-        &mut self,
-        cursor: Option<WindowCursor>,
-        start: MonoNs,
-    ) -> (ExportJob, WindowSnapshot) {
-        self.drain();
-        let end = MonoNs::now();
-        let mut w = self.collector.store.window_snapshot(cursor);
-        let info = RecordingInfo {
-            start,
-            start_wall_ms: self.info.start_wall_ms
-                + (start.0 as f64 - self.info.start.0 as f64) / 1e6,
-            end,
-            ..self.info.clone()
-        };
-        let snapshot = std::mem::take(&mut w.snapshot);
-        let mut job = ExportJob::from_snapshot(&self.collector, snapshot, info);
-        job.kernel = self.kernel.clone();
-        job.kernel = self.kernel.clone();
-        (job, w)
-    }
-
-    /// For an agent: `run_until` also returns (None) when `wake` is notified, and on SIGUSR1
-    /// (see `take_usr1`); chunks its windows read are kept for `retain` (its flight recorder).
-    pub fn agent_mode(
-        &mut self,
-        wake: std::sync::Arc<tokio::sync::Notify>,
-        retain: Option<Duration>,
-    ) {
-        self.wake = Some(wake);
-        self.collector.store.set_retention(retain.map(|d| d.as_nanos() as u64));
-    }
-
     /// Whether SIGUSR1 came since the last call.
     pub fn take_usr1(&mut self) -> bool {
         std::mem::take(&mut self.usr1)
     }
 
-    /// The last `last` of what is stored (bounded by what the store still holds), with the
-    /// USDT marker schemas and open intervals, for a flight recorder dump. Drains first.
-    pub fn recent(&mut self, last: Duration) -> ExportJob {
-        self.drain();
-        let end = MonoNs::now();
-        let start = MonoNs(end.0.saturating_sub(last.as_nanos() as u64).max(self.info.start.0));
-        let snapshot = self.collector.store.snapshot_since(start.0);
-        let info = RecordingInfo {
-            start,
-            start_wall_ms: self.info.start_wall_ms
-                + (start.0 as f64 - self.info.start.0 as f64) / 1e6,
-            end,
-            ..self.info.clone()
-        };
-        let mut job = ExportJob::from_snapshot(&self.collector, snapshot, info);
-        job.kernel = self.kernel.clone();
-        job.marker_schemas = self.usdt.marker_schemas();
-        job.open = self.usdt.open_markers();
-        job
-    }
-
-    /// When sampling began.
     /// The recording's kernel namer, for a symbolizer that outlives its exports (the agent's).
     pub fn kernel_namer(&self) -> KernelNamer {
         self.kernel.clone()
-    }
-
-    pub fn started(&self) -> MonoNs {
-        self.info.start
     }
 
     /// Kernel counters, for an agent's periodic report.
