@@ -68,7 +68,7 @@ fn write(cx: &Context, w: Window, seen: &mut ServiceStats) -> u64 {
     let before = queue.with_spool(|s| s.stats);
     let n: u64 = profiles.iter().map(|p| p.samples).sum();
     for p in &profiles {
-        m.windows.samples(&p.labels.service_name, p.samples);
+        m.services.add(&p.labels.service_name, p.samples);
         let t = Instant::now();
         let written = queue.write(p);
         m.spool_write(written.is_ok(), t.elapsed());
