@@ -6,6 +6,7 @@
 
 pub mod buildid;
 pub mod collector;
+pub mod copied;
 pub mod elf;
 pub mod modules;
 pub mod outbox;

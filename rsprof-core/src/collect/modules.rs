@@ -14,7 +14,7 @@ use std::{
 
 use crate::model::ids::ModuleId;
 use crate::{
-    bpf::decode::MappedPath,
+    decode::MappedPath,
     model::ids::Pid,
     system::procfs::{self, MapsLine, ProcError},
 };

@@ -186,12 +186,12 @@ mod tests {
     /// The header directories of every CPython the table must match: Debian's 3.11 and each
     /// pyenv 3.8–3.13. A missing one fails, naming it.
     fn installed_headers() -> Vec<(String, u32, PathBuf)> {
-        let home = PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into()));
+        let pyenv = crate::python::tests_pyenv_root();
         let mut found =
             vec![("/usr/include/python3.11".to_owned(), 11, "/usr/include/python3.11".into())];
         let mut missing = Vec::new();
         for minor in MINORS {
-            let versions = home.join(".pyenv/versions");
+            let versions = pyenv.join("versions");
             let dir = std::fs::read_dir(&versions).ok().and_then(|d| {
                 d.filter_map(|e| e.ok())
                     .map(|e| e.path())
@@ -211,7 +211,11 @@ mod tests {
             PathBuf::from("/usr/include/python3.11/Python.h").is_file(),
             "/usr/include/python3.11 is missing: install Debian's python3.11-dev"
         );
-        assert!(missing.is_empty(), "CPython headers missing under ~/.pyenv/versions: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "CPython headers missing under {}/versions: {missing:?}",
+            pyenv.display()
+        );
         found
     }
 

@@ -25,7 +25,7 @@ use object::{
         elf::{CompressionHeader as _, FileHeader as _, SectionHeader as _},
     },
 };
-use profiler_unwind::DebugLinks;
+use profiler_unwind::{DebugLinks, UnwindTable};
 
 /// Overrides the debug root (tests).
 const DEBUG_ROOT_ENV: &str = "RSPROF_DEBUG_ROOT";
@@ -238,6 +238,57 @@ pub fn inflate_zlib(compressed: &[u8], size: u64) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(size as usize);
     flate2::read::ZlibDecoder::new(compressed).take(size).read_to_end(&mut out)?;
     Ok(out)
+}
+
+/// What a separate debug file did for a file.
+#[derive(Debug, Default)]
+pub enum DebugUse {
+    /// The file's own CFI covers all its code (or it is not a readable ELF file).
+    #[default]
+    NotNeeded,
+    /// Looked for, not found (with why candidates that exist were rejected).
+    NotFound { rejected: Vec<String> },
+    /// Found, but its `.debug_frame` is absent or adds nothing (e.g. libc's: its `.eh_frame`
+    /// covers what it can).
+    NoNewCfi,
+    /// Its `.debug_frame` filled `fdes` functions of the table.
+    Used { how: How, fdes: usize },
+    /// Found, but its `.debug_frame` does not compile.
+    Failed(String),
+}
+
+/// Compiles a file's own CFI and, when that leaves some of its code undescribed, adds the
+/// `.debug_frame` of its separate debug file if one is installed.
+pub fn with_debug_file(
+    data: &[u8],
+    mapped_path: &str,
+    root: &std::path::Path,
+) -> (Result<UnwindTable, String>, DebugUse) {
+    let own = UnwindTable::from_elf(data);
+    let lacks_cfi = match &own {
+        Ok(t) => t.stats().code_bytes_without_cfi > 0,
+        Err(profiler_unwind::Error::NoCfi) => true,
+        Err(_) => false,
+    };
+    let own = own.map_err(|e| e.to_string());
+    let Some(links) = lacks_cfi.then(|| profiler_unwind::debug_links(data).ok()).flatten() else {
+        return (own, DebugUse::NotNeeded);
+    };
+    let lookup = find(root, mapped_path, &links);
+    let Some(found) = lookup.found else {
+        return (own, DebugUse::NotFound { rejected: lookup.rejected });
+    };
+    let Some(frame) = found.debug_frame else {
+        return (own, DebugUse::NoNewCfi);
+    };
+    match UnwindTable::from_elf_with_debug_frame(data, Some(&frame)) {
+        Ok(t) if t.stats().separate_debug_frame_fdes > 0 => {
+            let fdes = t.stats().separate_debug_frame_fdes;
+            (Ok(t), DebugUse::Used { how: found.how, fdes })
+        }
+        Ok(_) => (own, DebugUse::NoNewCfi),
+        Err(e) => (own, DebugUse::Failed(format!("{}: {e}", found.path.display()))),
+    }
 }
 
 #[cfg(test)]

@@ -10,8 +10,9 @@ pub mod collapsed;
 pub mod gecko;
 pub mod pprof;
 pub mod stats;
-#[cfg(test)]
-pub(crate) mod testdata;
+// Fixtures for the writers' tests and the agent's (in the binary crate, through the feature).
+#[cfg(any(test, feature = "testdata"))]
+pub mod testdata;
 
 use std::{
     fmt,

@@ -4,11 +4,11 @@
 //! that pushed them, then kernel frames.
 
 use crate::{
-    bpf::decode::{LabelRef, Sample},
     collect::{
         modules::{ModuleTable, read_address_space},
         processes::{ProcessInfo, SpaceSource},
     },
+    decode::{LabelRef, Sample},
     model::{
         address::FrameAddr,
         ids::{LabelId, ModuleId, Pid},

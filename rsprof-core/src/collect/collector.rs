@@ -6,16 +6,17 @@
 //! `outbox`.
 
 use crate::{
-    bpf::decode::{
-        self, KernelEvent, LabelDepthEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent,
-        TaskKind,
-    },
+    collect::copied::CopiedStacks,
     collect::{
         modules::{LoadedAt, Mapping, ModuleTable},
         outbox::{Forked, Outbox},
         processes::{ProcessInfo, ProcessTable, SpaceSource},
         stack::{self, kernel_frames, read_space_once},
         stack_cache::StackCache,
+    },
+    decode::{
+        self, KernelEvent, LabelDepthEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent,
+        TaskKind,
     },
     model::{
         address::{FrameAddr, UserStackEnd},
@@ -25,7 +26,6 @@ use crate::{
     store::{SampleSink, codec::StoredSample},
     symbolize::{jitdump, perfmap::PerfMapStats},
     system::procfs,
-    unwind::copied::CopiedStacks,
 };
 
 /// Distinct (process, label) sample counts kept for the summary.
@@ -766,7 +766,7 @@ fn vdso_len() -> Option<u64> {
 mod tests {
     use super::*;
     use crate::{
-        bpf::decode::{LabelRef, MappedPath},
+        decode::{LabelRef, MappedPath},
         model::ids::Tid,
         store::{ChunkedStore, chunks::ChunkedBuffer},
     };

@@ -8,8 +8,8 @@ use std::{
 };
 
 use crate::{
-    bpf::decode::LabelRef,
     collect::modules::AddressSpace,
+    decode::LabelRef,
     model::{
         ids::{JitSymbolId, LabelId, ModuleId, Pid, Tid},
         process::{JitSymbol, ProcessMeta, ProcessesMeta},

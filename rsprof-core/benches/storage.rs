@@ -13,7 +13,7 @@ use std::{
     time::Instant,
 };
 
-use profiler_user::{
+use rsprof_core::{
     export::write_profile,
     model::{
         address::FrameAddr,
@@ -153,7 +153,7 @@ fn main() {
                     (FrameKind::User, format!("0x{addr:x}"), "[anon]".to_owned())
                 }
                 FrameAddr::Jit { symbol, .. } => (
-                    FrameKind::Jit(profiler_user::model::stacks::JitLanguage::Other),
+                    FrameKind::Jit(rsprof_core::model::stacks::JitLanguage::Other),
                     format!("jit {}", symbol.0),
                     "[jit]".to_owned(),
                 ),
@@ -192,10 +192,10 @@ fn main() {
         product: "bench".into(),
         oscpu: "Linux".into(),
     };
-    let note = profiler_user::model::markers::Marker {
+    let note = rsprof_core::model::markers::Marker {
         name: "unused".into(),
         schema: "unused".into(),
-        phase: profiler_user::model::markers::MarkerPhase::Instant,
+        phase: rsprof_core::model::markers::MarkerPhase::Instant,
         start: MonoNs(time),
         end: MonoNs(time),
         fields: vec![],

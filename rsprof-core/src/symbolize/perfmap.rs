@@ -714,10 +714,17 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert_eq!(open(me).unwrap_err(), OpenError::Refused("not a regular file"));
         std::fs::remove_file(&path).unwrap();
-        // Another user's file (the test runs as root, so it owns a file it gives away).
-        std::fs::write(&path, b"10 8 theirs\n").unwrap();
-        chown(&path, Some(65534), Some(65534)).unwrap();
-        assert_eq!(open(me).unwrap_err(), OpenError::Refused("owned by another user"));
+        // Another user's file: as root, a file it gives away; otherwise one of root's.
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::fs::write(&path, b"10 8 theirs\n").unwrap();
+            chown(&path, Some(65534), Some(65534)).unwrap();
+            assert_eq!(open(me).unwrap_err(), OpenError::Refused("owned by another user"));
+        } else {
+            let (_, uids) = status(me).unwrap();
+            let refused = open_in_root("/", "etc/passwd", uids).unwrap_err();
+            assert_eq!(refused, OpenError::Refused("owned by another user"));
+        }
     }
 
     #[test]

@@ -13,8 +13,8 @@ use profiler_common::{
 
 use super::{CodeEntry, MAX_CODES, ProcessPython, PyProcess, PyStats, RECHECK_NS, code};
 use crate::{
-    bpf::decode::Sample,
     collect::processes::{MAX_JIT_SYMBOLS, ProcessInfo},
+    decode::Sample,
     model::{address::FrameAddr, ids::Pid, process::JitSymbol, stacks::JitLanguage},
 };
 

@@ -82,7 +82,7 @@ pub fn source(path: &Path, debug_root: &Path, cache: &Path) -> Result<Option<Dwa
         return Ok(Some(DwarfSource { path: copy, loads: Some(loads()) }));
     }
     let Ok(links) = profiler_unwind::debug_links(&data) else { return Ok(None) };
-    let Some(debug) = crate::unwind::find_debug_file(debug_root, &path.to_string_lossy(), &links)
+    let Some(debug) = crate::debugfile::find_path(debug_root, &path.to_string_lossy(), &links)
     else {
         return Ok(None);
     };
@@ -178,7 +178,7 @@ fn inflate(data: &[u8]) -> Result<Vec<u8>, String> {
         if total > MAX_COPY_BYTES {
             return Err(format!("more than {MAX_COPY_BYTES} bytes uncompressed"));
         }
-        let out = crate::unwind::inflate_zlib(&d[24..], size)
+        let out = crate::debugfile::inflate_zlib(&d[24..], size)
             .map_err(|e| format!("inflating {}: {e}", s.name))?;
         if out.len() as u64 != size {
             return Err(format!("{} inflates to {} bytes, not {size}", s.name, out.len()));
@@ -197,7 +197,7 @@ pub(super) mod tests {
     use std::process::Command;
 
     use super::*;
-    use crate::unwind::run_tool as tool;
+    use crate::debugfile::tests::tool;
 
     /// A C program built with `-g` in `dir`, then split the way Debian ships it: `stripped`
     /// has no DWARF, its zlib-compressed debug file is under `root`'s `.build-id/`.
@@ -224,7 +224,7 @@ pub(super) mod tests {
         tool(Command::new("objcopy").arg("--strip-debug").arg(&exe).arg(&stripped));
         let root = dir.join("root");
         let links = profiler_unwind::debug_links(&std::fs::read(&stripped).unwrap()).unwrap();
-        let at = crate::unwind::build_id_path(&root, links.build_id.as_deref().unwrap());
+        let at = crate::debugfile::build_id_path(&root, links.build_id.as_deref().unwrap());
         std::fs::create_dir_all(at.parent().unwrap()).unwrap();
         std::fs::copy(&debug, &at).unwrap();
         Split { src, exe, stripped, root }

@@ -2,7 +2,7 @@
 //! the unwinder's table loader): typed mailboxes instead of public vectors to empty by hand.
 
 use crate::{
-    bpf::decode::RawUsdtHit,
+    decode::RawUsdtHit,
     model::{
         ids::{Pid, Tid},
         time::MonoNs,

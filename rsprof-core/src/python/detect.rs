@@ -157,7 +157,7 @@ mod tests {
     /// Each installed interpreter file is found, with the version it really is.
     #[test]
     fn finds_each_installed_cpython_and_its_version() {
-        let home = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into()));
+        let pyenv = crate::python::tests_pyenv_root();
         let mut files = vec![("/usr/bin/python3.11".into(), 11)];
         for (v, minor) in [
             ("3.8.18", 8),
@@ -167,10 +167,7 @@ mod tests {
             ("3.12.1", 12),
             ("3.13.0", 13),
         ] {
-            files.push((
-                home.join(format!(".pyenv/versions/{v}/lib/libpython3.{minor}.so.1.0")),
-                minor,
-            ));
+            files.push((pyenv.join(format!("versions/{v}/lib/libpython3.{minor}.so.1.0")), minor));
         }
         for (path, minor) in files {
             assert!(

@@ -25,8 +25,9 @@ use profiler_unwind::{
 };
 
 use crate::{
-    bpf::{counters::Counters, decode::Sample},
     collect::modules::{AddressSpace, ElfLayout, ModuleTable},
+    counters::Counters,
+    decode::Sample,
     model::ids::ModuleId,
 };
 
@@ -43,9 +44,9 @@ const CACHE_LIFETIME: Duration = Duration::from_secs(60);
 /// Files larger than this are not compiled here: compiling runs on the event loop, and a
 /// 100 MB compiler library takes seconds (more on a busy machine), during which the ring
 /// buffer fills and samples are lost. Their frames end the walk as "no table" (counted); the
-/// kernel's table for them lands from the worker threads. The same bound as the workers'
-/// urgent lane: what is small enough to compile while samples wait.
-pub(super) const COMPILE_WHILE_DRAINING_MAX_BYTES: u64 = super::worker::URGENT_MAX_BYTES;
+/// kernel's table for them lands from the worker threads. The unwind loader's urgent lane uses
+/// the same bound: what is small enough to compile while samples wait.
+pub const COMPILE_WHILE_DRAINING_MAX_BYTES: u64 = 16 << 20;
 
 /// `UNWIND_END_*` as the summary names them.
 const END_NAMES: [&str; UNWIND_END_COUNT as usize] = [
@@ -150,7 +151,7 @@ impl CopiedStacks {
     pub fn depth(
         &mut self,
         frames: u32,
-        copy: &crate::bpf::decode::StackCopy,
+        copy: &crate::decode::StackCopy,
         space: &AddressSpace,
         modules: &ModuleTable,
     ) -> Option<u32> {
@@ -165,7 +166,7 @@ impl CopiedStacks {
     /// to `max` frames, with the rules of the process whose address space is `space`.
     fn walk_copy(
         &mut self,
-        copy: &crate::bpf::decode::StackCopy,
+        copy: &crate::decode::StackCopy,
         max: usize,
         space: &AddressSpace,
         modules: &ModuleTable,
@@ -242,10 +243,10 @@ impl CopiedStacks {
         }
         self.cached_since.get_or_insert(started);
         // With the separate debug file's .debug_frame, as the kernel's tables (worker.rs).
-        let root = super::debugfile::debug_root();
+        let root = crate::debugfile::debug_root();
         let table = std::fs::read(&path)
             .ok()
-            .and_then(|data| super::worker::with_debug_file(&data, &m.path, &root).0.ok())
+            .and_then(|data| crate::debugfile::with_debug_file(&data, &m.path, &root).0.ok())
             .filter(|t| !t.rows().is_empty())
             .map(Arc::new);
         self.stats.compile_time += started.elapsed();
