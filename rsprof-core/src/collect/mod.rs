@@ -4,15 +4,15 @@
 //! `stack_cache` skips that for a stack seen moments before, and `outbox` holds what other
 //! parts act on after each drain.
 
-pub mod buildid;
+pub(crate) mod buildid;
 pub mod collector;
 pub mod copied;
-pub mod elf;
+pub(crate) mod elf;
 pub mod jitdump;
 pub mod modules;
 pub mod outbox;
 pub mod perfmap;
 pub mod processes;
 pub mod python;
-pub mod stack;
-pub mod stack_cache;
+pub(crate) mod stack;
+pub(crate) mod stack_cache;

@@ -4,11 +4,11 @@
 //! once: results are cached by (module, offset) or kernel address.
 
 pub mod by_build_id;
-pub mod cache;
+pub(crate) mod cache;
 pub mod debuginfod;
 mod dwarf;
-pub mod gopclntab;
-pub mod pages;
+pub(crate) mod gopclntab;
+pub(crate) mod pages;
 
 use std::{
     collections::HashMap,
@@ -363,7 +363,7 @@ impl Service {
                         }
                         total.dwarf_copy_failures = per_call.copy_failures;
                     }
-                    let gone = held.to_evict(&live);
+                    let gone = held.take_evictions(&live);
                     evicted_since_rebuild += gone.len() as u64;
                     if evicted_since_rebuild >= REBUILD_AFTER_EVICTIONS {
                         worker.sym = new_symbolizer();

@@ -10,21 +10,21 @@
 //!   `process` (executable and command line), `libs` (the modules a process's frames name,
 //!   with their build-ids).
 
-pub mod categories;
+pub(crate) mod categories;
 pub mod container;
 mod frame_table;
-pub mod libs;
+pub(crate) mod libs;
 mod marker_table;
 pub mod markers;
 pub mod process;
-pub mod profile;
+pub(crate) mod profile;
 mod sample_table;
 mod stack_table;
 mod string_table;
 #[cfg(test)]
 mod tests;
-pub mod thread;
-pub mod writer;
+pub(crate) mod thread;
+pub(crate) mod writer;
 
 use std::{collections::HashMap, io};
 
