@@ -146,7 +146,13 @@ mod tests {
         let addr = u64::from_str_radix(line.split(' ').next().unwrap(), 16).unwrap();
         assert_ne!(addr, 0, "kallsyms addresses are hidden: run as root");
         use crate::model::address::FrameAddr;
-        let out = crate::symbolize::symbolize(vec![FrameAddr::Kernel(addr + 4)], vec![]).unwrap().0;
+        let out = crate::symbolize::symbolize(
+            vec![FrameAddr::Kernel(addr + 4)],
+            vec![],
+            Default::default(),
+        )
+        .unwrap()
+        .0;
         assert_eq!(out[&FrameAddr::Kernel(addr + 4)][0].function, "do_sys_openat2");
     }
 }

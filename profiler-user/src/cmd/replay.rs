@@ -22,7 +22,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     let reader = RawReader::open(&args.raw)?;
     let r = replay::replay(reader).with_context(|| format!("replay {}", args.raw.display()))?;
     let names = r.kernel_names.len();
-    crate::symbolize::use_kernel_names(Box::new(r.kernel_names));
     let stats = r.collector.stats_now();
     let described = output.describe();
     let counters = Counters::read(|i| {
@@ -31,6 +30,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     .unwrap_or_else(|e| match e {});
     let note = format!("Nothing recorded (replay of {})", args.raw.display());
     let job = ExportJob::finish(r.collector, r.info, Vec::new());
+    // The recording's kernel names only: kallsyms here is hidden, or of another boot.
+    job.kernel.set(Box::new(r.kernel_names));
     let Written { stats: profile, .. } = job.write(output, format, &note)?;
     if args.quiet {
         return Ok(());

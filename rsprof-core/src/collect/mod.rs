@@ -6,10 +6,10 @@
 //! recording are read (/proc, or a raw stream); `raw` is that stream's format (`--save-raw`)
 //! and `replay` feeds a collector from one.
 
-pub mod buildid;
+pub(crate) mod buildid;
 pub mod collector;
 pub mod copied;
-pub mod elf;
+pub(crate) mod elf;
 pub mod facts;
 pub mod jitdump;
 pub mod modules;
@@ -19,5 +19,5 @@ pub mod processes;
 pub mod python;
 pub mod raw;
 pub mod replay;
-pub mod stack;
-pub mod stack_cache;
+pub(crate) mod stack;
+pub(crate) mod stack_cache;

@@ -29,8 +29,8 @@ use crate::{
         snapshot::{StoreSnapshot, read_events},
     },
     symbolize::{
-        ModuleSource, SymbolizeErrors, Symbols, keep_unnamed_addresses, module_build_ids,
-        module_sources, name_jit, name_labels, symbolize,
+        KernelNamer, ModuleSource, SymbolizeErrors, Symbols, keep_unnamed_addresses,
+        module_build_ids, module_sources, name_jit, name_labels, symbolize,
     },
     writers::{
         EventSink, Format, ProfileContext,
@@ -51,6 +51,8 @@ pub struct ExportJob {
     /// The final profile's module table, kept until symbolizing is done: `modules` may name
     /// files by the handles it holds (`/proc/self/fd/N`), e.g. a deleted executable.
     pub held_files: Option<crate::collect::modules::ModuleTable>,
+    /// Names kernel addresses when no symbolizer service is given (the recording's namer).
+    pub kernel: KernelNamer,
 }
 
 /// Schema of the note a profile with nothing recorded carries instead.
@@ -129,6 +131,7 @@ impl ExportJob {
             marker_schemas,
             open: Vec::new(),
             held_files: None,
+            kernel: KernelNamer::default(),
         }
     }
 
@@ -182,7 +185,7 @@ impl ExportJob {
         let modules = self.modules.clone();
         let (mut symbols, errors) = match symbolizer {
             Some(s) => s.symbolize(addrs, std::mem::take(&mut self.modules))?,
-            None => symbolize(addrs, std::mem::take(&mut self.modules))?,
+            None => symbolize(addrs, std::mem::take(&mut self.modules), self.kernel.clone())?,
         };
         keep_unnamed_addresses(&mut symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);
@@ -292,7 +295,7 @@ impl ExportJob {
         let modules = self.modules.clone();
         let (mut symbols, errors) = match service {
             Some(s) => s.symbolize(addrs, self.modules)?,
-            None => symbolize(addrs, self.modules)?,
+            None => symbolize(addrs, self.modules, self.kernel.clone())?,
         };
         keep_unnamed_addresses(&mut symbols, &modules);
         name_labels(&mut symbols, &labels, &self.processes);

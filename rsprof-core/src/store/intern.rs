@@ -82,10 +82,6 @@ impl<T: Hash + Eq + Clone> PrunableInterner<T> {
         self.ids.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
     /// Slots, live or free, indexed by id.
     pub fn slots(&self) -> &[Option<T>] {
         &self.items

@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 
 pub mod chunks;
 pub mod codec;
-pub mod intern;
+pub(crate) mod intern;
 
 pub mod snapshot;
 

@@ -304,10 +304,6 @@ impl FrameCache {
         self.map.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
     /// Estimated heap bytes held: entries and the strings they share.
     pub fn bytes(&self) -> usize {
         self.bytes + self.strings.bytes
@@ -371,7 +367,7 @@ impl HeldFiles {
 
     /// Removes and returns the paths to evict from the symbolizer: those no module in `live`
     /// reads any more, then the least recently used beyond the bound.
-    pub fn to_evict(&mut self, live: &HashSet<&Path>) -> Vec<PathBuf> {
+    pub fn take_evictions(&mut self, live: &HashSet<&Path>) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> =
             self.files.keys().filter(|p| !live.contains(p.as_path())).cloned().collect();
         for p in &out {
@@ -412,10 +408,6 @@ impl HeldFiles {
 
     pub fn len(&self) -> usize {
         self.files.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.files.is_empty()
     }
 }
 
@@ -609,12 +601,12 @@ pub(crate) mod tests {
             assert!(!h.use_file(p, *id, w as u64));
         }
         // Five held, three allowed: the two used first go.
-        let gone = h.to_evict(&all);
+        let gone = h.take_evictions(&all);
         assert_eq!(gone, vec![paths[0].clone(), paths[1].clone()]);
         assert_eq!(h.len(), 3);
         // A module released: its file goes though within the bound.
         let live: HashSet<&Path> = paths[3..].iter().map(PathBuf::as_path).collect();
-        assert_eq!(h.to_evict(&live), vec![paths[2].clone()]);
+        assert_eq!(h.take_evictions(&live), vec![paths[2].clone()]);
         // Another file at a held path must be evicted before use.
         assert!(h.use_file(&paths[3], ids[0], 10));
         assert_eq!(h.evicted, 4);

@@ -4,11 +4,11 @@
 //! once: results are cached by (module, offset) or kernel address.
 
 pub mod by_build_id;
-pub mod cache;
+pub(crate) mod cache;
 pub mod debuginfod;
 mod dwarf;
-pub mod gopclntab;
-pub mod pages;
+pub(crate) mod gopclntab;
+pub(crate) mod pages;
 pub mod recorded_names;
 
 use std::{
@@ -115,25 +115,29 @@ pub struct KernelSymbol {
     pub size: u64,
 }
 
-/// The process's kernel namer, set once its BPF object is loaded; kernel addresses are named
-/// from /proc/kallsyms without one, or when it fails.
-static KERNEL_NAMES: Mutex<Option<Box<dyn KernelNames>>> = Mutex::new(None);
+/// A recording's kernel namer: its BPF object's (the binary's `bpf::ksym`) once loaded, shared
+/// by the recording's exports and the agent's symbolizer. Unset, or once it failed, kernel
+/// addresses are named from /proc/kallsyms: the same names, only slower to get.
+#[derive(Clone, Default)]
+pub struct KernelNamer(Arc<Mutex<Option<Box<dyn KernelNames>>>>);
 
-/// Makes `names` name kernel addresses from now on.
-pub fn use_kernel_names(names: Box<dyn KernelNames>) {
-    *KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
-}
+impl KernelNamer {
+    /// Makes `names` name kernel addresses from now on.
+    pub fn set(&self, names: Box<dyn KernelNames>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
+    }
 
-/// Names `addrs` with the kernel namer, if there is one and it works: None otherwise.
-fn kernel_names(addrs: &[u64]) -> Option<(Vec<Option<KernelSymbol>>, bool)> {
-    let mut namer = KERNEL_NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    let only = namer.as_ref()?.only_source();
-    match namer.as_mut()?.name(addrs) {
-        Ok(names) => Some((names, only)),
-        // Once failed, kallsyms from then on: the names are the same, only slower to get.
-        Err(_) => {
-            *namer = None;
-            None
+    /// Names `addrs`, if there is a namer and it works: None otherwise; with whether the
+    /// namer is the only source (`KernelNames::only_source`).
+    fn name(&self, addrs: &[u64]) -> Option<(Vec<Option<KernelSymbol>>, bool)> {
+        let mut namer = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let only = namer.as_ref()?.only_source();
+        match namer.as_mut()?.name(addrs) {
+            Ok(names) => Some((names, only)),
+            Err(_) => {
+                *namer = None;
+                None
+            }
         }
     }
 }
@@ -155,12 +159,13 @@ pub struct SymbolizeErrors {
 pub fn symbolize(
     addrs: Vec<FrameAddr>,
     modules: Vec<ModuleSource>,
+    kernel: KernelNamer,
 ) -> Result<(Symbols, SymbolizeErrors)> {
     let (tx, rx) = mpsc::channel();
     thread::Builder::new()
         .name("symbolizer".into())
         .spawn(move || {
-            let mut worker = SymbolizerThread::new(false, None);
+            let mut worker = SymbolizerThread::new(false, None, kernel);
             let errors = worker.run(&addrs, &modules);
             let _ = tx.send((worker.out, errors));
         })
@@ -318,8 +323,9 @@ pub struct ServiceStats {
 }
 
 impl Service {
-    pub fn start() -> Result<Self> {
+    pub fn start(kernel: KernelNamer) -> Result<Self> {
         Self::with_bounds(
+            kernel,
             cache::FrameCache::new(SERVICE_CACHE_ENTRIES, SERVICE_CACHE_BYTES),
             cache::HeldFiles::new(SERVICE_HELD_FILES, SERVICE_HELD_FILE_BYTES),
             Some(PerCall::new(crate::debugfile::debug_root(), dwarf::cache_dir())),
@@ -327,6 +333,7 @@ impl Service {
     }
 
     fn with_bounds(
+        kernel: KernelNamer,
         mut names: cache::FrameCache,
         mut held: cache::HeldFiles,
         per_call: Option<PerCall>,
@@ -337,7 +344,7 @@ impl Service {
         thread::Builder::new()
             .name("symbolizer".into())
             .spawn(move || {
-                let mut worker = SymbolizerThread::new(true, per_call);
+                let mut worker = SymbolizerThread::new(true, per_call, kernel);
                 let mut total = ServiceStats::default();
                 let mut evicted_since_rebuild = 0;
                 for req in rx {
@@ -364,7 +371,7 @@ impl Service {
                         }
                         total.dwarf_copy_failures = per_call.copy_failures;
                     }
-                    let gone = held.to_evict(&live);
+                    let gone = held.take_evictions(&live);
                     evicted_since_rebuild += gone.len() as u64;
                     if evicted_since_rebuild >= REBUILD_AFTER_EVICTIONS {
                         worker.sym = new_symbolizer();
@@ -522,6 +529,8 @@ struct SymbolizerThread {
     /// `FrameCache::insert_function`): for a file, the offset asked; for the kernel, the
     /// symbol's end.
     function_starts: HashMap<FrameAddr, (u64, u64)>,
+    /// Names kernel addresses through BPF when the recording has a namer.
+    kernel: KernelNamer,
     /// For kernel addresses: its parsed kallsyms (a few MiB) is worth keeping, reading
     /// /proc/kallsyms again costs ~100 ms of CPU.
     ksym: Symbolizer,
@@ -601,8 +610,9 @@ fn new_symbolizer() -> Symbolizer {
 }
 
 impl SymbolizerThread {
-    fn new(function_entries: bool, per_call: Option<PerCall>) -> Self {
+    fn new(function_entries: bool, per_call: Option<PerCall>, kernel: KernelNamer) -> Self {
         Self {
+            kernel,
             sym: new_symbolizer(),
             function_entries,
             function_starts: HashMap::new(),
@@ -667,7 +677,7 @@ impl SymbolizerThread {
             return;
         }
         let mut left = addrs.to_vec();
-        if let Some((names, only)) = kernel_names(addrs) {
+        if let Some((names, only)) = self.kernel.name(addrs) {
             left.clear();
             for (&addr, name) in addrs.iter().zip(names) {
                 match name {
@@ -1067,7 +1077,9 @@ mod tests {
         let (module, offset) = space.lookup(addr).unwrap();
         let sources = module_sources(&mods);
         let fa = FrameAddr::User { module, offset };
-        let out = symbolize(vec![fa, FrameAddr::Unmapped(0x1234)], sources).unwrap().0;
+        let out = symbolize(vec![fa, FrameAddr::Unmapped(0x1234)], sources, KernelNamer::default())
+            .unwrap()
+            .0;
         let f = out[&fa].last().unwrap();
         assert!(f.function.contains("marker_function_for_symbolizer_test"), "{f:?}");
         assert_eq!(out[&FrameAddr::Unmapped(0x1234)][0].function, "0x1234");
@@ -1090,7 +1102,7 @@ mod tests {
         assert_eq!(mods.get(module).name, "[vdso]");
         let sources = module_sources(&mods);
         let fa = FrameAddr::User { module, offset: offset + 4 };
-        let out = symbolize(vec![fa], sources).unwrap().0;
+        let out = symbolize(vec![fa], sources, KernelNamer::default()).unwrap().0;
         let f = &out[&fa][0];
         assert!(f.function.contains("clock_gettime"), "{f:?}");
         assert_eq!(f.module, "[vdso]");
@@ -1139,14 +1151,14 @@ mod tests {
         let dir = cache::tests::TempDir::new("symservice-replaced");
         let lib = dir.path().join("lib.so");
         replace_with(&libc_path, &lib);
-        let service = Service::start().unwrap();
+        let service = Service::start(KernelNamer::default()).unwrap();
         let a = FrameAddr::User { module: ModuleId(0), offset };
         let first = service.symbolize(vec![a], vec![source(&lib)]).unwrap().0;
         assert!(function(&first, a).contains("getpid"), "{first:?}");
         // The same module id and serial now reads another file at the same path.
         replace_with(&other, &lib);
         let second = service.symbolize(vec![a], vec![source(&lib)]).unwrap().0;
-        let fresh = symbolize(vec![a], vec![source(&other)]).unwrap().0;
+        let fresh = symbolize(vec![a], vec![source(&other)], KernelNamer::default()).unwrap().0;
         assert_eq!(function(&second, a), function(&fresh, a));
         assert!(!function(&second, a).contains("getpid"), "{second:?}");
         let st = service.stats();
@@ -1177,8 +1189,8 @@ mod tests {
             .step_by(37)
             .map(|offset| FrameAddr::User { module: ModuleId(0), offset })
             .collect();
-        let alone = symbolize(addrs.clone(), vec![source(&lib)]).unwrap().0;
-        let service = Service::start().unwrap();
+        let alone = symbolize(addrs.clone(), vec![source(&lib)], KernelNamer::default()).unwrap().0;
+        let service = Service::start(KernelNamer::default()).unwrap();
         // Every 7th address, from 7 starting points: later windows fill in around earlier ones.
         for phase in [3, 6, 0, 5, 1, 4, 2] {
             let ask: Vec<FrameAddr> = addrs.iter().skip(phase).step_by(7).copied().collect();
@@ -1232,6 +1244,7 @@ mod tests {
             replace_with(&libc_path, p);
         }
         let service = Service::with_bounds(
+            KernelNamer::default(),
             cache::FrameCache::new(2, usize::MAX),
             cache::HeldFiles::new(1, u64::MAX),
             // libc may have a debug file (libc6-dbg): this test is about the files held.
@@ -1274,6 +1287,7 @@ mod tests {
 
         let cache_dir = dir.path().join("cache");
         let service = Service::with_bounds(
+            KernelNamer::default(),
             cache::FrameCache::new(1024, usize::MAX),
             cache::HeldFiles::new(8, u64::MAX),
             Some(PerCall::new(root.clone(), cache_dir.clone())),
@@ -1289,7 +1303,7 @@ mod tests {
         assert_eq!(leaf.file.as_deref(), Some(src.to_str().unwrap()), "{first:?}");
         assert!(matches!(leaf.line, Some(2..=4)), "{first:?}");
         // The one-off symbolizer, reading the unstripped program itself, agrees.
-        let direct = symbolize(vec![a], vec![source(&exe)]).unwrap().0;
+        let direct = symbolize(vec![a], vec![source(&exe)], KernelNamer::default()).unwrap().0;
         assert_eq!(first[&a], direct[&a]);
         let st = service.stats();
         assert_eq!((st.dwarf_reads, st.files, st.dwarf_copy_failures), (1, 0, 0), "{st:?}");

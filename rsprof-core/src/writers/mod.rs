@@ -6,8 +6,8 @@
 //! Export reads storage once and hands every event to each writer through [`EventSink`]
 //! (each thread's events in time order), then asks the file writers to write.
 
-pub mod collapsed;
-pub mod gecko;
+pub(crate) mod collapsed;
+pub(crate) mod gecko;
 pub mod pprof;
 pub mod stats;
 // Fixtures for the writers' tests and the agent's (in the binary crate, through the feature).

@@ -2,9 +2,9 @@
 //! CPython and of which version (`detect`), the per-version struct layouts (`offsets`), code objects read from the
 //! process (`code`), and the kernel's Python frames put into the native stack (`merge`).
 
-pub mod code;
+pub(crate) mod code;
 pub mod detect;
-pub mod merge;
+pub(crate) mod merge;
 pub mod offsets;
 pub mod tracker;
 

@@ -5,4 +5,4 @@
 pub mod container;
 pub mod filter;
 pub mod fs;
-pub mod membership;
+pub(crate) mod membership;

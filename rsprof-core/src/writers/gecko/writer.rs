@@ -20,10 +20,11 @@ use crate::{
     writers::{
         EventSink, ProfileContext, ProfileWriter,
         gecko::{
-            container,
+            categories, container,
             markers::{field_keys, payload, schema_json},
             process,
-            tables::{self, GeckoMeta, GeckoProcess, GeckoThread, ThreadTables},
+            profile::{GeckoMeta, GeckoProcess, write_gecko},
+            thread::{GeckoThread, ThreadTables},
         },
     },
 };
@@ -44,8 +45,8 @@ impl<'a> GeckoWriter<'a> {
             .iter()
             .map(|s| {
                 let c = match s.source {
-                    MarkerSource::Usdt => tables::CATEGORY_USDT,
-                    MarkerSource::Host => tables::CATEGORY_OTHER,
+                    MarkerSource::Usdt => categories::CATEGORY_USDT,
+                    MarkerSource::Host => categories::CATEGORY_OTHER,
                 };
                 (s.name.clone(), c)
             })
@@ -106,7 +107,7 @@ impl EventSink for GeckoWriter<'_> {
                     Some(time),
                     Some(end),
                     1,
-                    tables::CATEGORY_OFF_CPU,
+                    categories::CATEGORY_OFF_CPU,
                     &data,
                 );
             }
@@ -147,7 +148,8 @@ impl EventSink for GeckoWriter<'_> {
             Interval => (Some(info.ms(m.start)), Some(info.ms(m.end))),
             IntervalEnd => (None, Some(info.ms(m.end))),
         };
-        let category = self.categories.get(&m.schema).copied().unwrap_or(tables::CATEGORY_OTHER);
+        let category =
+            self.categories.get(&m.schema).copied().unwrap_or(categories::CATEGORY_OTHER);
         let data = payload(&self.keys, &m.schema, &m.fields);
         let tables = self.threads.entry(thread).or_default();
         tables.add_marker(&m.name, start, end, phase_number(m.phase), category, &data);
@@ -190,7 +192,7 @@ impl ProfileWriter for GeckoWriter<'_> {
             extra,
         };
         let procs = group_processes(self.threads, ctx);
-        tables::write_gecko(&meta, procs, ctx.stacks, out)
+        write_gecko(&meta, procs, ctx.stacks, out)
     }
 }
 
@@ -257,7 +259,7 @@ fn group_processes(
             }
             if let Some(t) = threads.first_mut() {
                 for (marker_name, data) in markers {
-                    let other = tables::CATEGORY_OTHER;
+                    let other = categories::CATEGORY_OTHER;
                     t.tables.add_marker(marker_name, Some(start), Some(end), 1, other, &data);
                 }
             }
