@@ -20,7 +20,7 @@ use tokio::{
 };
 
 use crate::{
-    bpf::{btf, counters::Counters, object::BpfObject, ring},
+    bpf::{btf, counters::Counters, object::BpfObject, ring, unsent::Unsent},
     cli::plan::{RecordPlan, Target},
     collect::{
         collector::{Collector, CollectorStats},
@@ -471,6 +471,32 @@ impl<'p> Recorder<'p> {
     /// (task and mapping events, with the DWARF unwinder), so the caller drains again soon.
     /// Records are sent without wakeups (but for those the DWARF unwinder waits for, and any
     /// past a quarter of the ring), so this runs on a timer.
+    /// Feeds the collector (and the raw stream) the off-CPU records the kernel still owes at
+    /// `end`, once the programs are detached: blocks open at the stop, cut there, and short
+    /// blocks summed but not sent (see `bpf::unsent`).
+    fn unsent_off_cpu(&mut self, end: MonoNs) -> Unsent {
+        if self.plan.off_cpu == profiler_common::OFF_CPU_NONE {
+            return Unsent::default();
+        }
+        match self.bpf.unsent_off_cpu(end.0) {
+            Ok((records, unsent)) => {
+                for rec in &records {
+                    let _ = self.collector.handle_record(rec);
+                    if let Some(raw) = &self.raw {
+                        raw.lock().unwrap_or_else(|e| e.into_inner()).ring(rec);
+                    }
+                }
+                unsent
+            }
+            Err(e) => {
+                self.msgs.warn(format_args!(
+                    "off-CPU time still open at the stop is not in the profile: {e:#}"
+                ));
+                Unsent::default()
+            }
+        }
+    }
+
     fn drain(&mut self) -> bool {
         let started = Instant::now();
         let events = |c: &Collector<ChunkedStore>| c.stats.task_events + c.stats.map_events;
@@ -761,6 +787,7 @@ impl<'p> Recorder<'p> {
         self.bpf.detach();
         self.usdt.detach();
         self.drain();
+        let unsent = self.unsent_off_cpu(end);
         self.msgs.clear_status();
         let counters = self.bpf.counters()?;
         for t in self.snapshots.drain(..) {
