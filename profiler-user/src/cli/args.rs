@@ -312,6 +312,12 @@ pub struct RecordArgs {
     #[arg(short = 'q', long)]
     pub quiet: bool,
 
+    /// The full report at the end (every counter of the kernel, the collector, the unwinder
+    /// and the symbolizer), not just the few lines of the summary. A Gecko profile carries it
+    /// either way, in `meta.rsprof.report`.
+    #[arg(short = 'v', long, env = "RSPROF_VERBOSE")]
+    pub verbose: bool,
+
     /// Size of the kernel→user ring buffer (bytes; K/M suffixes). Rounded up to a power of two.
     /// [default: 2 KiB per sample per CPU at -F; 4M–16M]
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
