@@ -175,6 +175,8 @@ pub struct Recorder<'p> {
     drain_every: Duration,
     /// For the summary's `event loop:` line and the agent's metrics.
     drains: DrainStats,
+    /// The "start-up unwind tables loaded" line was printed (`-v`).
+    startup_said: bool,
 }
 
 /// The event loop's own work: what a recording costs in userspace per record, for the
@@ -412,6 +414,7 @@ impl<'p> Recorder<'p> {
             usr1: false,
             drain_every: drain_interval(plan.ring_bytes, logical_cpus as usize, plan.frequency),
             drains: DrainStats::default(),
+            startup_said: false,
         })
     }
 
@@ -435,6 +438,18 @@ impl<'p> Recorder<'p> {
         python_after_drain(&mut self.python, &mut self.collector);
         if let Some(u) = &mut self.unwind {
             u.after_drain(&mut self.collector);
+            // With -v, when the host's tables are in: what tests wait for before a workload
+            // whose stacks must be walked from its first sample.
+            if let (false, true, Some(after)) =
+                (self.startup_said, self.plan.verbose, u.stats.startup_loaded_after)
+            {
+                self.startup_said = true;
+                self.msgs.info(format_args!(
+                    "start-up unwind tables loaded: {} files, {:.0} ms after sampling began",
+                    u.stats.startup_files,
+                    after.as_secs_f64() * 1e3
+                ));
+            }
         }
         self.usdt.after_drain(&mut self.collector);
         self.usdt.load_deferred(&mut self.bpf);
