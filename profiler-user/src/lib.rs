@@ -1,31 +1,20 @@
-//! rsprof-bpf userspace. The folders are the pipeline, data flowing one way:
+//! rsprof-bpf, the binary's crate: the kernel side (`bpf`: load, attach, drain the ring;
+//! `unwind`: unwind tables written to the kernel; `usdt`: probes found and attached; `python`:
+//! interpreters handed to the kernel), `session` (a recording: event loop, signals, snapshots,
+//! the summary and all stderr output), `cli` (arguments parsed and validated once), `cmd` (one
+//! file per subcommand) and `agent` (continuous profiling: windows, sinks, metrics).
 //!
-//! ```text
-//! bpf (load, attach, counters, ring drain, record decoding)
-//!   -> collect (process table, mappings, stack normalization)
-//!   -> store (bounded chunks of encoded events, tables pruned with their chunks)
-//!   -> export (snapshot -> symbolize -> model)
-//!   -> writers (gecko | pprof | collapsed, and summary) -> export::output (atomic file)
-//! ```
-//!
-//! `model` is the writer-neutral vocabulary every stage shares (ids, frames, stacks, process
-//! metadata, markers, recording info); `system` talks to the host (/proc, cgroups, launching a
-//! command); `usdt` finds and attaches USDT probes and turns their hits into model markers;
-//! `cli` parses and validates arguments once; `cmd` has one file per subcommand and `session`
-//! runs a recording (event loop, signals, snapshots, all stderr output).
+//! The root-free stages (decode -> collect -> store -> export -> symbolize -> writers) live in
+//! `rsprof-core`; they are re-exported here under the names the binary has always used.
 
 pub mod agent;
 pub mod bpf;
 pub mod cli;
 pub mod cmd;
-pub mod collect;
-pub mod export;
-pub mod model;
 pub mod python;
 pub mod session;
-pub mod store;
-pub mod symbolize;
 pub mod system;
 pub mod unwind;
 pub mod usdt;
-pub mod writers;
+
+pub use rsprof_core::{collect, export, model, store, symbolize, writers};

@@ -1,7 +1,7 @@
 //! `cargo xtask bench-storage`: chunked storage and Gecko writer throughput, and a long
 //! recording with a small buffer to show memory stays flat once the buffer is full.
 //!
-//! 1. `cargo bench -p profiler-user --bench storage` (profiler-user/benches/storage.rs): fills
+//! 1. `cargo bench -p rsprof-core --bench storage` (rsprof-core/benches/storage.rs): fills
 //!    a 64 MiB store with a synthetic mix, then writes it as a gzipped Gecko profile.
 //! 2. `rsprof-bpf --all -F 999 --buffer-size 8M` for `--long-seconds` (default 600) while one
 //!    busy loop per CPU runs, sampling the profiler's RSS every 5 s from /proc; then checks the
@@ -41,9 +41,9 @@ pub struct BenchStorageArgs {
 }
 
 pub fn bench_storage(args: BenchStorageArgs) -> anyhow::Result<()> {
-    step("bench-storage: cargo bench -p profiler-user --bench storage");
+    step("bench-storage: cargo bench -p rsprof-core --bench storage");
     let mut cmd = cargo();
-    cmd.args(["bench", "-p", "profiler-user", "--bench", "storage"]).current_dir(workspace_root());
+    cmd.args(["bench", "-p", "rsprof-core", "--bench", "storage"]).current_dir(workspace_root());
     let out = cmd.stderr(Stdio::inherit()).output().context("cargo bench")?;
     if !out.status.success() {
         bail!("`{}` failed", display(&cmd));
@@ -118,7 +118,7 @@ fn render(
     writeln!(s, "## Chunked storage (`{cmd}`)\n").unwrap();
     writeln!(
         s,
-        "Synthetic mix (`profiler-user/benches/storage.rs`): 400 threads in 100 processes, \
+        "Synthetic mix (`rsprof-core/benches/storage.rs`): 400 threads in 100 processes, \
          stacks of 2–40 frames from 200 call paths per process, a third with kernel frames.\n"
     )
     .unwrap();

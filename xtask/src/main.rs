@@ -27,6 +27,7 @@ mod bench_offcpu;
 mod bench_storage;
 mod bench_unwind;
 mod bench_usdt;
+mod layers;
 mod setup;
 
 use std::ffi::OsString;
@@ -68,7 +69,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
-    /// Setup, build, then run all unit and integration tests (release, --test-threads=1).
+    /// Setup, then the root-free crates' tests, then build and run the profiler's unit and
+    /// integration tests (release, --test-threads=1); each tier's time is printed.
     Test {
         /// Skip the setup step.
         #[arg(long)]
@@ -77,6 +79,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         test_args: Vec<OsString>,
     },
+    /// Print the imports between each crate's top-level modules; fail on a cycle.
+    Layers,
     /// Measure the profiler's overhead against perf record and update BENCHMARKS.md.
     Bench(bench::BenchArgs),
     /// Measure the cost of one USDT probe hit with and without the profiler attached and
@@ -131,6 +135,7 @@ fn main() {
         Cmd::Build { no_setup } => setup_unless(no_setup).and_then(|()| build()).map(|_| ()),
         Cmd::Run { no_setup, args } => setup_unless(no_setup).and_then(|()| run(args)),
         Cmd::Test { no_setup, test_args } => test(no_setup, test_args),
+        Cmd::Layers => layers::layers(),
         Cmd::Bench(args) => bench::bench(args),
         Cmd::BenchUsdt(args) => bench_usdt::bench_usdt(args),
         Cmd::BenchCost(args) => bench_cost::bench_cost(args),
@@ -248,10 +253,27 @@ fn run(args: Vec<OsString>) -> anyhow::Result<()> {
     Err(err).with_context(|| format!("could not execute `{}`", display(&cmd)))
 }
 
+/// The crates whose tests need no root, no kernel and no BPF toolchain: they run first, before
+/// the profiler is built, so a broken writer or decoder shows in seconds.
+const ROOT_FREE: [&str; 3] = ["rsprof-core", "profiler-unwind", "profiler-common"];
+
 fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
     if !no_setup {
         setup::setup()?;
     }
+    let mut tiers = Vec::new();
+    let started = std::time::Instant::now();
+    step("test, tier 1: root-free crates (no BPF, no root)");
+    let mut root_free = vec!["test", "--release"];
+    for c in ROOT_FREE {
+        root_free.extend(["-p", c]);
+    }
+    root_free.extend(["--lib", "--tests", "--no-fail-fast", "--", "--test-threads=1"]);
+    let mut cmd = cargo();
+    cmd.args(&root_free).args(&test_args);
+    tiers.push(("root-free crates", run_tests(cmd)?, started.elapsed()));
+
+    let started = std::time::Instant::now();
     let bin = build()?;
     if !is_root() {
         eprintln!(
@@ -260,16 +282,15 @@ fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
         );
     }
     step(&format!(
-        "test: unit and integration tests (release, serial), RSPROF_BIN={}",
+        "test, tier 2: the profiler's unit and integration tests (release, serial), RSPROF_BIN={}",
         bin.display()
     ));
-    // Doc tests are left out (there are none), so the last runner line is a real count.
     let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--exclude", "profiler-ebpf"]);
+    for c in ROOT_FREE {
+        cmd.args(["--exclude", c]);
+    }
     cmd.args([
-        "test",
-        "--workspace",
-        "--exclude",
-        "profiler-ebpf",
         "--release",
         "--lib",
         "--bins",
@@ -280,8 +301,43 @@ fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
         "--test-threads=1",
     ])
     .args(&test_args)
-    .env("RSPROF_BIN", &bin)
-    .stdout(std::process::Stdio::piped());
+    .env("RSPROF_BIN", &bin);
+    tiers.push(("profiler and integration (root, BPF)", run_tests(cmd)?, started.elapsed()));
+
+    // One plain closing line per tier and for the whole run.
+    println!();
+    let (mut passed, mut failed, mut ok) = (0, 0, true);
+    for (name, t, took) in &tiers {
+        println!(
+            "tier {name}: {} passed, {} failed in {:.0} s",
+            t.passed,
+            t.failed,
+            took.as_secs_f64()
+        );
+        passed += t.passed;
+        failed += t.failed;
+        ok &= t.success;
+    }
+    println!("tests: {passed} passed, {failed} failed");
+    if !ok {
+        anyhow::bail!("tests failed");
+    }
+    if passed == 0 {
+        anyhow::bail!("no test ran");
+    }
+    Ok(())
+}
+
+struct TierResult {
+    passed: u64,
+    failed: u64,
+    success: bool,
+}
+
+/// Runs one `cargo test`, echoing its output and counting the harnesses' result lines. Doc tests
+/// are left out (there are none), so the last runner line is a real count.
+fn run_tests(mut cmd: Command) -> anyhow::Result<TierResult> {
+    cmd.stdout(std::process::Stdio::piped());
     let mut child = cmd.spawn().with_context(|| format!("could not run `{}`", display(&cmd)))?;
     let (mut passed, mut failed) = (0u64, 0u64);
     let stdout = child.stdout.take().expect("piped stdout");
@@ -304,13 +360,5 @@ fn test(no_setup: bool, test_args: Vec<OsString>) -> anyhow::Result<()> {
         }
     }
     let status = child.wait()?;
-    // One plain closing line for the whole run.
-    println!("\ntests: {passed} passed, {failed} failed");
-    if !status.success() {
-        anyhow::bail!("tests failed ({status})");
-    }
-    if passed == 0 {
-        anyhow::bail!("no test ran");
-    }
-    Ok(())
+    Ok(TierResult { passed, failed, success: status.success() })
 }

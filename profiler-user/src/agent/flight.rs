@@ -30,7 +30,7 @@ use flate2::{Compression, write::GzEncoder};
 
 use crate::{
     export::{ExportJob, output::PendingOutput},
-    session::{Recorder, Signals, messages::Messages},
+    session::{Recorder, Signals, messages::Messages, windows::Windows},
     symbolize::Service,
     writers::Format,
 };
@@ -138,17 +138,17 @@ impl FlightServer {
 
     /// Captures what was asked for since the last call (cheap: a copy of the chunks) and
     /// hands it to the dump thread.
-    fn serve(&self, recorder: &mut Recorder) {
+    fn serve(&self, recorder: &mut Recorder, windows: &Windows) {
         let requests = std::mem::take(&mut *self.pending.lock().unwrap());
         for (last, stream) in requests {
             let last = if last.is_zero() { self.plan.keep } else { last.min(self.plan.keep) };
-            self.queue(recorder.recent(last), Dest::Client(stream));
+            self.queue(windows.recent(recorder, last), Dest::Client(stream));
         }
         if recorder.take_usr1() {
             match &self.plan.dump_dir {
                 Some(dir) => {
                     let path = dir.join(dump_name(SystemTime::now()));
-                    self.queue(recorder.recent(self.plan.keep), Dest::Dir(path));
+                    self.queue(windows.recent(recorder, self.plan.keep), Dest::Dir(path));
                 }
                 None => self.msgs.warn("SIGUSR1: no --dump-dir to write the flight recorder to"),
             }
@@ -178,6 +178,7 @@ impl FlightServer {
 pub fn run_window(
     rt: &tokio::runtime::Runtime,
     recorder: &mut Recorder,
+    windows: &Windows,
     signals: &mut Signals,
     until: tokio::time::Instant,
     flight: Option<&FlightServer>,
@@ -186,7 +187,7 @@ pub fn run_window(
     loop {
         let stop = rt.block_on(recorder.run_until(signals, Some(until)))?;
         match flight {
-            Some(f) => f.serve(recorder),
+            Some(f) => f.serve(recorder, windows),
             None if recorder.take_usr1() => {
                 msgs.warn("SIGUSR1 ignored: the agent runs without --flight-recorder")
             }

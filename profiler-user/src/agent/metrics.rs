@@ -68,42 +68,115 @@ struct BuildLabels {
 }
 
 /// Windows made by the writer thread.
-pub struct WindowMetrics {
-    pub produced: Counter,
-    pub profiles: Counter,
-    /// Windows dropped because the writer was behind.
-    pub dropped: Counter,
-    /// Events recycled in the sample store before their window was read.
-    pub events_lost: Counter,
-    pub failed: Counter,
-    pub write_seconds: Histogram,
-    /// The symbolizer service: addresses asked for, those it had named already, how many
-    /// it holds (and their estimated bytes) and evicted for its bound; the files blazesym
-    /// holds parsed, those evicted from it, its rebuilds; time naming each window's frames.
-    pub symbol_lookups: Counter,
-    pub symbol_cache_hits: Counter,
-    pub symbol_cache_entries: Gauge,
-    pub symbol_cache_bytes: Gauge,
-    pub symbol_cache_evictions: Counter,
-    pub symbol_files: Gauge,
-    pub symbol_file_evictions: Counter,
-    pub symbolizer_rebuilds: Counter,
-    /// Files whose DWARF was parsed for a window (afresh each window), and files with
-    /// compressed DWARF whose uncompressed copy could not be made.
-    pub symbol_dwarf_reads: Counter,
-    pub symbol_dwarf_copy_failures: Counter,
-    pub symbolize_seconds: Histogram,
-    /// malloc's heap after each window's trim: bytes in use, and bytes free but still held
-    /// (fragments it cannot hand back). RSS less these is mostly mapped files and stacks.
-    pub heap_in_use_bytes: Gauge,
-    pub heap_free_bytes: Gauge,
+/// Declares a metrics struct from one table, one row per series: field, type and initial
+/// value, the series' name (after the `rsprof_` prefix) and unit, and its help text.
+/// `register` adds every row to a registry, so a metric cannot be declared and left out.
+macro_rules! metrics_table {
+    ($(#[$m:meta])* pub struct $name:ident {
+        $($field:ident: $ty:ty = $init:expr => $series:literal $(in $unit:ident)?, $help:literal;)*
+    }) => {
+        $(#[$m])*
+        pub struct $name {
+            $(pub $field: $ty,)*
+        }
+
+        impl $name {
+            fn new() -> Self {
+                Self { $($field: $init,)* }
+            }
+
+            fn register(&self, r: &mut Registry) {
+                $(metrics_table!(@one r, $series, $help, self.$field.clone() $(, $unit)?);)*
+            }
+        }
+    };
+    (@one $r:ident, $series:literal, $help:literal, $m:expr) => {
+        $r.register($series, $help, $m)
+    };
+    (@one $r:ident, $series:literal, $help:literal, $m:expr, $unit:ident) => {
+        $r.register_with_unit($series, $help, Unit::$unit, $m)
+    };
+}
+
+metrics_table! {
+    /// What the writer thread does, per window.
+    pub struct WindowMetrics {
+        produced: Counter = Counter::default()
+            => "windows", "Windows made (one profile per service each)";
+        profiles: Counter = Counter::default()
+            => "window_profiles", "Profiles written for windows";
+        dropped: Counter = Counter::default()
+            => "windows_dropped", "Windows dropped: the writer thread was behind";
+        events_lost: Counter = Counter::default()
+            => "window_events_lost",
+            "Events recycled in the sample store before their window was read";
+        failed: Counter = Counter::default()
+            => "windows_failed", "Windows that could not be written";
+        // 10 ms to ~40 s.
+        write_seconds: Histogram = Histogram::new(exponential_buckets(0.01, 2.0, 13))
+            => "window_write" in Seconds, "Time to symbolize and spool a window";
+        symbol_lookups: Counter = Counter::default()
+            => "symbol_lookups", "Frame addresses the symbolizer was asked to name";
+        symbol_cache_hits: Counter = Counter::default()
+            => "symbol_cache_hits", "Frame addresses the symbolizer had named in an earlier window";
+        symbol_cache_entries: Gauge = Gauge::default()
+            => "symbol_cache_entries", "Frame addresses the symbolizer holds named";
+        symbol_cache_bytes: Gauge = Gauge::default()
+            => "symbol_cache" in Bytes, "Estimated heap bytes of the names the symbolizer holds";
+        symbol_cache_evictions: Counter = Counter::default()
+            => "symbol_cache_evictions",
+            "Named frame addresses evicted (least recently used) to keep the cache bounded";
+        heap_in_use_bytes: Gauge = Gauge::default()
+            => "heap_in_use" in Bytes, "Heap bytes malloc has handed out, after the last window's trim";
+        heap_free_bytes: Gauge = Gauge::default()
+            => "heap_free" in Bytes,
+            "Heap bytes free inside malloc's arena but not handed back, after the last window's trim";
+        symbol_files: Gauge = Gauge::default()
+            => "symbol_files", "Files blazesym holds parsed for the symbolizer";
+        symbol_file_evictions: Counter = Counter::default()
+            => "symbol_file_evictions", "Files evicted from blazesym: released, changed, or past its bound";
+        symbolizer_rebuilds: Counter = Counter::default()
+            => "symbolizer_rebuilds", "Times blazesym's symbolizer was dropped and rebuilt empty";
+        symbol_dwarf_reads: Counter = Counter::default()
+            => "symbol_dwarf_reads",
+            "Files whose DWARF was parsed to name a window's frames (parsed afresh each window, not held)";
+        symbol_dwarf_copy_failures: Counter = Counter::default()
+            => "symbol_dwarf_copy_failures",
+            "Files with compressed DWARF that could not be copied uncompressed into the debug cache (held parsed instead)";
+        // 1 ms to ~16 s.
+        symbolize_seconds: Histogram = Histogram::new(exponential_buckets(0.001, 2.0, 14))
+            => "window_symbolize" in Seconds, "Time to name a window's frames";
+    }
+}
+
+metrics_table! {
+    /// The spool, as the writer thread sees it.
+    pub struct SpoolMetrics {
+        bytes: Gauge = Gauge::default() => "spool" in Bytes, "Bytes held in the spool";
+        windows: Gauge = Gauge::default() => "spool_windows", "Windows held in the spool";
+        written_bytes: Counter = Counter::default()
+            => "spool_written" in Bytes, "Bytes written to the spool";
+        written: Counter = Counter::default()
+            => "spool_windows_written", "Windows written to the spool";
+        deleted: Counter = Counter::default()
+            => "spool_windows_deleted", "Oldest windows deleted to stay within --spool-size";
+        write_errors: Counter = Counter::default()
+            => "spool_write_errors", "Spool writes that failed";
+        incomplete_removed: Counter = Counter::default()
+            => "spool_incomplete_removed", "Half-written windows of a killed run removed at start";
+    }
+}
+
+/// Samples per service, the services bounded (`MAX_SERVICES`, then `other`) so a host with
+/// many short-lived services cannot grow the series without bound.
+#[derive(Default)]
+pub struct ServiceSamples {
     samples: Family<ServiceLabel, Counter>,
     services: Mutex<HashSet<String>>,
 }
 
-impl WindowMetrics {
-    /// Counts `n` samples of `service` in a window.
-    pub fn samples(&self, service: &str, n: u64) {
+impl ServiceSamples {
+    pub fn add(&self, service: &str, n: u64) {
         let mut known = self.services.lock().unwrap_or_else(|e| e.into_inner());
         let service = if known.contains(service) || known.len() < MAX_SERVICES {
             known.insert(service.to_owned());
@@ -115,23 +188,6 @@ impl WindowMetrics {
     }
 }
 
-/// The local spool, updated after each window.
-#[derive(Default)]
-pub struct SpoolMetrics {
-    pub bytes: Gauge,
-    pub windows: Gauge,
-    pub written_bytes: Counter,
-    pub written: Counter,
-    /// Oldest windows deleted to stay within --spool-size.
-    pub deleted: Counter,
-    pub write_errors: Counter,
-    /// Half-written windows of a killed run removed at start.
-    pub incomplete_removed: Counter,
-}
-
-/// Push metrics of every sink, read on scrape: the remote sinks' counters kept by their
-/// forwarders (`Queue::stats_and_backlog`), and the spool's own writes as sink `spool` (each
-/// window's write is a push that is not retried).
 struct SinkCollector {
     spool: Arc<Mutex<SinkStats>>,
     queue: Option<Arc<Queue>>,
@@ -195,6 +251,7 @@ pub struct AgentMetrics {
     host: String,
     pub windows: Arc<WindowMetrics>,
     pub spool: Arc<SpoolMetrics>,
+    pub services: Arc<ServiceSamples>,
     spool_sink: Arc<Mutex<SinkStats>>,
 }
 
@@ -203,34 +260,31 @@ fn host_labels(host: &str) -> impl Iterator<Item = (Cow<'static, str>, Cow<'stat
 }
 
 impl AgentMetrics {
+    /// The symbolizer's counters since `seen` (its totals at the last window).
+    pub fn symbolizer(
+        &self,
+        st: &crate::symbolize::ServiceStats,
+        seen: &crate::symbolize::ServiceStats,
+    ) {
+        let mw = &self.windows;
+        mw.symbol_lookups.inc_by(st.asked - seen.asked);
+        mw.symbol_cache_hits.inc_by(st.cached - seen.cached);
+        mw.symbol_cache_entries.set(st.entries as i64);
+        mw.symbol_cache_bytes.set(st.bytes as i64);
+        mw.symbol_cache_evictions.inc_by(st.evicted - seen.evicted);
+        mw.symbol_files.set(st.files as i64);
+        mw.symbol_file_evictions.inc_by(st.files_evicted - seen.files_evicted);
+        mw.symbolizer_rebuilds.inc_by(st.rebuilds - seen.rebuilds);
+        mw.symbol_dwarf_reads.inc_by(st.dwarf_reads - seen.dwarf_reads);
+        mw.symbol_dwarf_copy_failures.inc_by(st.dwarf_copy_failures - seen.dwarf_copy_failures);
+    }
+
     /// `queue`: the spool shared with the remote sinks' forwarders, whose counters are read on
     /// each scrape.
     pub fn new(host: &str, queue: Option<Arc<Queue>>) -> Arc<Self> {
-        let windows = Arc::new(WindowMetrics {
-            produced: Counter::default(),
-            profiles: Counter::default(),
-            dropped: Counter::default(),
-            events_lost: Counter::default(),
-            failed: Counter::default(),
-            // 10 ms to ~40 s.
-            write_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 13)),
-            symbol_lookups: Counter::default(),
-            symbol_cache_hits: Counter::default(),
-            symbol_cache_entries: Gauge::default(),
-            symbol_cache_bytes: Gauge::default(),
-            symbol_cache_evictions: Counter::default(),
-            symbol_files: Gauge::default(),
-            symbol_file_evictions: Counter::default(),
-            symbolizer_rebuilds: Counter::default(),
-            symbol_dwarf_reads: Counter::default(),
-            symbol_dwarf_copy_failures: Counter::default(),
-            symbolize_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
-            heap_in_use_bytes: Gauge::default(),
-            heap_free_bytes: Gauge::default(),
-            samples: Family::default(),
-            services: Mutex::new(HashSet::new()),
-        });
-        let spool = Arc::new(SpoolMetrics::default());
+        let windows = Arc::new(WindowMetrics::new());
+        let spool = Arc::new(SpoolMetrics::new());
+        let services = Arc::new(ServiceSamples::default());
         let spool_sink = Arc::new(Mutex::new(SinkStats { name: "spool", ..Default::default() }));
         let mut registry = Registry::with_labels(host_labels(host));
         registry.register_collector(Box::new(ProcessCollector));
@@ -240,119 +294,11 @@ impl AgentMetrics {
             "rsprof-bpf version",
             Info::new(BuildLabels { version: env!("CARGO_PKG_VERSION").to_owned() }),
         );
-        let w = &windows;
-        r.register("windows", "Windows made (one profile per service each)", w.produced.clone());
-        r.register("window_profiles", "Profiles written for windows", w.profiles.clone());
-        r.register(
-            "windows_dropped",
-            "Windows dropped: the writer thread was behind",
-            w.dropped.clone(),
-        );
-        r.register(
-            "window_events_lost",
-            "Events recycled in the sample store before their window was read",
-            w.events_lost.clone(),
-        );
-        r.register("windows_failed", "Windows that could not be written", w.failed.clone());
-        r.register_with_unit(
-            "window_write",
-            "Time to symbolize and spool a window",
-            Unit::Seconds,
-            w.write_seconds.clone(),
-        );
-        r.register("window_samples", "Samples in windows, by service", w.samples.clone());
-        r.register(
-            "symbol_lookups",
-            "Frame addresses the symbolizer was asked to name",
-            w.symbol_lookups.clone(),
-        );
-        r.register(
-            "symbol_cache_hits",
-            "Frame addresses the symbolizer had named in an earlier window",
-            w.symbol_cache_hits.clone(),
-        );
-        r.register(
-            "symbol_cache_entries",
-            "Frame addresses the symbolizer holds named",
-            w.symbol_cache_entries.clone(),
-        );
-        r.register_with_unit(
-            "symbol_cache",
-            "Estimated heap bytes of the names the symbolizer holds",
-            Unit::Bytes,
-            w.symbol_cache_bytes.clone(),
-        );
-        r.register(
-            "symbol_cache_evictions",
-            "Named frame addresses evicted (least recently used) to keep the cache bounded",
-            w.symbol_cache_evictions.clone(),
-        );
-        r.register_with_unit(
-            "heap_in_use",
-            "Heap bytes malloc has handed out, after the last window's trim",
-            Unit::Bytes,
-            w.heap_in_use_bytes.clone(),
-        );
-        r.register_with_unit(
-            "heap_free",
-            "Heap bytes free inside malloc's arena but not handed back, after the last window's trim",
-            Unit::Bytes,
-            w.heap_free_bytes.clone(),
-        );
-        r.register(
-            "symbol_files",
-            "Files blazesym holds parsed for the symbolizer",
-            w.symbol_files.clone(),
-        );
-        r.register(
-            "symbol_file_evictions",
-            "Files evicted from blazesym: released, changed, or past its bound",
-            w.symbol_file_evictions.clone(),
-        );
-        r.register(
-            "symbolizer_rebuilds",
-            "Times blazesym's symbolizer was dropped and rebuilt empty",
-            w.symbolizer_rebuilds.clone(),
-        );
-        r.register(
-            "symbol_dwarf_reads",
-            "Files whose DWARF was parsed to name a window's frames (parsed afresh each window, not held)",
-            w.symbol_dwarf_reads.clone(),
-        );
-        r.register(
-            "symbol_dwarf_copy_failures",
-            "Files with compressed DWARF that could not be copied uncompressed into the debug cache (held parsed instead)",
-            w.symbol_dwarf_copy_failures.clone(),
-        );
-        r.register_with_unit(
-            "window_symbolize",
-            "Time to name a window's frames",
-            Unit::Seconds,
-            w.symbolize_seconds.clone(),
-        );
-        let s = &spool;
-        r.register_with_unit("spool", "Bytes held in the spool", Unit::Bytes, s.bytes.clone());
-        r.register("spool_windows", "Windows held in the spool", s.windows.clone());
-        r.register_with_unit(
-            "spool_written",
-            "Bytes written to the spool",
-            Unit::Bytes,
-            s.written_bytes.clone(),
-        );
-        r.register("spool_windows_written", "Windows written to the spool", s.written.clone());
-        r.register(
-            "spool_windows_deleted",
-            "Oldest windows deleted to stay within --spool-size",
-            s.deleted.clone(),
-        );
-        r.register("spool_write_errors", "Spool writes that failed", s.write_errors.clone());
-        r.register(
-            "spool_incomplete_removed",
-            "Half-written windows of a killed run removed at start",
-            s.incomplete_removed.clone(),
-        );
+        windows.register(r);
+        r.register("window_samples", "Samples in windows, by service", services.samples.clone());
+        spool.register(r);
         r.register_collector(Box::new(SinkCollector { spool: spool_sink.clone(), queue }));
-        Arc::new(Self { registry, host: host.to_owned(), windows, spool, spool_sink })
+        Arc::new(Self { registry, host: host.to_owned(), windows, spool, services, spool_sink })
     }
 
     /// One window written to the spool (or not), and how long it took.
@@ -722,7 +668,7 @@ mod tests {
     #[test]
     fn exposition_names_every_kernel_counter_and_the_host() {
         let m = AgentMetrics::new("h\"1", None);
-        m.windows.samples("svc", 5);
+        m.services.add("svc", 5);
         m.spool_write(true, Duration::from_millis(30));
         m.spool_write(false, Duration::from_millis(1));
         let live = LiveStats {
@@ -762,7 +708,7 @@ mod tests {
     fn services_beyond_the_limit_share_other() {
         let m = AgentMetrics::new("h", None);
         for i in 0..MAX_SERVICES + 10 {
-            m.windows.samples(&format!("s{i}"), 1);
+            m.services.add(&format!("s{i}"), 1);
         }
         let text = m.encode(None);
         assert!(text.contains("service=\"other\"} 10"), "{text}");

@@ -1,6 +1,6 @@
-//! Continuous profiling: `rsprof-bpf agent` records all the time and, every window, turns what
-//! was sampled into one pprof profile per service (`windows`, labelled by `labels`)
-//! for its sinks (`spool`). `query` reads a spool back as one profile.
+//! Continuous profiling: `rsprof-bpf agent` records all the time (`run`: the loop) and, every
+//! window, turns what was sampled into one pprof profile per service (`windows`, labelled by
+//! `labels`, written by the `writer` thread) for its sinks (`spool`, then `sinks`). `query` reads a spool back as one profile.
 //!
 //! The agent reuses the recording pipeline: `session::Recorder` samples and collects into the
 //! bounded chunked store; each window is the store's events since the previous one
@@ -15,6 +15,8 @@ pub mod metrics;
 pub mod names;
 pub mod query;
 pub mod rows;
+pub mod run;
 pub mod sinks;
 pub mod spool;
 pub mod windows;
+pub mod writer;

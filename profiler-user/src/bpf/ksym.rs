@@ -136,4 +136,23 @@ mod tests {
         // Cut short: no NUL, so not trusted.
         assert_eq!(parse_symbol(&[b'a'; NAME_BYTES]), None);
     }
+
+    /// Kernel addresses are named from kallsyms, which shows them to root only (hence here,
+    /// not in the root-free core).
+    #[test]
+    fn names_kernel_addresses() {
+        let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
+        let line = kallsyms.lines().find(|l| l.ends_with(" do_sys_openat2")).unwrap();
+        let addr = u64::from_str_radix(line.split(' ').next().unwrap(), 16).unwrap();
+        assert_ne!(addr, 0, "kallsyms addresses are hidden: run as root");
+        use crate::model::address::FrameAddr;
+        let out = crate::symbolize::symbolize(
+            vec![FrameAddr::Kernel(addr + 4)],
+            vec![],
+            Default::default(),
+        )
+        .unwrap()
+        .0;
+        assert_eq!(out[&FrameAddr::Kernel(addr + 4)][0].function, "do_sys_openat2");
+    }
 }

@@ -1,10 +1,12 @@
 //! The kernel side: loading the BPF object and attaching its programs (`object`), the kernel
-//! struct offsets they need (`btf`), naming kernel addresses through the kernel (`ksym`), the one table of kernel counters (`counters`), and
-//! draining (`ring`) and decoding (`decode`) what they send through the ring buffer.
+//! struct offsets they need (`btf`), naming kernel addresses through the kernel (`ksym`) and draining (`ring`) what they send
+//! through the ring buffer. The records' decoding and the kernel counters' table are the core's
+//! (`rsprof_core::decode`, `rsprof_core::counters`): a replay needs them without a kernel.
 
 pub mod btf;
-pub mod counters;
-pub mod decode;
 pub mod ksym;
 pub mod object;
 pub mod ring;
+
+// The kernel's record layouts and counters are decoded by the root-free core.
+pub use rsprof_core::{counters, decode};

@@ -31,8 +31,8 @@ pub enum Command {
     ListUsdt(ListUsdtArgs),
     /// List the containers and services (cgroups) on this host, with process counts.
     ListContainers,
-    /// Profile continuously: every window, one pprof profile per (service, process) into a
-    /// spool directory.
+    /// Profile continuously: every window, one pprof profile per service (pid, thread and
+    /// process as sample labels) into a spool directory.
     Agent(AgentArgs),
     /// Merge an agent's spooled windows into one profile (Gecko, pprof or collapsed).
     Query(QueryArgs),

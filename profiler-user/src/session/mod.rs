@@ -6,6 +6,7 @@
 pub mod messages;
 mod summary;
 mod timer;
+pub mod windows;
 
 use std::{
     fmt::Write as _,
@@ -31,7 +32,8 @@ use crate::{
         recording::RecordingInfo,
         time::{MonoNs, clock_pair},
     },
-    store::{ChunkedStore, StoreStats, WindowCursor, WindowSnapshot, chunks::Recycled},
+    store::{ChunkedStore, StoreStats, chunks::Recycled},
+    symbolize::KernelNamer,
     system::{host, launch, procfs},
     usdt::{self, UsdtSession},
     writers::Format,
@@ -153,6 +155,9 @@ pub struct Recorder<'p> {
     plan: &'p RecordPlan,
     msgs: Messages,
     bpf: BpfObject,
+    /// Names kernel addresses through `bpf` for this recording's exports (and an agent's
+    /// symbolizer).
+    kernel: KernelNamer,
     collector: Collector<ChunkedStore>,
     usdt: UsdtSession,
     /// Unwind tables (None with `--unwind fp`).
@@ -256,8 +261,9 @@ impl<'p> Recorder<'p> {
             msgs.info(format_args!("tracefs was not mounted: mounted it at {at}"));
         }
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
+        let kernel = KernelNamer::default();
         match bpf.kernel_namer() {
-            Ok(namer) => crate::symbolize::use_kernel_names(Box::new(namer)),
+            Ok(namer) => kernel.set(Box::new(namer)),
             Err(e) => msgs.info(format_args!(
                 "kernel addresses are named from /proc/kallsyms (naming them through BPF: {e:#})"
             )),
@@ -399,6 +405,7 @@ impl<'p> Recorder<'p> {
             plan,
             msgs,
             bpf,
+            kernel,
             collector,
             usdt,
             unwind,
@@ -659,66 +666,14 @@ impl<'p> Recorder<'p> {
         result
     }
 
-    /// The events since `cursor` (None: since sampling began) for an agent's window, ready to
-    /// symbolize on another thread; memory of earlier windows is released. Drains first.
-    pub fn window(
-        &mut self,
-        cursor: Option<WindowCursor>,
-        start: MonoNs,
-    ) -> (ExportJob, WindowSnapshot) {
-        self.drain();
-        let end = MonoNs::now();
-        let mut w = self.collector.store.window_snapshot(cursor);
-        let info = RecordingInfo {
-            start,
-            start_wall_ms: self.info.start_wall_ms
-                + (start.0 as f64 - self.info.start.0 as f64) / 1e6,
-            end,
-            ..self.info.clone()
-        };
-        let snapshot = std::mem::take(&mut w.snapshot);
-        (ExportJob::from_snapshot(&self.collector, snapshot, info), w)
-    }
-
-    /// For an agent: `run_until` also returns (None) when `wake` is notified, and on SIGUSR1
-    /// (see `take_usr1`); chunks its windows read are kept for `retain` (its flight recorder).
-    pub fn agent_mode(
-        &mut self,
-        wake: std::sync::Arc<tokio::sync::Notify>,
-        retain: Option<Duration>,
-    ) {
-        self.wake = Some(wake);
-        self.collector.store.set_retention(retain.map(|d| d.as_nanos() as u64));
-    }
-
     /// Whether SIGUSR1 came since the last call.
     pub fn take_usr1(&mut self) -> bool {
         std::mem::take(&mut self.usr1)
     }
 
-    /// The last `last` of what is stored (bounded by what the store still holds), with the
-    /// USDT marker schemas and open intervals, for a flight recorder dump. Drains first.
-    pub fn recent(&mut self, last: Duration) -> ExportJob {
-        self.drain();
-        let end = MonoNs::now();
-        let start = MonoNs(end.0.saturating_sub(last.as_nanos() as u64).max(self.info.start.0));
-        let snapshot = self.collector.store.snapshot_since(start.0);
-        let info = RecordingInfo {
-            start,
-            start_wall_ms: self.info.start_wall_ms
-                + (start.0 as f64 - self.info.start.0 as f64) / 1e6,
-            end,
-            ..self.info.clone()
-        };
-        let mut job = ExportJob::from_snapshot(&self.collector, snapshot, info);
-        job.marker_schemas = self.usdt.marker_schemas();
-        job.open = self.usdt.open_markers();
-        job
-    }
-
-    /// When sampling began.
-    pub fn started(&self) -> MonoNs {
-        self.info.start
+    /// The recording's kernel namer, for a symbolizer that outlives its exports (the agent's).
+    pub fn kernel_namer(&self) -> KernelNamer {
+        self.kernel.clone()
     }
 
     /// Kernel counters, for an agent's periodic report.
@@ -744,7 +699,9 @@ impl<'p> Recorder<'p> {
         let p = &self.plan;
         let path = snapshot_dest(&p.output, &p.output_dest, n, p.format, p.compress);
         let (schemas, open) = (self.usdt.marker_schemas(), self.usdt.open_markers());
-        let job = ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
+        let mut job =
+            ExportJob::capture(&self.collector, self.info_at(MonoNs::now()), schemas, open);
+        job.kernel = self.kernel.clone();
         let output = PendingOutput::create(&path).map(|o| o.compress(self.plan.compress));
         let (msgs, format) = (self.msgs, self.plan.format);
         let handle = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
@@ -796,6 +753,7 @@ impl<'p> Recorder<'p> {
              {stop_reason})"
         );
         let mut job = ExportJob::finish(self.collector, info, marker_schemas);
+        job.kernel = self.kernel;
         let for_profile = recorded.clone();
         job.report = Some(Box::new(move |profile, symbolize| {
             summary::full(&summary::SummaryInput { recorded: &for_profile, profile, symbolize })

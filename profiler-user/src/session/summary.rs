@@ -408,7 +408,7 @@ pub fn full(i: &SummaryInput) -> String {
             d.bad_record,
             d.unknown,
             d.over_bound,
-            human_bytes(crate::symbolize::jitdump::MAX_DUMP_BYTES as usize).trim(),
+            human_bytes(crate::collect::jitdump::MAX_DUMP_BYTES as usize).trim(),
             d.arch_timestamps
         );
     }
@@ -429,7 +429,7 @@ pub fn full(i: &SummaryInput) -> String {
             human_bytes(m.bytes as usize).trim(),
             m.garbage,
             m.over_bound,
-            human_bytes(crate::symbolize::perfmap::MAX_MAP_BYTES as usize).trim(),
+            human_bytes(crate::collect::perfmap::MAX_MAP_BYTES as usize).trim(),
             m.refused
         );
     }

@@ -1,10 +1,7 @@
-//! The host: launching `-- CMD` (`launch`), the one /proc reader (`procfs`), host facts
-//! (`host`), cgroups and container identity (`cgroup`), tracefs for the tracepoints (`tracefs`),
-//! bounded cache directories shared by runs (`cache_dir`).
+//! The host: launching `-- CMD` (`launch`) and tracefs for the tracepoints (`tracefs`); the
+//! root-free host readers (`procfs`, `host`, `cgroup`, `cache_dir`) are the core's.
 
-pub mod cache_dir;
-pub mod cgroup;
-pub mod host;
 pub mod launch;
-pub mod procfs;
 pub mod tracefs;
+
+pub use rsprof_core::system::{cache_dir, cgroup, host, procfs};

@@ -10,15 +10,15 @@
 //! (counted) and their files forgotten; a full array with nothing evictable is counted too.
 
 mod alloc;
-mod debugfile;
 mod disk;
-#[cfg(test)]
-pub(crate) use debugfile::tests::tool as run_tool;
-pub use debugfile::{build_id_path, debug_root, find_path as find_debug_file, inflate_zlib};
+pub use rsprof_core::debugfile::{
+    build_id_path, debug_root, find_path as find_debug_file, inflate_zlib,
+};
 mod rows;
 mod worker;
 
-pub mod copied;
+// Stack copies are unwound in userspace by the core's collector.
+pub use rsprof_core::collect::copied;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -486,8 +486,8 @@ impl UnwindLoader {
             DebugUse::Used { how, fdes } => {
                 s.debug_fdes += fdes as u64;
                 match how {
-                    debugfile::How::BuildId => s.debug_used_build_id += 1,
-                    debugfile::How::DebugLink => s.debug_used_debuglink += 1,
+                    rsprof_core::debugfile::How::BuildId => s.debug_used_build_id += 1,
+                    rsprof_core::debugfile::How::DebugLink => s.debug_used_debuglink += 1,
                 }
             }
             DebugUse::Failed(why) => reject(s, vec![why]),

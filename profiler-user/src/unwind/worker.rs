@@ -13,8 +13,10 @@ use std::{
 
 use profiler_unwind::{PageIndex, UnwindTable};
 
-use super::{FileIdentity, FileTable, alloc::RowAllocator, debugfile, disk, rows::RowsMmap};
+use super::{FileIdentity, FileTable, alloc::RowAllocator, disk, rows::RowsMmap};
+use crate::collect::copied;
 use crate::collect::modules::{ElfLayout, fd_path};
+pub use rsprof_core::debugfile::{DebugUse, with_debug_file};
 
 /// The walker's binary search does at most 24 halvings.
 const MAX_TABLE_ROWS: usize = 1 << 24;
@@ -62,7 +64,7 @@ impl Job {
 
 /// The urgent lane leaves larger files (150 MB compiler libraries: seconds to compile) to the
 /// general one, so it is never stuck on one while a small program's samples wait.
-pub(super) const URGENT_MAX_BYTES: u64 = 16 << 20;
+pub(super) const URGENT_MAX_BYTES: u64 = copied::COMPILE_WHILE_DRAINING_MAX_BYTES;
 
 /// Which jobs a worker takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -119,23 +121,6 @@ pub struct DiskUse {
     pub stored: bool,
     pub evicted: u64,
     pub store_error: Option<String>,
-}
-
-/// What a separate debug file did for a file.
-#[derive(Debug, Default)]
-pub enum DebugUse {
-    /// The file's own CFI covers all its code (or it is not a readable ELF file).
-    #[default]
-    NotNeeded,
-    /// Looked for, not found (with why candidates that exist were rejected).
-    NotFound { rejected: Vec<String> },
-    /// Found, but its `.debug_frame` is absent or adds nothing (e.g. libc's: its `.eh_frame`
-    /// covers what it can).
-    NoNewCfi,
-    /// Its `.debug_frame` filled `fdes` functions of the table.
-    Used { how: debugfile::How, fdes: usize },
-    /// Found, but its `.debug_frame` does not compile.
-    Failed(String),
 }
 
 #[derive(Default)]
@@ -264,7 +249,7 @@ pub struct Shared {
 impl Shared {
     pub fn new(rows: RowsMmap) -> Arc<Self> {
         Arc::new(Self {
-            debug_root: debugfile::debug_root(),
+            debug_root: rsprof_core::debugfile::debug_root(),
             queue: Mutex::new(Queue { paused: true, ..Default::default() }),
             ready: Condvar::new(),
             tables: Mutex::new(Tables::new(rows.capacity())),
@@ -480,40 +465,6 @@ fn compile(shared: &Shared, identity: FileIdentity, job: Job) -> Done {
     done.table =
         FileTable::Loaded { first, count, rows: rows.len() as u32, page_base: index.base, serial };
     done
-}
-
-/// Compiles a file's own CFI and, when that leaves some of its code undescribed, adds the
-/// `.debug_frame` of its separate debug file if one is installed.
-pub(super) fn with_debug_file(
-    data: &[u8],
-    mapped_path: &str,
-    root: &std::path::Path,
-) -> (Result<UnwindTable, String>, DebugUse) {
-    let own = UnwindTable::from_elf(data);
-    let lacks_cfi = match &own {
-        Ok(t) => t.stats().code_bytes_without_cfi > 0,
-        Err(profiler_unwind::Error::NoCfi) => true,
-        Err(_) => false,
-    };
-    let own = own.map_err(|e| e.to_string());
-    let Some(links) = lacks_cfi.then(|| profiler_unwind::debug_links(data).ok()).flatten() else {
-        return (own, DebugUse::NotNeeded);
-    };
-    let lookup = debugfile::find(root, mapped_path, &links);
-    let Some(found) = lookup.found else {
-        return (own, DebugUse::NotFound { rejected: lookup.rejected });
-    };
-    let Some(frame) = found.debug_frame else {
-        return (own, DebugUse::NoNewCfi);
-    };
-    match UnwindTable::from_elf_with_debug_frame(data, Some(&frame)) {
-        Ok(t) if t.stats().separate_debug_frame_fdes > 0 => {
-            let fdes = t.stats().separate_debug_frame_fdes;
-            (Ok(t), DebugUse::Used { how: found.how, fdes })
-        }
-        Ok(_) => (own, DebugUse::NoNewCfi),
-        Err(e) => (own, DebugUse::Failed(format!("{}: {e}", found.path.display()))),
-    }
 }
 
 #[cfg(test)]
