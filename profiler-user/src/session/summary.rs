@@ -149,8 +149,8 @@ fn warnings(i: &SummaryInput) -> Vec<String> {
     let cut = p.busy_truncated + p.busy_no_stack;
     if busy > 0 && pct(cut, busy) > TRUNCATED_WARN_PCT {
         w.push(format!(
-            "{:.1}% of stacks are incomplete (the walk's reasons: -v; --unwind dwarf walks \
-             code without frame pointers)",
+            "{:.1}% of stacks are incomplete, marked [truncated: …] (why the walks stopped: \
+             -v, the `user stacks:` and `stack copies:` lines)",
             pct(cut, busy)
         ));
     }
