@@ -890,6 +890,8 @@ mod pod {
     unsafe impl aya::Pod for super::UsdtSpec {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::CgroupFilter {}
+    // SAFETY: `#[repr(C)]` u64s and u32s laid out without padding (read back at the stop).
+    unsafe impl aya::Pod for super::OffCpuRecord {}
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ fn main() {
         Some(Command::Agent(a)) => cmd::agent::run(a),
         Some(Command::Query(a)) => cmd::query::run(a),
         Some(Command::Dump(a)) => cmd::dump::run(a),
+        Some(Command::Replay(a)) => cmd::replay::run(a),
         None => cmd::record::run(cli.record),
     };
     if let Err(e) = result {

@@ -312,3 +312,56 @@ fn offcpu_long_block_not_walked_is_flagged_not_given_another_stack() {
         "{tiny_wait_ms:.0} ms under tiny_wait for {tiny_ms:.0} ms of short sleeps"
     );
 }
+
+/// A block still open when the recording stops is cut at the stop, not lost: a reader blocked
+/// on an empty pipe from just after the start until after the stop shows its wait up to the
+/// stop, under its own stack, and the summary counts the cut block.
+#[test]
+fn offcpu_block_open_at_the_stop_is_cut_there_not_lost() {
+    let exe = fixtures::build("offcpu").expect("build fixture");
+    let out = output_path("offcpu_open_at_stop", "json");
+    let rec = Recording::start(&["--all", "--off-cpu"], out).expect("start recording");
+    // The reader blocks at once and stays blocked for 60 s, long after the stop.
+    let mut fixture = Command::new(&exe)
+        .args(["pipe", "60", "0"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start fixture");
+    let started = std::time::Instant::now();
+    // The workload: 1.5 s of waiting, all of it in the recording.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let held_ms = started.elapsed().as_secs_f64() * 1e3;
+    let done = rec.interrupt().expect("stop recording");
+    let _ = fixture.kill();
+    let _ = fixture.wait();
+    let profile = done.profile().expect("profile written");
+    let pid = u64::from(fixture.id());
+    let ts = threads(&profile);
+    let reader = ts
+        .iter()
+        .filter(|t| t.pid == pid)
+        .find(|t| {
+            samples(&profile, t).iter().any(|(s, off)| *off && contains_path(s, &["pipe_wait"]))
+        })
+        .unwrap_or_else(|| {
+            panic!("no off-CPU time under pipe_wait in the fixture (pid {pid}):\n{}", done.stderr)
+        });
+    let iv = interval_ms(&profile);
+    let blocked_ms = samples(&profile, reader)
+        .iter()
+        .filter(|(s, off)| *off && contains_path(s, &["pipe_wait"]))
+        .count() as f64
+        * iv;
+    eprintln!("open at stop: reader off-CPU {blocked_ms:.0} ms of {held_ms:.0} ms held");
+    // From its first read (a few ms after the fixture started) to the stop, which came after
+    // `held_ms`; never more than that plus the stop's own delay.
+    assert!(
+        blocked_ms >= 0.8 * held_ms && blocked_ms <= held_ms + 1000.0,
+        "{blocked_ms:.0} ms under pipe_wait, want about {held_ms:.0}"
+    );
+    assert!(
+        done.stderr.contains("open at the stop"),
+        "the summary does not count blocks cut at the stop:\n{}",
+        done.stderr
+    );
+}

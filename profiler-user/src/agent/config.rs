@@ -162,6 +162,7 @@ impl AgentPlan {
             usdt: Vec::new(),
             usdt_interval: Vec::new(),
             usdt_dump: None,
+            save_raw: None,
             buffer_size: buffer,
             command: Vec::new(),
             mode: Mode::Cpu,

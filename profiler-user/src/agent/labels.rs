@@ -14,7 +14,7 @@ use crate::model::{
 };
 
 /// One profile's labels: a service on a host.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct WindowLabels {
     /// The container's id (LXC: name), else the systemd unit, else the process name.
     pub service_name: String,

@@ -458,11 +458,7 @@ mod tests {
             host: "h".into(),
             pid,
             process: "app".into(),
-            container_runtime: None,
-            container_id: None,
-            systemd_unit: None,
-            pod_uid: None,
-            pod_qos: None,
+            ..Default::default()
         };
         let meta = WindowMeta {
             window_id: format!("{start_ms}-{pid}"),

@@ -268,11 +268,7 @@ mod tests {
                 host: "h".into(),
                 pid: 0,
                 process: String::new(),
-                container_runtime: None,
-                container_id: None,
-                systemd_unit: None,
-                pod_uid: None,
-                pod_qos: None,
+                ..Default::default()
             },
         }
     }

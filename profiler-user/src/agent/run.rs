@@ -70,7 +70,7 @@ pub fn run(plan: AgentPlan) -> Result<()> {
     };
     ignore_sighup(msgs)?;
     let wake = std::sync::Arc::new(tokio::sync::Notify::new());
-    let mut recorder = Recorder::start(&plan.record, msgs)?;
+    let mut recorder = Recorder::start(&plan.record, msgs, None)?;
     // One symbolizer for windows and dumps: each address is named once.
     let symbolizer = std::sync::Arc::new(Service::start(recorder.kernel_namer())?);
     let flight = (plan.flight.as_ref())

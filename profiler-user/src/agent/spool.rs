@@ -375,11 +375,7 @@ mod tests {
                 host: "h".into(),
                 pid: 7,
                 process: "p".into(),
-                container_runtime: None,
-                container_id: None,
-                systemd_unit: None,
-                pod_uid: None,
-                pod_qos: None,
+                ..Default::default()
             },
             start_ms,
             end_ms: start_ms + 1000,

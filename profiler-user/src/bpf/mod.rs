@@ -7,6 +7,7 @@ pub mod btf;
 pub mod ksym;
 pub mod object;
 pub mod ring;
+pub mod unsent;
 
 // The kernel's record layouts and counters are decoded by the root-free core.
 pub use rsprof_core::{counters, decode};

@@ -275,6 +275,20 @@ impl BpfObject {
     }
 
     /// Every kernel counter, summed over CPUs.
+    /// The off-CPU records the kernel still owes at `now_ns` (see `unsent`): read after
+    /// `detach`, so no switch changes an entry while it is read.
+    pub fn unsent_off_cpu(&self, now_ns: u64) -> Result<(Vec<Vec<u8>>, super::unsent::Unsent)> {
+        let map = self.ebpf.map("OFF_CPU").context("OFF_CPU map")?;
+        let map = BpfHashMap::<_, u32, profiler_common::OffCpuRecord>::try_from(map)?;
+        let (mut unsent, mut out) = (super::unsent::Unsent::default(), Vec::new());
+        for entry in map.iter() {
+            // An entry removed (its thread exited) between two reads: nothing owed.
+            let Ok((_, e)) = entry else { continue };
+            super::unsent::records(&e, now_ns, &mut unsent, &mut out);
+        }
+        Ok((out, unsent))
+    }
+
     pub fn counters(&self) -> Result<Counters> {
         Counters::read(|i| self.counter(i))
     }

@@ -38,6 +38,27 @@ pub enum Command {
     Query(QueryArgs),
     /// Ask a running agent (`--flight-recorder`) for its last minutes as a Gecko profile.
     Dump(DumpArgs),
+    /// Write the profile of a recording saved with `record --save-raw`, without root or BPF.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// The raw stream `record --save-raw` wrote.
+    #[arg(value_name = "FILE")]
+    pub raw: PathBuf,
+    /// Output file, named as for `record -o` (`-` is standard output).
+    #[arg(short = 'o', long, value_name = "PATH")]
+    pub output: PathBuf,
+    /// Output format: gecko, pprof or collapsed. Default: from the output file's name.
+    #[arg(long, value_parser = parse_format, value_name = "FORMAT")]
+    pub format: Option<Format>,
+    /// Gzip the output whatever its name.
+    #[arg(short = 'z', long)]
+    pub compress: bool,
+    /// No summary.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -337,6 +358,12 @@ pub struct RecordArgs {
     /// Write every USDT hit as a text line to this file (for debugging and tests).
     #[arg(long, hide = true, value_name = "PATH")]
     pub usdt_dump: Option<PathBuf>,
+
+    /// Also save what the recording read — every ring-buffer record, and the /proc facts and
+    /// kernel names it used — to this file, for `rsprof-bpf replay` (no root needed there): to
+    /// debug a profile from a bug report.
+    #[arg(long, value_name = "FILE")]
+    pub save_raw: Option<PathBuf>,
     /// Memory for recorded samples and markers (K/M/G suffixes). When full, the oldest data is
     /// recycled: the profile holds the newest window.
     #[arg(long, default_value = "64M", value_parser = parse_size, value_name = "SIZE")]

@@ -48,6 +48,8 @@ pub struct RecordPlan {
     /// `--usdt-interval` specs, by interval id.
     pub usdt_intervals: Vec<String>,
     pub usdt_dump: Option<PathBuf>,
+    /// `--save-raw`.
+    pub save_raw: Option<PathBuf>,
     /// `profiler_common::OFF_CPU_*`.
     pub off_cpu: u32,
     pub off_cpu_min_ns: u64,
@@ -138,6 +140,7 @@ impl RecordPlan {
             usdt_requests,
             usdt_intervals,
             usdt_dump: args.usdt_dump,
+            save_raw: args.save_raw,
             off_cpu,
             off_cpu_min_ns: args.off_cpu_min.as_nanos() as u64,
             unwind_mode,

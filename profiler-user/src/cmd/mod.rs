@@ -6,3 +6,4 @@ pub mod list_containers;
 pub mod list_usdt;
 pub mod query;
 pub mod record;
+pub mod replay;

@@ -25,7 +25,11 @@ use tokio::{
 use crate::{
     bpf::{btf, counters::Counters, object::BpfObject, ring},
     cli::plan::{RecordPlan, Target},
-    collect::collector::{Collector, CollectorStats},
+    collect::{
+        collector::{Collector, CollectorStats},
+        facts::{LiveProc, ProcFacts as _, SharedRaw, TeeProc},
+        raw::{self, Entry, RawWriter},
+    },
     export::{ExportJob, Written, output::PendingOutput, snapshot_dest},
     model::{
         ids::Pid,
@@ -182,6 +186,8 @@ pub struct Recorder<'p> {
     drains: DrainStats,
     /// The "start-up unwind tables loaded" line was printed (`-v`).
     startup_said: bool,
+    /// `--save-raw`: what the collector is fed, for a replay.
+    raw: Option<SharedRaw>,
 }
 
 /// The event loop's own work: what a recording costs in userspace per record, for the
@@ -228,7 +234,9 @@ impl DrainStats {
 impl<'p> Recorder<'p> {
     /// Loads the BPF programs, starts `-- CMD` (held until sampling runs), attaches USDT
     /// probes and the sampler, and says "sampling". Needs a tokio runtime entered.
-    pub fn start(plan: &'p RecordPlan, msgs: Messages) -> Result<Self> {
+    /// With `raw` (`--save-raw`), what the collector is fed and reads goes there too.
+    pub fn start(plan: &'p RecordPlan, msgs: Messages, raw: Option<RawWriter>) -> Result<Self> {
+        let raw: Option<SharedRaw> = raw.map(|w| std::sync::Arc::new(std::sync::Mutex::new(w)));
         let exit_watch = match &plan.target {
             Target::Pids(pids) => {
                 let (watch, failed) = launch::ExitWatch::open(pids);
@@ -263,10 +271,25 @@ impl<'p> Recorder<'p> {
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
         let kernel = KernelNamer::default();
         match bpf.kernel_namer() {
-            Ok(namer) => kernel.set(Box::new(namer)),
-            Err(e) => msgs.info(format_args!(
-                "kernel addresses are named from /proc/kallsyms (naming them through BPF: {e:#})"
-            )),
+            Ok(namer) => kernel.set(match &raw {
+                Some(raw) => Box::new(crate::symbolize::recorded_names::TeeNames {
+                    inner: Box::new(namer),
+                    raw: raw.clone(),
+                }),
+                None => Box::new(namer),
+            }),
+            Err(e) => {
+                msgs.info(format_args!(
+                    "kernel addresses are named from /proc/kallsyms (naming them through BPF: \
+                     {e:#})"
+                ));
+                if raw.is_some() {
+                    msgs.warn(format_args!(
+                        "--save-raw: kernel names from kallsyms are not saved; a replay shows \
+                         kernel frames as addresses"
+                    ));
+                }
+            }
         }
         let mut unwind = if plan.unwind_mode == UNWIND_MODE_FP {
             None
@@ -334,8 +357,22 @@ impl<'p> Recorder<'p> {
 
         let mut collector = Collector::new(ChunkedStore::new(plan.buffer_bytes));
         collector.copies.fp_fallback = plan.unwind_mode == profiler_common::UNWIND_MODE_DWARF_FP;
+        if let Some(raw) = &raw {
+            collector.set_facts(Box::new(TeeProc { raw: raw.clone() }));
+            put(
+                raw,
+                &Entry::Start(Box::new(raw::Start {
+                    product: product(),
+                    host: host::hostname(),
+                    targets: plan.describe(),
+                    buffer_bytes: plan.buffer_bytes,
+                    fp_fallback: collector.copies.fp_fallback,
+                    vdso_len: LiveProc.vdso_len(),
+                })),
+            );
+        }
         for &pid in &targets {
-            collector.register_existing(pid);
+            register_existing(&mut collector, &raw, pid);
         }
         // The processes given are published (and their files queued) before sampling starts.
         python_after_drain(&mut python, &mut collector);
@@ -355,13 +392,16 @@ impl<'p> Recorder<'p> {
         // processes started from now on are known from the kernel's records (attached above).
         if plan.target == Target::All {
             for pid in procfs::all_pids() {
-                collector.register_existing(pid);
+                register_existing(&mut collector, &raw, pid);
             }
         }
         usdt.scan_new_modules(&collector);
         usdt.load_deferred(&mut bpf);
         usdt.initial_scan_done();
         collector.initial_scan_done();
+        if let Some(raw) = &raw {
+            put(raw, &Entry::ScanDone);
+        }
         python_after_drain(&mut python, &mut collector);
         // Queues the tables of every process found (compiled off this loop; processes are
         // published now, their frames in files not loaded yet end as "no table").
@@ -396,9 +436,12 @@ impl<'p> Recorder<'p> {
             frequency: plan.frequency,
             logical_cpus,
             physical_cpus: host::physical_cpus().unwrap_or(logical_cpus),
-            product: format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION")),
+            product: product(),
             oscpu: host::oscpu(),
         };
+        if let Some(raw) = &raw {
+            put(raw, &Entry::Info(Box::new(raw::Info::new(&info))));
+        }
         // Only for metrics: a recording goes on without it.
         let ring_fill = ring::RingFill::new(ring.get_ref()).ok();
         Ok(Self {
@@ -422,6 +465,7 @@ impl<'p> Recorder<'p> {
             drain_every: drain_interval(plan.ring_bytes, logical_cpus as usize, plan.frequency),
             drains: DrainStats::default(),
             startup_said: false,
+            raw,
         })
     }
 
@@ -438,10 +482,18 @@ impl<'p> Recorder<'p> {
         let events = |c: &Collector<ChunkedStore>| c.stats.task_events + c.stats.map_events;
         let before = events(&self.collector);
         let collector = &mut self.collector;
+        let raw = self.raw.as_deref();
         // Undecodable records are counted in the collector's stats and reported.
         let records = ring::drain(self.ring.get_mut(), |rec| {
             let _ = collector.handle_record(rec);
+            // After: the /proc facts the record made the collector read go first.
+            if let Some(raw) = raw {
+                raw.lock().unwrap_or_else(|e| e.into_inner()).ring(rec);
+            }
         });
+        if let Some(raw) = &self.raw {
+            put(raw, &Entry::Drain(MonoNs::now()));
+        }
         python_after_drain(&mut self.python, &mut self.collector);
         if let Some(u) = &mut self.unwind {
             u.after_drain(&mut self.collector);
@@ -752,6 +804,10 @@ impl<'p> Recorder<'p> {
             "Nothing recorded: no sample or marker matched in {duration_s:.2} s (stopped by \
              {stop_reason})"
         );
+        if let Some(raw) = &self.raw {
+            let paths = &self.collector.processes.cgroup_paths;
+            put(raw, &Entry::Cgroups(paths.resolved().map(|(id, p)| (id, p.to_owned())).collect()));
+        }
         let mut job = ExportJob::finish(self.collector, info, marker_schemas);
         job.kernel = self.kernel;
         let for_profile = recorded.clone();
@@ -770,6 +826,20 @@ impl<'p> Recorder<'p> {
             self.msgs.notice(format_args!(
                 "nothing was recorded in {duration_s:.2} s (stopped by {stop_reason}); {described} \
                  {holds}"
+            ));
+        }
+        if let (Some(raw), Some(path)) = (&self.raw, &self.plan.save_raw) {
+            // After the profile: the kernel names it used are in the stream.
+            let counters = (0..profiler_common::counter::COUNT).map(|i| counters.get(i)).collect();
+            let end = raw::End { end_ns: end.0, stop_reason: stop_reason.to_owned(), counters };
+            let mut raw = raw.lock().unwrap_or_else(|e| e.into_inner());
+            raw.write(&Entry::End(end));
+            raw.finish().with_context(|| format!("--save-raw {}", path.display()))?;
+            self.msgs.info(format_args!(
+                "saved the raw stream to {} ({} entries): rsprof-bpf replay {} -o OUT",
+                path.display(),
+                raw.entries,
+                path.display()
             ));
         }
         if let Some(u) = &mut self.unwind {
@@ -878,6 +948,22 @@ fn details(
         };
     }
     s
+}
+
+/// `Collector::register_existing`, noted in the raw stream after the /proc facts it read.
+fn register_existing(collector: &mut Collector<ChunkedStore>, raw: &Option<SharedRaw>, pid: Pid) {
+    collector.register_existing(pid);
+    if let Some(raw) = raw {
+        put(raw, &Entry::Existing(pid));
+    }
+}
+
+fn put(raw: &SharedRaw, e: &Entry) {
+    raw.lock().unwrap_or_else(|e| e.into_inner()).write(e);
+}
+
+fn product() -> String {
+    format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION"))
 }
 
 /// Tells the kernel of processes found running CPython (`python` None: `--no-python`, whose

@@ -11,6 +11,7 @@
 
 mod alloc;
 mod disk;
+pub mod kernel_maps;
 pub use rsprof_core::debugfile::{
     build_id_path, debug_root, find_path as find_debug_file, inflate_zlib,
 };
@@ -30,6 +31,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
+use kernel_maps::{ProcessSink, RowSink};
 use profiler_common::{
     UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
     UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UnwindMapping, UnwindProcess, UnwindRow,
@@ -48,9 +50,7 @@ use crate::{
     store::SampleSink,
 };
 
-/// A file as the kernel sees it: (device, inode, mtime ns, size). A file replaced in place
-/// keeps its inode but not its mtime.
-pub(crate) type FileIdentity = (u64, u64, i64, u64);
+pub(crate) use crate::collect::modules::FileIdentity;
 
 /// What became of a file's table.
 #[derive(Clone, Copy, Debug)]
@@ -165,7 +165,7 @@ struct Refs {
 pub const DEFER_YOUNG: Duration = Duration::from_millis(200);
 
 pub struct UnwindLoader {
-    procs: BpfHashMap<MapData, u32, UnwindProcess>,
+    procs: Box<dyn ProcessSink>,
     shared: Arc<worker::Shared>,
     done: mpsc::Receiver<worker::Done>,
     by_identity: HashMap<FileIdentity, FileState>,
@@ -203,7 +203,11 @@ impl UnwindLoader {
     /// Starts two compile threads: one for any file, one only for files samples wait for
     /// (see `worker::Lane`). They start working at `mark_startup`.
     pub fn new(rows: MapData, procs: BpfHashMap<MapData, u32, UnwindProcess>) -> Result<Self> {
-        let rows = rows::RowsMmap::new(rows)?;
+        Self::with_maps(Box::new(rows::RowsMmap::new(rows)?), Box::new(procs))
+    }
+
+    /// A loader writing to `rows` and `procs` (the kernel's maps, or a test's `Recorded`).
+    pub fn with_maps(rows: Box<dyn RowSink>, procs: Box<dyn ProcessSink>) -> Result<Self> {
         let capacity = rows.capacity();
         let shared = worker::Shared::new(rows);
         let (tx, done) = mpsc::channel();
@@ -522,7 +526,7 @@ impl UnwindLoader {
         }
         self.scratch.count = n as u32;
         self.stats.process_updates += 1;
-        if self.procs.insert(pid.0, self.scratch.as_ref(), 0).is_err() {
+        if self.procs.insert(pid.0, self.scratch.as_ref()).is_err() {
             self.stats.process_update_errors += 1;
             // The old entry (if any) stands; what this one claimed is released at the end of
             // the pass unless another process names it.
@@ -546,7 +550,7 @@ impl UnwindLoader {
         // The kernel deleted the entry at the exit, but this loader may have written it again
         // after that (from records read before the exit's).
         if self.written.remove(&pid) {
-            let _ = self.procs.remove(&pid.0);
+            self.procs.remove(pid.0);
             self.stats.processes_removed += 1;
         }
         self.written_at.remove(&pid);

@@ -13,7 +13,7 @@ use std::{
 
 use profiler_unwind::{PageIndex, UnwindTable};
 
-use super::{FileIdentity, FileTable, alloc::RowAllocator, disk, rows::RowsMmap};
+use super::{FileIdentity, FileTable, alloc::RowAllocator, disk, kernel_maps::RowSink};
 use crate::collect::copied;
 use crate::collect::modules::{ElfLayout, fd_path};
 pub use rsprof_core::debugfile::{DebugUse, with_debug_file};
@@ -239,7 +239,7 @@ pub struct Shared {
     debug_root: PathBuf,
     queue: Mutex<Queue>,
     ready: Condvar,
-    rows: RowsMmap,
+    rows: Box<dyn RowSink>,
     /// The one lock for row allocation, eviction and claiming a table back (`claim`).
     tables: Mutex<Tables>,
     /// Compiled tables kept across runs.
@@ -247,7 +247,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(rows: RowsMmap) -> Arc<Self> {
+    pub fn new(rows: Box<dyn RowSink>) -> Arc<Self> {
         Arc::new(Self {
             debug_root: rsprof_core::debugfile::debug_root(),
             queue: Mutex::new(Queue { paused: true, ..Default::default() }),

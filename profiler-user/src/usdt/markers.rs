@@ -169,54 +169,8 @@ impl MarkerMaker {
                     &fields,
                 );
             }
-            ProbeRole::RsprofBegin => {
-                let id = a.get(1).and_then(UsdtArg::as_u64).unwrap_or(0);
-                let open = Open {
-                    thread,
-                    start_ns: t,
-                    name: text(a.first()),
-                    fields: vec![Field::Uint(id)],
-                };
-                if self.open_count >= MAX_OPEN_INTERVALS {
-                    self.unended(sink, SCHEMA_INTERVAL, open);
-                } else if let Some(prev) = self.open.entry(hit.pid).or_default().insert(id, open) {
-                    // The same id begun again before its end: the first one never ended.
-                    self.unended(sink, SCHEMA_INTERVAL, prev);
-                } else {
-                    self.open_count += 1;
-                }
-            }
-            ProbeRole::RsprofEnd => {
-                let id = a.first().and_then(UsdtArg::as_u64).unwrap_or(0);
-                let of_pid = self.open.get_mut(&hit.pid);
-                let found = of_pid.and_then(|m| m.remove(&id));
-                if self.open.get(&hit.pid).is_some_and(HashMap::is_empty) {
-                    self.open.remove(&hit.pid);
-                }
-                match found {
-                    Some(o) => {
-                        self.open_count -= 1;
-                        self.stats.intervals += 1;
-                        let phase = MarkerPhase::Interval;
-                        store(
-                            sink,
-                            o.thread,
-                            phase,
-                            o.start_ns,
-                            t,
-                            &o.name,
-                            SCHEMA_INTERVAL,
-                            &o.fields,
-                        );
-                    }
-                    None => {
-                        self.stats.unbegun += 1;
-                        let fields = [Field::Uint(id)];
-                        let phase = MarkerPhase::IntervalEnd;
-                        store(sink, thread, phase, t, t, UNMATCHED_END, SCHEMA_INTERVAL, &fields);
-                    }
-                }
-            }
+            ProbeRole::RsprofBegin => self.rsprof_begin(sink, hit, thread),
+            ProbeRole::RsprofEnd => self.rsprof_end(sink, hit, thread),
             ProbeRole::UserInstant => {
                 self.stats.instants += 1;
                 let name = probe.full_name();
@@ -232,54 +186,122 @@ impl MarkerMaker {
                     &fields,
                 );
             }
-            ProbeRole::UserIntervalStart(id) => {
-                let Some(spec) = reg.intervals.get(id.0 as usize) else { return };
-                let open = Open {
-                    thread,
-                    start_ns: t,
-                    name: interval_name(spec).to_owned(),
-                    fields: int_fields(a, self.arity(reg, Arity::Start(id))),
-                };
-                if self.open_count >= MAX_OPEN_INTERVALS {
-                    self.unended(sink, &interval_schema(spec), open);
-                } else {
-                    self.user_open.entry(hit.tid).or_default().entry(id).or_default().push(open);
-                    self.open_count += 1;
-                }
-            }
-            ProbeRole::UserIntervalEnd(id) => {
-                let Some(spec) = reg.intervals.get(id.0 as usize) else { return };
-                let schema = interval_schema(spec);
-                let end_fields = int_fields(a, self.arity(reg, Arity::End(id)));
-                let starts = self.user_open.get_mut(&hit.tid).and_then(|m| m.get_mut(&id));
-                match starts.and_then(Vec::pop) {
-                    Some(mut o) => {
-                        self.open_count -= 1;
-                        self.stats.intervals += 1;
-                        // Start arguments first, then the end's, as the schema lists them.
-                        o.fields.extend(end_fields);
-                        let phase = MarkerPhase::Interval;
-                        store(sink, o.thread, phase, o.start_ns, t, &o.name, &schema, &o.fields);
-                    }
-                    None => {
-                        self.stats.unbegun += 1;
-                        let mut fields = vec![Field::Absent; self.arity(reg, Arity::Start(id))];
-                        fields.extend(end_fields);
-                        let name = interval_name(spec);
-                        let phase = MarkerPhase::IntervalEnd;
-                        store(sink, thread, phase, t, t, name, &schema, &fields);
-                    }
-                }
-                if let Some(m) = self.user_open.get_mut(&hit.tid) {
-                    if m.get(&id).is_some_and(Vec::is_empty) {
-                        m.remove(&id);
-                    }
-                    if m.is_empty() {
-                        self.user_open.remove(&hit.tid);
-                    }
-                }
-            }
+            ProbeRole::UserIntervalStart(id) => self.user_start(reg, sink, hit, thread, id),
+            ProbeRole::UserIntervalEnd(id) => self.user_end(reg, sink, hit, thread, id),
             ProbeRole::RsprofLabelPush | ProbeRole::RsprofLabelPop => {}
+        }
+    }
+
+    /// `rsprof:begin(name, id)`: an interval opened, per process and id (bounded).
+    fn rsprof_begin<S: SampleSink>(&mut self, sink: &mut S, hit: &UsdtHit, thread: ThreadKey) {
+        let t = hit.time_ns;
+        let a = &hit.args;
+        let id = a.get(1).and_then(UsdtArg::as_u64).unwrap_or(0);
+        let open =
+            Open { thread, start_ns: t, name: text(a.first()), fields: vec![Field::Uint(id)] };
+        if self.open_count >= MAX_OPEN_INTERVALS {
+            self.unended(sink, SCHEMA_INTERVAL, open);
+        } else if let Some(prev) = self.open.entry(hit.pid).or_default().insert(id, open) {
+            // The same id begun again before its end: the first one never ended.
+            self.unended(sink, SCHEMA_INTERVAL, prev);
+        } else {
+            self.open_count += 1;
+        }
+    }
+
+    /// `rsprof:end(id)`: the process's interval `id` closed, or an end with no begin (counted).
+    fn rsprof_end<S: SampleSink>(&mut self, sink: &mut S, hit: &UsdtHit, thread: ThreadKey) {
+        let t = hit.time_ns;
+        let a = &hit.args;
+        let id = a.first().and_then(UsdtArg::as_u64).unwrap_or(0);
+        let of_pid = self.open.get_mut(&hit.pid);
+        let found = of_pid.and_then(|m| m.remove(&id));
+        if self.open.get(&hit.pid).is_some_and(HashMap::is_empty) {
+            self.open.remove(&hit.pid);
+        }
+        match found {
+            Some(o) => {
+                self.open_count -= 1;
+                self.stats.intervals += 1;
+                let phase = MarkerPhase::Interval;
+                store(sink, o.thread, phase, o.start_ns, t, &o.name, SCHEMA_INTERVAL, &o.fields);
+            }
+            None => {
+                self.stats.unbegun += 1;
+                let fields = [Field::Uint(id)];
+                let phase = MarkerPhase::IntervalEnd;
+                store(sink, thread, phase, t, t, UNMATCHED_END, SCHEMA_INTERVAL, &fields);
+            }
+        }
+    }
+
+    /// A start probe of a `--usdt-interval`: opened per thread, nesting as a stack (bounded).
+    fn user_start<S: SampleSink>(
+        &mut self,
+        reg: &ProbeRegistry,
+        sink: &mut S,
+        hit: &UsdtHit,
+        thread: ThreadKey,
+        id: IntervalId,
+    ) {
+        let t = hit.time_ns;
+        let a = &hit.args;
+        let Some(spec) = reg.intervals.get(id.0 as usize) else { return };
+        let open = Open {
+            thread,
+            start_ns: t,
+            name: interval_name(spec).to_owned(),
+            fields: int_fields(a, self.arity(reg, Arity::Start(id))),
+        };
+        if self.open_count >= MAX_OPEN_INTERVALS {
+            self.unended(sink, &interval_schema(spec), open);
+        } else {
+            self.user_open.entry(hit.tid).or_default().entry(id).or_default().push(open);
+            self.open_count += 1;
+        }
+    }
+
+    /// An end probe of a `--usdt-interval`: the thread's innermost open one closed, or an end
+    /// with no start (counted), its start arguments absent.
+    fn user_end<S: SampleSink>(
+        &mut self,
+        reg: &ProbeRegistry,
+        sink: &mut S,
+        hit: &UsdtHit,
+        thread: ThreadKey,
+        id: IntervalId,
+    ) {
+        let t = hit.time_ns;
+        let a = &hit.args;
+        let Some(spec) = reg.intervals.get(id.0 as usize) else { return };
+        let schema = interval_schema(spec);
+        let end_fields = int_fields(a, self.arity(reg, Arity::End(id)));
+        let starts = self.user_open.get_mut(&hit.tid).and_then(|m| m.get_mut(&id));
+        match starts.and_then(Vec::pop) {
+            Some(mut o) => {
+                self.open_count -= 1;
+                self.stats.intervals += 1;
+                // Start arguments first, then the end's, as the schema lists them.
+                o.fields.extend(end_fields);
+                let phase = MarkerPhase::Interval;
+                store(sink, o.thread, phase, o.start_ns, t, &o.name, &schema, &o.fields);
+            }
+            None => {
+                self.stats.unbegun += 1;
+                let mut fields = vec![Field::Absent; self.arity(reg, Arity::Start(id))];
+                fields.extend(end_fields);
+                let name = interval_name(spec);
+                let phase = MarkerPhase::IntervalEnd;
+                store(sink, thread, phase, t, t, name, &schema, &fields);
+            }
+        }
+        if let Some(m) = self.user_open.get_mut(&hit.tid) {
+            if m.get(&id).is_some_and(Vec::is_empty) {
+                m.remove(&id);
+            }
+            if m.is_empty() {
+                self.user_open.remove(&hit.tid);
+            }
         }
     }
 

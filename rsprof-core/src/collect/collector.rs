@@ -7,14 +7,15 @@
 
 use crate::{
     collect::copied::CopiedStacks,
-    collect::{jitdump, perfmap::PerfMapStats},
     collect::{
+        facts::{LiveProc, ProcFacts},
         modules::{LoadedAt, Mapping, ModuleTable},
         outbox::{Forked, Outbox},
         processes::{ProcessInfo, ProcessTable, SpaceSource},
         stack::{self, kernel_frames, read_space_once},
         stack_cache::StackCache,
     },
+    collect::{jitdump, perfmap::PerfMapStats},
     decode::{
         self, KernelEvent, LabelDepthEvent, MapEvent, MapKind, RecordError, Sample, TaskEvent,
         TaskKind,
@@ -25,7 +26,6 @@ use crate::{
         time::MonoNs,
     },
     store::{SampleSink, codec::StoredSample},
-    system::procfs,
 };
 
 /// Distinct (process, label) sample counts kept for the summary.
@@ -122,6 +122,10 @@ pub struct Collector<S> {
     last_sweep: MonoNs,
     /// When `stats.peak_threads` is next updated.
     next_thread_census: MonoNs,
+    /// Where processes that existed before the recording are read (see `facts`).
+    facts: Box<dyn ProcFacts>,
+    /// `facts.live()`.
+    live: bool,
 }
 
 /// How long an exited process without stored events is kept: samples taken on other CPUs
@@ -156,7 +160,20 @@ impl<S: SampleSink> Collector<S> {
             forgotten_since_sweep: 0,
             last_sweep: MonoNs(0),
             next_thread_census: MonoNs(0),
+            facts: Box::new(LiveProc),
+            live: true,
         }
+    }
+
+    /// Reads processes that existed before the recording through `facts` (by default /proc).
+    /// Not live facts (a replay) also turn off the reads by pid they cannot answer: perf
+    /// maps, jitdumps, CPython's memory, /proc/PID/cgroup.
+    pub fn set_facts(&mut self, facts: Box<dyn ProcFacts>) {
+        self.live = facts.live();
+        if !self.live {
+            self.processes.cgroup_paths.go_offline();
+        }
+        self.facts = facts;
     }
 
     /// The stats, with `peak_threads` covering the threads held now.
@@ -200,6 +217,9 @@ impl<S: SampleSink> Collector<S> {
     /// frames of a process not looked at since they did).
     pub fn check_python(&mut self, pid: Pid) {
         let Some(p) = self.processes.processes.get_mut(&pid) else { return };
+        if !self.live {
+            return;
+        }
         if self.python.check(pid, p, &self.modules, &mut self.stats.python) {
             let until = crate::collect::python::tracker::follow_until(MonoNs::now());
             self.drain_soon_until = self.drain_soon_until.max(until);
@@ -222,7 +242,7 @@ impl<S: SampleSink> Collector<S> {
     pub fn register_existing(&mut self, pid: Pid) {
         let p = self.processes.entry(pid);
         if p.space_source == SpaceSource::Unknown {
-            first_sight(pid, p, &mut self.modules, &mut self.stats);
+            first_sight(pid, p, &mut self.modules, &mut self.stats, &mut *self.facts);
         }
         self.outbox.maps_changed(pid);
     }
@@ -236,12 +256,14 @@ impl<S: SampleSink> Collector<S> {
     /// The process, its address space read from /proc first if it is one that existed before
     /// the recording and was not seen yet.
     fn known(&mut self, pid: Pid) -> &mut ProcessInfo {
-        known(&mut self.processes, pid, &mut self.modules, &mut self.stats, &mut self.outbox)
+        let facts = &mut *self.facts;
+        known(&mut self.processes, pid, &mut self.modules, &mut self.stats, &mut self.outbox, facts)
     }
 
     fn on_map(&mut self, m: MapEvent) {
         self.stats.map_events += 1;
         let anon_code = matches!(m.kind, MapKind::Anon);
+        let live = self.live;
         let p = self.known(m.pid);
         if p.mm != m.mm {
             // A space read from /proc does not know its mm: the first record names it. Any
@@ -272,7 +294,7 @@ impl<S: SampleSink> Collector<S> {
             }
             MapKind::File { offset, dev, inode, path } => {
                 let ident = (*dev, *inode);
-                if jitdump::is_dump_path(&path.path) {
+                if jitdump::is_dump_path(&path.path) && live {
                     // A JIT announcing its jitdump (it maps the file executable, as perf
                     // expects): followed from now on.
                     let (pid, range) = (m.pid, (m.start, m.end));
@@ -497,7 +519,15 @@ impl<S: SampleSink> Collector<S> {
     /// returns its CPU time since its previous sample (0 for off-CPU time, which carries no
     /// CPU time reading) and its stack.
     fn observe_task(&mut self, s: &Sample) -> (u64, Option<StackId>) {
-        known(&mut self.processes, s.pid, &mut self.modules, &mut self.stats, &mut self.outbox);
+        let facts = &mut *self.facts;
+        known(
+            &mut self.processes,
+            s.pid,
+            &mut self.modules,
+            &mut self.stats,
+            &mut self.outbox,
+            facts,
+        );
         let anon = self.modules.anon();
         let main_thread = s.tid.0 == s.pid.0;
         let cgroup_paths = &mut self.processes.cgroup_paths;
@@ -519,6 +549,9 @@ impl<S: SampleSink> Collector<S> {
         // Stacks named from the perf map are cached until it names more. The jitdump is read
         // once a sample is later than its last read, so each sample is named knowing every
         // record written before it.
+        if !self.live {
+            p.perf_map.refused.get_or_insert("replayed: the process is gone");
+        }
         let dump_grew = p.jit_dump.refresh(s.time.0);
         if dump_grew {
             self.stats.jitdumps.add(&p.jit_dump.take_stats());
@@ -661,7 +694,7 @@ impl<S: SampleSink> Collector<S> {
                 p.python = Default::default();
                 p.space_source = SpaceSource::Kernel;
                 if vdso != 0
-                    && let Some(len) = vdso_len()
+                    && let Some(len) = self.facts.vdso_len()
                 {
                     let module = self.modules.vdso();
                     let m = Mapping { start: vdso, end: vdso + len, file_offset: 0, module };
@@ -684,7 +717,7 @@ impl<S: SampleSink> Collector<S> {
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
                     // Lines and records written up to its exit, before its pid can be reused.
-                    if p.perf_map.finish(t.pid, t.time.0) | p.jit_dump.finish() {
+                    if self.live && (p.perf_map.finish(t.pid, t.time.0) | p.jit_dump.finish()) {
                         p.space.touch();
                         p.name_late();
                     }
@@ -708,10 +741,11 @@ fn known<'a>(
     modules: &mut ModuleTable,
     stats: &mut CollectorStats,
     outbox: &mut Outbox,
+    facts: &mut dyn ProcFacts,
 ) -> &'a mut ProcessInfo {
     let p = processes.processes.entry(pid).or_default();
     if p.space_source == SpaceSource::Unknown {
-        first_sight(pid, p, modules, stats);
+        first_sight(pid, p, modules, stats, facts);
         outbox.maps_changed(pid);
     }
     p
@@ -723,14 +757,15 @@ fn first_sight(
     p: &mut ProcessInfo,
     modules: &mut ModuleTable,
     stats: &mut CollectorStats,
+    facts: &mut dyn ProcFacts,
 ) {
     if p.meta.name.is_empty() {
-        let (comm, argv) = procfs::read_identity(pid);
+        let (comm, argv, exe) = facts.identity(pid);
         p.meta.name = comm;
         p.meta.argv = argv;
-        p.meta.exe = procfs::read_exe(pid).unwrap_or_default();
+        p.meta.exe = exe.unwrap_or_default();
     }
-    first_sight_space(pid, p, modules, stats);
+    first_sight_space(pid, p, modules, stats, facts);
 }
 
 fn first_sight_space(
@@ -738,10 +773,14 @@ fn first_sight_space(
     p: &mut ProcessInfo,
     modules: &mut ModuleTable,
     stats: &mut CollectorStats,
+    facts: &mut dyn ProcFacts,
 ) {
     stats.maps_reads += 1;
     stats.maps_reads_late += u64::from(stats.started);
-    stats.maps_errors += u64::from(read_space_once(pid, p, modules).is_err());
+    stats.maps_errors += u64::from(read_space_once(pid, p, modules, facts.maps(pid)).is_err());
+    if !facts.live() {
+        return;
+    }
     // A JIT already running maps its jitdump (read from /proc, with the rest of its space).
     let dump =
         p.space.mappings().iter().find(|m| jitdump::is_dump_path(&modules.get(m.module).path));
@@ -750,16 +789,6 @@ fn first_sight_space(
         p.jit_dump.found(|| jitdump::open_mapped(pid, range, None, &path));
         stats.jitdumps.add(&p.jit_dump.take_stats());
     }
-}
-
-/// Size of the vDSO image (the same in every process): ours, from /proc/self/maps, once.
-fn vdso_len() -> Option<u64> {
-    static LEN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *LEN.get_or_init(|| {
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        let line = procfs::parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")?;
-        Some(line.end - line.start)
-    })
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use profiler_unwind::{
 };
 
 use crate::{
+    collect::modules::FileIdentity,
     collect::modules::{AddressSpace, ElfLayout, ModuleTable},
     counters::Counters,
     decode::Sample,
@@ -61,9 +62,6 @@ const END_NAMES: [&str; UNWIND_END_COUNT as usize] = [
     "read fault",
     "frame pointers ended",
 ];
-
-/// (device, inode, mtime ns, size): a file replaced in place keeps its inode, not its mtime.
-type FileIdentity = (u64, u64, i64, u64);
 
 /// A module's file as the walk needs it.
 #[derive(Clone)]

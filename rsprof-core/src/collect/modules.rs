@@ -19,6 +19,10 @@ use crate::{
     system::procfs::{self, MapsLine, ProcError},
 };
 
+/// A file as the kernel sees it: (device, inode, mtime ns, size). A file replaced in place
+/// keeps its inode but not its mtime.
+pub type FileIdentity = (u64, u64, i64, u64);
+
 #[derive(Debug)]
 pub struct Module {
     /// Path as the process saw it (`/usr/lib/x86_64-linux-gnu/libc.so.6`, `[vdso]`).

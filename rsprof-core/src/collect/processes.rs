@@ -66,9 +66,9 @@ pub struct ProcessInfo {
     /// Depths of labels pushed before the kernel could walk the pusher's stack, found from a
     /// copy of it: (thread, index in its label stack) → (label address, depth).
     label_depths: HashMap<(Tid, u32), (u64, u32)>,
-    /// Its perf map, followed from its first JIT address on (see `symbolize::perfmap`).
+    /// Its perf map, followed from its first JIT address on (see `collect::perfmap`).
     pub perf_map: ProcessPerfMap,
-    /// Its jitdump, followed from its mapping on (see `symbolize::jitdump`).
+    /// Its jitdump, followed from its mapping on (see `collect::jitdump`).
     pub jit_dump: ProcessJitDump,
     /// `meta.jit_symbols` by what they name, to give a name sampled again its id.
     jit_ids: HashMap<JitKey, JitSymbolId>,

@@ -6,7 +6,7 @@
 use crate::{
     collect::jitdump::At,
     collect::{
-        modules::{ModuleTable, read_address_space},
+        modules::{ModuleTable, parse_maps},
         processes::{ProcessInfo, SpaceSource},
     },
     decode::{LabelRef, Sample},
@@ -144,18 +144,20 @@ pub fn kernel_frames(leaf_first: &[u64]) -> impl Iterator<Item = FrameAddr> + '_
         .map(|(i, &addr)| FrameAddr::Kernel(if i == 0 { addr } else { addr - 1 }))
 }
 
-/// Reads the address space of `pid` from /proc/PID/maps: done once, for a process that existed
-/// before the recording began (or whose exec raced the attach). A process that is gone is
-/// marked exited; any other failure is returned for the caller to count.
+/// Sets the address space of `pid` from what reading its /proc/PID/maps gave (`maps`): done
+/// once, for a process that existed before the recording began (or whose exec raced the
+/// attach). A process that is gone is marked exited; any other failure is returned for the
+/// caller to count.
 pub fn read_space_once(
     pid: Pid,
     p: &mut ProcessInfo,
     modules: &mut ModuleTable,
+    maps: Result<String, ProcError>,
 ) -> Result<(), ProcError> {
     p.space_source = SpaceSource::Proc;
-    match read_address_space(pid, modules) {
-        Ok(space) => {
-            p.space = space;
+    match maps {
+        Ok(text) => {
+            p.space = parse_maps(pid, &text, modules);
             Ok(())
         }
         Err(ProcError::Gone) => {

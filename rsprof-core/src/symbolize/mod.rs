@@ -9,6 +9,7 @@ pub mod debuginfod;
 mod dwarf;
 pub(crate) mod gopclntab;
 pub(crate) mod pages;
+pub mod recorded_names;
 
 use std::{
     collections::HashMap,
@@ -97,6 +98,11 @@ pub fn module_sources(table: &ModuleTable) -> Vec<ModuleSource> {
 /// address, None where it has none.
 pub trait KernelNames: Send {
     fn name(&mut self, addrs: &[u64]) -> Result<Vec<Option<KernelSymbol>>>;
+    /// Whether an address this namer leaves unnamed stays unnamed, rather than going to
+    /// /proc/kallsyms (a replay's namer: kallsyms there is another time's, or hidden).
+    fn only_source(&self) -> bool {
+        false
+    }
 }
 
 /// The kallsyms symbol holding a kernel address: its name, and the address's offset in it and
@@ -121,11 +127,13 @@ impl KernelNamer {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
     }
 
-    /// Names `addrs`, if there is a namer and it works: None otherwise.
-    fn name(&self, addrs: &[u64]) -> Option<Vec<Option<KernelSymbol>>> {
+    /// Names `addrs`, if there is a namer and it works: None otherwise; with whether the
+    /// namer is the only source (`KernelNames::only_source`).
+    fn name(&self, addrs: &[u64]) -> Option<(Vec<Option<KernelSymbol>>, bool)> {
         let mut namer = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let only = namer.as_ref()?.only_source();
         match namer.as_mut()?.name(addrs) {
-            Ok(names) => Some(names),
+            Ok(names) => Some((names, only)),
             Err(_) => {
                 *namer = None;
                 None
@@ -669,7 +677,7 @@ impl SymbolizerThread {
             return;
         }
         let mut left = addrs.to_vec();
-        if let Some(names) = self.kernel.name(addrs) {
+        if let Some((names, only)) = self.kernel.name(addrs) {
             left.clear();
             for (&addr, name) in addrs.iter().zip(names) {
                 match name {
@@ -682,6 +690,10 @@ impl SymbolizerThread {
                             self.function_starts.insert(FrameAddr::Kernel(addr), (start, last));
                         }
                         self.out.insert(FrameAddr::Kernel(addr), vec![kernel_frame(sym.name)]);
+                    }
+                    None if only => {
+                        let frame = unknown(FrameKind::Kernel, addr, KERNEL_MODULE);
+                        self.out.insert(FrameAddr::Kernel(addr), vec![frame]);
                     }
                     // Cut short or unknown: kallsyms decides.
                     None => left.push(addr),

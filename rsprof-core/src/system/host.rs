@@ -75,6 +75,13 @@ fn uname() -> Option<[String; 3]> {
     Some([field(&u.sysname), field(&u.release), field(&u.machine)])
 }
 
+/// The host's name (`uname -n`).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// `uname -srm`.
 pub fn oscpu() -> String {
     uname().map_or_else(

@@ -371,9 +371,7 @@ mod tests {
                 process: process.into(),
                 container_runtime: Some("docker".into()),
                 container_id: Some("abc".into()),
-                systemd_unit: None,
-                pod_uid: None,
-                pod_qos: None,
+                ..Default::default()
             },
         }
     }

@@ -156,6 +156,8 @@ pub fn count_procs(dir: &Path) -> usize {
 pub struct PathCache {
     mount: Option<Option<V2Mount>>,
     paths: HashMap<u64, Option<String>>,
+    /// See [`PathCache::go_offline`].
+    offline: bool,
 }
 
 impl PathCache {
@@ -166,6 +168,22 @@ impl PathCache {
     /// The path of `id` if already known (no read, no walk).
     pub fn known(&self, id: u64) -> Option<&str> {
         self.paths.get(&id)?.as_deref()
+    }
+
+    /// Paths resolved so far, by cgroup id.
+    pub fn resolved(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.paths.iter().filter_map(|(&id, p)| Some((id, p.as_deref()?)))
+    }
+
+    /// No reads of /proc or walks of the cgroup tree from now on (a replay: only the paths
+    /// remembered are known).
+    pub fn go_offline(&mut self) {
+        self.mount = Some(None);
+        self.offline = true;
+    }
+
+    pub fn is_offline(&self) -> bool {
+        self.offline
     }
 
     pub fn lookup(&mut self, id: u64) -> Option<String> {

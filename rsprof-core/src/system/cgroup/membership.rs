@@ -38,6 +38,11 @@ impl ProcessCgroup {
             self.identity = container::parse(p);
             return;
         }
+        if cache.is_offline() {
+            self.path = None;
+            self.identity = None;
+            return;
+        }
         let from_proc = std::fs::read_to_string(format!("/proc/{}/cgroup", pid.0))
             .ok()
             .and_then(|t| container::v2_path_from_proc(&t).map(str::to_owned));
@@ -50,6 +55,19 @@ impl ProcessCgroup {
             None => cache.lookup(cgroup_id.0),
         };
         self.identity = self.path.as_deref().and_then(container::parse);
+    }
+}
+
+impl ProcessCgroup {
+    /// A replay's: the path of the cgroup last observed, from the paths the recording
+    /// resolved (`cache`), which come at its end.
+    pub fn resolve_recorded(&mut self, cache: &PathCache) {
+        if self.path.is_none()
+            && let Some(p) = cache.known(self.id.0)
+        {
+            self.path = Some(p.to_owned());
+            self.identity = container::parse(p);
+        }
     }
 }
 

@@ -553,9 +553,7 @@ mod tests {
             process: process.into(),
             container_runtime: container.map(|_| "docker".into()),
             container_id: container.map(str::to_owned),
-            systemd_unit: None,
-            pod_uid: None,
-            pod_qos: None,
+            ..Default::default()
         }
     }
 
