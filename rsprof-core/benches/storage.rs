@@ -214,6 +214,7 @@ fn main() {
         &[],
         &[],
         (threads[0], &note),
+        None,
         &mut counting,
     )
     .expect("write")

@@ -58,9 +58,13 @@ pub fn output_path(test: &str, ext: &str) -> PathBuf {
     dir.join(format!("{test}.{ext}"))
 }
 
+/// rsprof-bpf, with the full end-of-recording report (`RSPROF_VERBOSE`, as `-v`): tests read
+/// its counters. `summary_test` unsets it to see what a user sees.
 pub fn command() -> Result<Command> {
     fixtures::require_root()?;
-    Ok(Command::new(fixtures::rsprof_bin()?))
+    let mut c = Command::new(fixtures::rsprof_bin()?);
+    c.env("RSPROF_VERBOSE", "1");
+    Ok(c)
 }
 
 impl Recording {

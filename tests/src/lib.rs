@@ -11,3 +11,4 @@ pub mod ports;
 pub mod postgres;
 pub mod profile_query;
 pub mod prometheus;
+pub mod wait;

@@ -204,8 +204,15 @@ fn agent_off_cpu_windows_carry_blocked_time() {
     let (mut total_ms, mut sleep_ms, mut with_off_cpu) = (0.0, 0.0, 0);
     for (_, profile) in &windows {
         let args = ["-top", "-sample_index=off_cpu", "-unit=ms", "-nodecount=1000", "-trim=false"];
-        // A window holding only the fixture's CPU samples has no off_cpu sample type.
-        let Ok(out) = go_pprof::run(&args, profile) else { continue };
+        // A window holding only the fixture's CPU samples has no off_cpu sample type: pprof
+        // says so (profile/index.go), and only that is skipped; any other failure is the test's.
+        let out = match go_pprof::run(&args, profile) {
+            Ok(out) => out,
+            Err(e) if format!("{e:#}").contains("sample_index \"off_cpu\" must be one of") => {
+                continue;
+            }
+            Err(e) => panic!("pprof could not read window {}: {e:#}", profile.display()),
+        };
         let (total, rows) = parse_top(&out).expect("parse -top");
         with_off_cpu += 1;
         total_ms += total;
@@ -267,8 +274,17 @@ fn agent_folds_short_lived_processes_into_one_window_per_service() {
         pids.insert(u64::from(run.id()));
         assert!(run.wait().unwrap().success());
     }
-    // Two windows at least, whatever the runs took.
-    std::thread::sleep(Duration::from_secs(5).saturating_sub(started.elapsed()));
+    // Two windows at least, whatever the runs took (a window's labels file is written whole
+    // or not parsed).
+    let windows = || {
+        let starts: std::collections::HashSet<u64> = (fs::read_dir(&dir).unwrap().flatten())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .filter_map(|e| serde_json::from_slice::<Value>(&fs::read(e.path()).ok()?).ok())
+            .filter_map(|m| m["start_ms"].as_u64())
+            .collect();
+        starts.len() >= 2
+    };
+    tests::wait::until("two windows in the spool", Duration::from_secs(60), windows).unwrap();
     let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
     assert!(status.success(), "{stderr}");
     eprintln!("300 runs in {:?}", started.elapsed());
@@ -394,8 +410,11 @@ fn agent_pays_no_syscall_or_wakeup_per_unsampled_process() {
         shell.pre_exec(move || std::fs::write(&procs, "0"));
     }
     assert!(shell.status().unwrap().success());
-    // The exits' records reach userspace at the next timed drain (at most 1 s apart).
-    std::thread::sleep(Duration::from_millis(1500));
+    // The exits' records reach userspace at the next timed drain (at most 1 s apart): two
+    // drains after the last exit.
+    let drains = scrape(&addr, &names)[3];
+    let drained = || scrape(&addr, &names)[3] >= drains + 2;
+    tests::wait::until("two drains after the runs", Duration::from_secs(30), drained).unwrap();
     let secs = started.elapsed().as_secs_f64();
     let after = scrape(&addr, &names);
     let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));

@@ -346,7 +346,10 @@ fn ops_service_capabilities_are_enough() {
         .arg("60"));
     let as_root = run(std::process::Command::new(&deleted).arg("60"));
     // Wait until both run their code, then delete the root one's executable.
-    std::thread::sleep(Duration::from_millis(300));
+    for p in [&as_nobody, &as_root] {
+        let (cpu, deadline) = (Duration::from_millis(50), Duration::from_secs(30));
+        tests::wait::until_cpu_time(p.0.id(), Duration::ZERO, cpu, deadline).unwrap();
+    }
     fs::remove_file(&deleted).unwrap();
     let spool = dir.join("spool");
     let spool_arg = spool.display().to_string();

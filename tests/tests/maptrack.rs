@@ -6,7 +6,6 @@
 use std::{
     collections::{HashMap, HashSet},
     process::{Command, Stdio},
-    thread,
     time::Duration,
 };
 
@@ -16,6 +15,7 @@ use tests::{
     gecko_schema::validate,
     harness::{Recording, output_path, spawn_fresh},
     profile_query::{ThreadInfo, contains_path, markers, module_name, sample_stacks, threads},
+    wait,
 };
 
 /// Records `--all` while `workload` runs; returns the validated profile and rsprof's stderr.
@@ -258,8 +258,9 @@ fn maptrack_deleted_executable_is_still_named() {
         // Gone from the file system while it runs, mostly after the profiler queued its table
         // (from the path) and before the table was compiled, which must then read the
         // mapped file (the unit test `job_reads_the_mapped_file_after_its_path_is_gone`
-        // covers that order exactly).
-        thread::sleep(Duration::from_millis(50));
+        // covers that order exactly): it has run (and been sampled) for 50 ms of CPU.
+        let cpu = Duration::from_millis(50);
+        wait::until_cpu_time(c.id(), Duration::ZERO, cpu, Duration::from_secs(10)).unwrap();
         std::fs::remove_file(&copy).unwrap();
         assert!(c.wait().unwrap().success());
     });
@@ -310,7 +311,8 @@ fn maptrack_executable_on_a_filesystem_unmounted_while_it_runs_is_named() {
     let (profile, _, stderr) = record_all("unmounted", || {
         let mut c = spawn_fresh(Command::new(&copy).arg("400"));
         pid = u64::from(c.id());
-        thread::sleep(Duration::from_millis(50));
+        let cpu = Duration::from_millis(50);
+        wait::until_cpu_time(c.id(), Duration::ZERO, cpu, Duration::from_secs(10)).unwrap();
         // Lazily: the running process keeps the file system alive, but no path reaches it.
         let st = Command::new("umount").arg("-l").arg(&dir).status().unwrap();
         assert!(st.success(), "umount -l {}", dir.display());

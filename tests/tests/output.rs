@@ -7,11 +7,11 @@ use std::{
     fs,
     os::unix::process::ExitStatusExt as _,
     path::{Path, PathBuf},
-    process::Stdio,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use tests::harness::{Recording, command};
+use tests::harness::{Background, Recording, command};
 
 /// A fresh, empty directory for one test's output.
 fn empty_dir(test: &str) -> PathBuf {
@@ -72,8 +72,13 @@ fn sigkill_while_recording_or_writing_a_snapshot_leaves_nothing() {
     assert_eq!(entries(&dir), Vec::<String>::new(), "left beside the output");
 
     // Killed while a snapshot of the whole machine is being written.
+    let split = tests::fixtures::build("split").unwrap();
+    let busy = Background(Command::new(&split).arg("600").stdout(Stdio::null()).spawn().unwrap());
     let rec = Recording::start(&["--all"], dir.join("p.json")).expect("start recording");
-    std::thread::sleep(Duration::from_millis(500)); // some data for the snapshot
+    // Some data for the snapshot: a few hundred samples of a busy fixture.
+    let cpu = Duration::from_millis(300);
+    let start = tests::wait::cpu_time(busy.0.id()).expect("fixture runs");
+    tests::wait::until_cpu_time(busy.0.id(), start, cpu, Duration::from_secs(30)).unwrap();
     rec.signal(libc::SIGUSR1);
     let writing = wait_for_open_files(rec.pid(), &dir, 2, Duration::from_secs(10));
     rec.signal(libc::SIGKILL);

@@ -17,6 +17,7 @@ use tests::{
     profile_query::{
         ThreadInfo, count_samples_with_path, module_name, sample_stacks, threads, threads_of_pid,
     },
+    wait,
 };
 
 fn valid(profile: &Value) {
@@ -125,10 +126,15 @@ fn syscall_heavy_fixture_has_kernel_frames_under_user_frames() {
 
 #[test]
 fn short_lived_process_is_present_with_named_frames() {
-    let (profile, pid, stderr) = record_all("shortlived", || {
-        thread::sleep(Duration::from_millis(200));
-        run_fixture("shortlived", &["300"]).expect("run fixture")
-    });
+    let mut rec = Recording::start(&["--all"], output_path("shortlived", "json")).expect("start");
+    // Its stacks are walked from its first sample only once the host's start-up tables are in
+    // (the loader is busy with them until then).
+    rec.wait_for_line("start-up unwind tables loaded", Duration::from_secs(60)).expect("tables");
+    let pid = run_fixture("shortlived", &["300"]).expect("run fixture");
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+    let stderr = done.stderr;
     let walks: Vec<&str> = (stderr.lines())
         .filter(|l| {
             ["user stacks:", "stack copies:", "start-up tables:"].iter().any(|k| l.contains(k))
@@ -221,8 +227,12 @@ fn pid_mode_stops_when_the_last_given_process_exits() {
     let (pa, pb) = (a.0.id(), b.0.id());
     let list = format!("{pa},{pb}");
     let mut rec = Recording::start(&["-p", &list], output_path("pid_exit", "json")).expect("start");
-    // Long enough for a few hundred samples of each even with the other tests busy on the CPUs.
-    thread::sleep(Duration::from_millis(1000));
+    // A few hundred samples of each, however busy the CPUs are: samples follow CPU time.
+    for pid in [pa, pb] {
+        let now = wait::cpu_time(pid).expect("target runs");
+        let cpu = Duration::from_millis(300);
+        wait::until_cpu_time(pid, now, cpu, Duration::from_secs(60)).unwrap();
+    }
     let _ = (b.0.kill(), b.0.wait());
     assert!(
         rec.wait_for_line("stopped by", Duration::from_secs(2)).is_err(),

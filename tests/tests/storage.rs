@@ -1,7 +1,11 @@
 //! Chunked storage end to end: a tiny `--buffer-size` recycles many times and keeps only the
 //! newest window; SIGUSR1 writes a snapshot while recording goes on. Needs root; run serially.
 
-use std::{thread, time::Duration};
+use std::{
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
 
 use serde_json::Value;
 use tests::{
@@ -62,14 +66,16 @@ fn tiny_buffer_keeps_only_the_newest_window() {
 #[test]
 fn sigusr1_writes_a_snapshot_while_recording_continues() {
     let out = output_path("snapshot", "json");
-    // Built before recording: a first build must not eat into the 1.2 s before the snapshot.
-    tests::fixtures::build("split.c").expect("build fixture");
+    let exe = tests::fixtures::build("split.c").expect("build fixture");
     let mut rec = Recording::start(&["--all"], out.clone()).expect("start recording");
-    let fixture = thread::spawn(|| run_fixture("split.c", &["3"]).expect("run fixture"));
-    thread::sleep(Duration::from_millis(1200));
+    let mut fixture = Command::new(&exe).arg("3").stdout(Stdio::null()).spawn().unwrap();
+    let pid = fixture.id();
+    // Some 600 samples of it in the snapshot, however busy the CPUs are.
+    let cpu = Duration::from_millis(600);
+    tests::wait::until_cpu_time(pid, Duration::ZERO, cpu, Duration::from_secs(30)).unwrap();
     rec.signal(10); // SIGUSR1
     let line = rec.wait_for_line("wrote snapshot", Duration::from_secs(60)).expect("snapshot");
-    let pid = fixture.join().unwrap();
+    assert!(fixture.wait().unwrap().success(), "fixture split.c failed");
     let done = rec.interrupt().expect("stop recording");
     let profile = done.profile().expect("final profile");
     valid(&profile);

@@ -512,8 +512,12 @@ fn all_mode_attaches_to_processes_already_running() {
     drop(stop_markers);
     let rest = steps.iter().count();
     let markers_status = markers_child.0.wait().unwrap();
-    // Labelled samples of the other fixture for a while longer.
-    std::thread::sleep(Duration::from_secs(2));
+    // Labelled samples of the other fixture for a while longer: 500 more, however busy.
+    if let Some(now) = tests::wait::cpu_time(labels.0.id()) {
+        let cpu = Duration::from_millis(500);
+        let r = tests::wait::until_cpu_time(labels.0.id(), now, cpu, Duration::from_secs(60));
+        r.expect("labels fixture runs");
+    }
     let done = rec.and_then(|r| r.interrupt());
     drop(labels);
     let done = done.unwrap();

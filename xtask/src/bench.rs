@@ -195,7 +195,7 @@ fn measure(
                     let out = tmp.join("bench.json.gz");
                     let _ = fs::remove_file(&out);
                     let mut cmd = Command::new(profiler);
-                    cmd.args(["--all", "-F", "999", "-o"]).arg(&out);
+                    cmd.args(["-v", "--all", "-F", "999", "-o"]).arg(&out);
                     run_under(&mut cmd, Some("sampling"), &out, fixture, iterations, cpus)
                 }
                 ToolKind::Perf => {

@@ -93,7 +93,7 @@ fn cpu_seconds(ru: &libc::rusage) -> f64 {
 /// Runs rsprof-bpf to completion and returns its summary numbers and CPU time.
 fn record(profiler: &Path, filter: &[String], secs: f64, out: &Path) -> anyhow::Result<Run> {
     let mut cmd = Command::new(profiler);
-    cmd.args(filter).args(["-F", "999", "-d", &secs.to_string(), "-o"]).arg(out);
+    cmd.args(filter).args(["-v", "-F", "999", "-d", &secs.to_string(), "-o"]).arg(out);
     println!("$ {}", display(&cmd));
     let child = cmd
         .stdin(Stdio::null())

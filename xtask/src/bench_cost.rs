@@ -275,7 +275,7 @@ pub fn bench_cost(args: BenchCostArgs) -> anyhow::Result<()> {
                     } else {
                         output = dir.join(format!("cost-{freq}.json.gz"));
                         cmd = Command::new(&rsprof);
-                        cmd.args(["--all", "-F", &f, "-o"]).arg(&output);
+                        cmd.args(["-v", "--all", "-F", &f, "-o"]).arg(&output);
                     }
                     match start_tool(cmd, tool == "rsprof-bpf") {
                         Ok(child) => tools.push((tool, child, output)),
@@ -453,7 +453,7 @@ fn long_run(
         args.buffer_size, args.seconds
     ));
     let mut cmd = Command::new(rsprof);
-    cmd.args(["--all", "-F", &freq, "--buffer-size", &args.buffer_size, "-o"])
+    cmd.args(["-v", "--all", "-F", &freq, "--buffer-size", &args.buffer_size, "-o"])
         .arg(dir.join("long.json.gz"));
     let busy = load(args.busy_loops, false)?;
     let (mut child, lines) = start_tool_logged(cmd, true)?;

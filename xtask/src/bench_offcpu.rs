@@ -251,7 +251,7 @@ fn under_rsprof(
     out: &Path,
 ) -> anyhow::Result<Run> {
     let mut cmd = Command::new(profiler);
-    cmd.args(["-a", "-F", "999"]).args(extra).arg("-o").arg(out);
+    cmd.args(["-v", "-a", "-F", "999"]).args(extra).arg("-o").arg(out);
     println!("$ {}", display(&cmd));
     let mut child = cmd
         .stdin(Stdio::null())

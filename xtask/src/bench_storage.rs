@@ -62,7 +62,7 @@ pub fn bench_storage(args: BenchStorageArgs) -> anyhow::Result<()> {
     ));
     let loops = busy_loops(cpus)?;
     let mut child = Command::new(&bin)
-        .args(["--all", "-F", "999", "--buffer-size", &args.long_buffer, "-o"])
+        .args(["-v", "--all", "-F", "999", "--buffer-size", &args.long_buffer, "-o"])
         .arg(&out_path)
         .args(["-d", &args.long_seconds.to_string()])
         .stderr(Stdio::piped())

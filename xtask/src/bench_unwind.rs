@@ -383,7 +383,8 @@ fn run_one(
         Tool::RsprofDwarf | Tool::RsprofFp => {
             let mut cmd = Command::new(profiler);
             let unwind = if tool == Tool::RsprofDwarf { "dwarf" } else { "fp" };
-            cmd.args(["-p", &pid, "--unwind", unwind, "--bpf-timing", "-F", &freq, "-o"])
+            // -v: the full report holds the `user stacks:` and BPF timing lines read below.
+            cmd.args(["-v", "-p", &pid, "--unwind", unwind, "--bpf-timing", "-F", &freq, "-o"])
                 .arg(&output);
             let p = spawn_tool(cmd, Some("rsprof-bpf: sampling"))?;
             if p.ready.recv_timeout(ATTACH_TIMEOUT).is_err() {

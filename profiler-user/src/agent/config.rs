@@ -157,6 +157,7 @@ impl AgentPlan {
             format: Some(Format::Pprof),
             compress: false,
             quiet: args.quiet || file.quiet.unwrap_or(false),
+            verbose: false,
             ring_buffer_size: Some(crate::cli::plan::default_ring_bytes(frequency, AGENT_MIN_RING)),
             usdt: Vec::new(),
             usdt_interval: Vec::new(),

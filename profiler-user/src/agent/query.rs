@@ -252,6 +252,7 @@ impl<'a> Query<'a> {
             marker_schemas: &[],
             recycled: Default::default(),
             buffer_bytes: 0,
+            report: Default::default(),
         };
         let mut writer = self.format.writer(&ctx);
         let mut samples = 0;

@@ -86,6 +86,7 @@ pub fn profiles(
         // Events lost before the window was read are the agent's to report (per window).
         recycled: Default::default(),
         buffer_bytes: sym.snapshot.buffer_bytes,
+        report: Default::default(),
     };
     let mut router = ByService {
         ctx: &ctx,

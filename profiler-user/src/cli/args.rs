@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum, builder::FalseyValueParser};
 
 use crate::{cli::duration, writers::Format};
 
@@ -332,6 +332,13 @@ pub struct RecordArgs {
     /// No live status line and no summary.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+
+    /// The full report at the end (every counter of the kernel, the collector, the unwinder
+    /// and the symbolizer), not just the few lines of the summary. A Gecko profile carries it
+    /// either way, in `meta.rsprof.report`.
+    /// `RSPROF_VERBOSE=1` does the same (any value but 0, false, no, off or empty).
+    #[arg(short = 'v', long, env = "RSPROF_VERBOSE", value_parser = FalseyValueParser::new())]
+    pub verbose: bool,
 
     /// Size of the kernel→user ring buffer (bytes; K/M suffixes). Rounded up to a power of two.
     /// [default: 2 KiB per sample per CPU at -F; 4M–16M]

@@ -39,6 +39,8 @@ pub struct RecordPlan {
     /// From --format, else from the output's name.
     pub format: Format,
     pub quiet: bool,
+    /// `-v`: the full report instead of the short summary.
+    pub verbose: bool,
     pub buffer_bytes: usize,
     /// A power of two.
     pub ring_bytes: u32,
@@ -132,6 +134,7 @@ impl RecordPlan {
             compress: args.compress,
             format,
             quiet: args.quiet,
+            verbose: args.verbose,
             buffer_bytes: args.buffer_size as usize,
             ring_bytes: ring_buffer_size.next_power_of_two() as u32,
             usdt_requests,

@@ -8,7 +8,10 @@ mod summary;
 mod timer;
 pub mod windows;
 
-use std::time::{Duration, Instant};
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
@@ -181,6 +184,8 @@ pub struct Recorder<'p> {
     drain_every: Duration,
     /// For the summary's `event loop:` line and the agent's metrics.
     drains: DrainStats,
+    /// The "start-up unwind tables loaded" line was printed (`-v`).
+    startup_said: bool,
     /// `--save-raw`: what the collector is fed, for a replay.
     raw: Option<SharedRaw>,
 }
@@ -459,6 +464,7 @@ impl<'p> Recorder<'p> {
             usr1: false,
             drain_every: drain_interval(plan.ring_bytes, logical_cpus as usize, plan.frequency),
             drains: DrainStats::default(),
+            startup_said: false,
             raw,
         })
     }
@@ -517,6 +523,18 @@ impl<'p> Recorder<'p> {
         python_after_drain(&mut self.python, &mut self.collector);
         if let Some(u) = &mut self.unwind {
             u.after_drain(&mut self.collector);
+            // With -v, when the host's tables are in: what tests wait for before a workload
+            // whose stacks must be walked from its first sample.
+            if let (false, true, Some(after)) =
+                (self.startup_said, self.plan.verbose, u.stats.startup_loaded_after)
+            {
+                self.startup_said = true;
+                self.msgs.info(format_args!(
+                    "start-up unwind tables loaded: {} files, {:.0} ms after sampling began",
+                    u.stats.startup_files,
+                    after.as_secs_f64() * 1e3
+                ));
+            }
         }
         self.usdt.after_drain(&mut self.collector);
         self.usdt.load_deferred(&mut self.bpf);
@@ -795,11 +813,20 @@ impl<'p> Recorder<'p> {
         }
         let usdt_report = self.usdt.finish(&mut self.collector, counters)?;
         let marker_schemas = usdt::markers::schemas(&usdt_report.registry);
-        let store_stats = self.collector.store.stats;
-        let buffer_bytes = self.collector.store.buffer().limit_bytes();
-        let collector_stats = self.collector.stats_now();
         let copies_summary = self.collector.copies.render(&counters);
         let duration_s = end.secs_since(info.start);
+        let recorded = summary::Recorded {
+            target: self.plan.describe(),
+            duration_s,
+            frequency: self.plan.frequency,
+            cpus: self.bpf.cpus.len(),
+            stop_reason: stop_reason.to_owned(),
+            counters,
+            stats: self.collector.stats_now(),
+            store: self.collector.store.stats,
+            buffer_bytes: self.collector.store.buffer().limit_bytes(),
+            details: details(parts!(self), duration_s, &copies_summary, &usdt_report),
+        };
         let empty_note = format!(
             "Nothing recorded: no sample or marker matched in {duration_s:.2} s (stopped by \
              {stop_reason})"
@@ -810,6 +837,10 @@ impl<'p> Recorder<'p> {
         }
         let mut job = ExportJob::finish(self.collector, info, marker_schemas);
         job.kernel = self.kernel;
+        let for_profile = recorded.clone();
+        job.report = Some(Box::new(move |profile, symbolize| {
+            summary::full(&summary::SummaryInput { recorded: &for_profile, profile, symbolize })
+        }));
         let described = output.describe();
         let Written { stats, nothing_recorded, symbolize_errors, bytes } =
             job.write(output, self.plan.format, &empty_note)?;
@@ -824,22 +855,6 @@ impl<'p> Recorder<'p> {
                  {holds}"
             ));
         }
-        self.msgs.block(&summary::render(&summary::SummaryInput {
-            profile: &stats,
-            store: &store_stats,
-            buffer_bytes,
-            counters: &counters,
-            stats: &collector_stats,
-            symbolize: &symbolize_errors,
-            duration_s,
-            frequency: self.plan.frequency,
-            cpus: self.bpf.cpus.len(),
-            output: &described,
-            format: self.plan.format,
-            output_bytes: bytes,
-            stop_reason,
-        }));
-        self.msgs.block(&format!("{}\n", self.drains.render(duration_s)));
         if let (Some(raw), Some(path)) = (&self.raw, &self.plan.save_raw) {
             // After the profile: the kernel names it used are in the stream.
             let counters = (0..profiler_common::counter::COUNT).map(|i| counters.get(i)).collect();
@@ -857,50 +872,109 @@ impl<'p> Recorder<'p> {
         if let Some(u) = &mut self.unwind {
             // Mostly done while the profile was written; the rest for the next run's sake.
             u.finish_for_disk(Duration::from_secs(3));
-            self.msgs.block(&u.render());
         }
-        if !copies_summary.is_empty() {
-            self.msgs.block(&copies_summary);
+        let input = summary::SummaryInput {
+            recorded: &recorded,
+            profile: &stats,
+            symbolize: &symbolize_errors,
+        };
+        if self.plan.verbose {
+            // The details again: the unwind tables' disk cache is written by now.
+            let recorded = summary::Recorded {
+                details: details(parts!(self), duration_s, &copies_summary, &usdt_report),
+                ..recorded.clone()
+            };
+            let input = summary::SummaryInput { recorded: &recorded, ..input };
+            self.msgs.block(&summary::full(&input));
+        } else {
+            self.msgs.block(&summary::short(&input));
         }
-        if !usdt_report.is_empty() {
-            self.msgs.block(&usdt_report.render());
-        }
-        for (prog, what) in [
-            ("on_cpu_clock", "sampler"),
-            ("on_sched_switch", "sched_switch hook"),
-            ("on_enter_mmap", "mmap entry hook"),
-            ("on_exit_mmap", "mmap exit hook"),
-            ("on_enter_munmap", "munmap hook"),
-            ("on_exit_mprotect", "mprotect exit hook"),
-        ] {
-            if let Some((runs, time)) = self.bpf.run_stats(prog) {
-                let verified = self.bpf.verified_insns(prog).unwrap_or(0);
-                self.msgs.info(format_args!(
-                    "BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns per run, {:.3} s \
-                     in all; {verified} instructions verified",
-                    time.as_nanos() as f64 / runs as f64,
-                    time.as_secs_f64()
-                ));
-            }
-        }
-        if self.plan.bpf_timing {
-            match self.bpf.sampler_timing() {
-                Ok(t) => self.msgs.info(format_args!("{t}")),
-                Err(e) => self.msgs.info(format_args!("--bpf-timing: {e:#}")),
-            }
+        self.msgs.block(&summary::output_line(&described, self.plan.format, bytes));
+        if !self.plan.verbose && self.plan.format == Format::Gecko {
+            self.msgs.block(&format!(
+                "the full report: -v, or `zcat -f {described} | jq -r .meta.rsprof.report`\n"
+            ));
+        } else if !self.plan.verbose {
+            self.msgs.block("the full report: -v\n");
         }
         if let Some(c) = &self.plan.cgroups {
-            let kept = collector_stats.samples;
+            let kept = recorded.stats.samples;
             let note = c.end_note(kept, counters.get(counter::SAMPLES_FILTERED));
             // Even with -q: an empty profile must not go unexplained.
             if kept == 0 {
                 self.msgs.block_always(&note);
-            } else {
+            } else if self.plan.verbose {
                 self.msgs.block(&note);
             }
         }
         Ok(())
     }
+}
+
+/// The session's fields [`details`] reads (a macro: `self` is partly moved by then).
+macro_rules! parts {
+    ($s:ident) => {
+        DetailParts {
+            drains: &$s.drains,
+            unwind: $s.unwind.as_ref(),
+            bpf: &$s.bpf,
+            bpf_timing: $s.plan.bpf_timing,
+        }
+    };
+}
+use parts;
+
+/// What [`details`] reads of the session.
+struct DetailParts<'a> {
+    drains: &'a DrainStats,
+    unwind: Option<&'a crate::unwind::UnwindLoader>,
+    bpf: &'a BpfObject,
+    bpf_timing: bool,
+}
+
+/// The session's reports past the counters, for the full summary: the event loop, unwind
+/// tables, stack copies, USDT and the BPF programs' run times.
+fn details(
+    parts: DetailParts,
+    duration_s: f64,
+    copies: &str,
+    usdt: &usdt::report::UsdtReport,
+) -> String {
+    let DetailParts { drains, unwind, bpf, bpf_timing } = parts;
+    let mut s = format!("{}\n", drains.render(duration_s));
+    if let Some(u) = unwind {
+        s.push_str(&u.render());
+    }
+    s.push_str(copies);
+    if !usdt.is_empty() {
+        s.push_str(&usdt.render());
+    }
+    for (prog, what) in [
+        ("on_cpu_clock", "sampler"),
+        ("on_sched_switch", "sched_switch hook"),
+        ("on_enter_mmap", "mmap entry hook"),
+        ("on_exit_mmap", "mmap exit hook"),
+        ("on_enter_munmap", "munmap hook"),
+        ("on_exit_mprotect", "mprotect exit hook"),
+    ] {
+        if let Some((runs, time)) = bpf.run_stats(prog) {
+            let verified = bpf.verified_insns(prog).unwrap_or(0);
+            let _ = writeln!(
+                s,
+                "rsprof-bpf: BPF {what} (kernel.bpf_stats_enabled): {runs} runs, {:.0} ns \
+                 per run, {:.3} s in all; {verified} instructions verified",
+                time.as_nanos() as f64 / runs as f64,
+                time.as_secs_f64()
+            );
+        }
+    }
+    if bpf_timing {
+        let _ = match bpf.sampler_timing() {
+            Ok(t) => writeln!(s, "rsprof-bpf: {t}"),
+            Err(e) => writeln!(s, "rsprof-bpf: --bpf-timing: {e:#}"),
+        };
+    }
+    s
 }
 
 /// `Collector::register_existing`, noted in the raw stream after the /proc facts it read.

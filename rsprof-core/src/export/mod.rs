@@ -53,7 +53,12 @@ pub struct ExportJob {
     pub held_files: Option<crate::collect::modules::ModuleTable>,
     /// Names kernel addresses when no symbolizer service is given (the recording's namer).
     pub kernel: KernelNamer,
+    /// Renders the session's report for the profile to carry, from what writing tallied.
+    pub report: Option<ReportFn>,
 }
+
+/// The session's full report from what the profile holds and what symbolizing could not do.
+pub type ReportFn = Box<dyn Fn(&ProfileStats, &SymbolizeErrors) -> String + Send>;
 
 /// Schema of the note a profile with nothing recorded carries instead.
 pub const NOTE_SCHEMA: &str = "RsprofNote";
@@ -132,6 +137,7 @@ impl ExportJob {
             open: Vec::new(),
             held_files: None,
             kernel: KernelNamer::default(),
+            report: None,
         }
     }
 
@@ -213,6 +219,7 @@ impl ExportJob {
             open: self.open,
             note: (ThreadKey::Task { pid: me, tid: Tid(me.0) }, note),
             errors,
+            report: self.report,
         })
     }
 }
@@ -229,6 +236,7 @@ struct Prepared {
     open: Vec<(ThreadKey, Marker)>,
     note: (ThreadKey, Marker),
     errors: SymbolizeErrors,
+    report: Option<ReportFn>,
 }
 
 impl Prepared {
@@ -237,6 +245,7 @@ impl Prepared {
         format: Format,
         out: &mut dyn std::io::Write,
     ) -> std::io::Result<(ProfileStats, bool)> {
+        let report = self.report.as_ref().map(|f| |stats: &ProfileStats| f(stats, &self.errors));
         write_profile(
             format,
             &self.snapshot,
@@ -246,6 +255,7 @@ impl Prepared {
             &self.marker_schemas,
             &self.open,
             (self.note.0, &self.note.1),
+            report.as_ref().map(|f| f as &dyn Fn(&ProfileStats) -> String),
             out,
         )
     }
@@ -326,7 +336,8 @@ impl Symbolized {
 
 /// Writes a symbolized snapshot as a `format` profile to `out` in one pass over storage;
 /// returns what the summary needs, and whether nothing was recorded: then the writer gets only
-/// `empty_note`.
+/// `empty_note`. `report` renders the session's report from what the profile holds, for the
+/// writer to carry (`ProfileContext::report`).
 #[allow(clippy::too_many_arguments)]
 pub fn write_profile(
     format: Format,
@@ -337,6 +348,7 @@ pub fn write_profile(
     marker_schemas: &[MarkerSchema],
     open: &[(ThreadKey, Marker)],
     empty_note: (ThreadKey, &Marker),
+    report: Option<&dyn Fn(&ProfileStats) -> String>,
     out: &mut dyn std::io::Write,
 ) -> std::io::Result<(ProfileStats, bool)> {
     let mut stacks = SymbolizedStacks::new(&snapshot.stacks, symbols);
@@ -348,6 +360,7 @@ pub fn write_profile(
         marker_schemas,
         recycled: snapshot.recycled_range(),
         buffer_bytes: snapshot.buffer_bytes,
+        report: Default::default(),
     };
     let mut summary = SummaryCounts::new(&stacks);
     let mut writer = format.writer(&ctx);
@@ -356,8 +369,12 @@ pub fn write_profile(
     if empty {
         writer.marker(empty_note.0, empty_note.1);
     }
+    let stats = summary.finish(&ctx, &corrupt);
+    if let Some(report) = report {
+        let _ = ctx.report.set(report(&stats));
+    }
     writer.write(&corrupt, out)?;
-    Ok((summary.finish(&ctx, &corrupt), empty))
+    Ok((stats, empty))
 }
 
 /// Hands every stored event, then the still-open intervals, to each sink; returns what

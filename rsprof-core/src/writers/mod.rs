@@ -38,6 +38,9 @@ pub struct ProfileContext<'a> {
     /// The oldest data dropped to stay within the buffer size.
     pub recycled: Recycled,
     pub buffer_bytes: usize,
+    /// The session's full text report, for the profile to carry. Set after the events are
+    /// tallied and before the file writer writes: the report describes what the profile holds.
+    pub report: std::cell::OnceCell<String>,
 }
 
 /// Receives a recording's events.
@@ -124,7 +127,8 @@ impl Format {
     pub fn viewer_hint(self) -> &'static str {
         match self {
             Format::Gecko => {
-                "open it at https://profiler.firefox.com (\"Load a profile from file\")"
+                "open it at https://profiler.firefox.com (\"Load a profile from file\") or with \
+                 `samply load FILE`"
             }
             Format::Pprof => "view it with `pprof -http=: FILE` or `go tool pprof FILE`",
             Format::Collapsed => "draw it with `flamegraph.pl FILE` or `inferno-flamegraph FILE`",

@@ -37,6 +37,10 @@ pub struct ProfileStats {
     pub jit_dump_frames: u64,
     pub jit_unnamed_frames: u64,
     pub jit_unnamed_processes: usize,
+    /// On-CPU samples of busy threads (idle excluded): with no stack at all, and with a stack
+    /// cut short (its root a `[truncated: …]` frame).
+    pub busy_no_stack: u64,
+    pub busy_truncated: u64,
 }
 
 /// Tallies a recording's events for the summary.
@@ -50,6 +54,8 @@ pub struct SummaryCounts<'a> {
     /// stack, root to leaf.
     jit: HashMap<StackId, (u32, u32, u32)>,
     jit_unnamed_processes: HashSet<Pid>,
+    /// Whether each stack's root is a truncation marker.
+    cut: HashMap<StackId, bool>,
 }
 
 impl<'a> SummaryCounts<'a> {
@@ -62,6 +68,7 @@ impl<'a> SummaryCounts<'a> {
             leaves: HashMap::new(),
             jit: HashMap::new(),
             jit_unnamed_processes: HashSet::new(),
+            cut: HashMap::new(),
         }
     }
 
@@ -100,6 +107,30 @@ impl<'a> SummaryCounts<'a> {
         base
     }
 
+    /// Whether stack `id` was cut short: the walk marks it with a `Truncated` root frame.
+    fn truncated(&mut self, id: StackId) -> bool {
+        let mut path = Vec::new();
+        let mut cur = Some(id);
+        let mut cut = false;
+        while let Some(i) = cur {
+            if let Some(&known) = self.cut.get(&i) {
+                cut = known;
+                break;
+            }
+            let Some((parent, frames)) = self.stacks.node(i) else { break };
+            path.push(i);
+            if parent.is_none() {
+                let root = frames.first().and_then(|&f| self.stacks.frame(f));
+                cut = root.is_some_and(|f| f.kind == FrameKind::Truncated);
+            }
+            cur = parent;
+        }
+        for i in path {
+            self.cut.insert(i, cut);
+        }
+        cut
+    }
+
     fn thread(&mut self, t: ThreadKey) {
         if self.threads.insert(t) {
             self.processes.insert(t.pid());
@@ -132,8 +163,15 @@ impl EventSink for SummaryCounts<'_> {
         self.stats.samples += 1;
         if thread.is_idle() {
             self.stats.idle_samples += 1;
-        } else if let Some(leaf) = s.stack.and_then(|id| self.stacks.leaf(id)) {
-            *self.leaves.entry(leaf).or_default() += 1;
+        } else {
+            match s.stack {
+                None => self.stats.busy_no_stack += 1,
+                Some(id) if self.truncated(id) => self.stats.busy_truncated += 1,
+                Some(_) => {}
+            }
+            if let Some(leaf) = s.stack.and_then(|id| self.stacks.leaf(id)) {
+                *self.leaves.entry(leaf).or_default() += 1;
+            }
         }
         if let Some(id) = s.stack {
             let (named, from_dump, unnamed) = self.jit_frames(id);

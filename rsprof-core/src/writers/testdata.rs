@@ -133,6 +133,7 @@ pub fn write(format: Format, events: &[(ThreadKey, Sample)]) -> Vec<u8> {
         marker_schemas: &[],
         recycled: Recycled::default(),
         buffer_bytes: 1 << 20,
+        report: Default::default(),
     };
     let mut w = format.writer(&ctx);
     for (t, s) in events {

@@ -177,6 +177,8 @@ impl ProfileWriter for GeckoWriter<'_> {
                 "startTime": a, "endTime": b, "chunks": r.chunks, "events": r.events,
             })),
             "corruptChunks": corrupt,
+            // The Firefox Profiler does not show it; `jq -r .meta.rsprof.report` does.
+            "report": ctx.report.get(),
         });
         let meta = GeckoMeta {
             start_time_ms: info.start_wall_ms,
