@@ -825,6 +825,7 @@ impl<'p> Recorder<'p> {
             stats: self.collector.stats_now(),
             store: self.collector.store.stats,
             buffer_bytes: self.collector.store.buffer().limit_bytes(),
+            off_cpu_at_stop: unsent,
             details: details(parts!(self), duration_s, &copies_summary, &usdt_report),
         };
         let empty_note = format!(

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use profiler_common::counter;
 
 use crate::{
-    bpf::counters::Counters,
+    bpf::{counters::Counters, unsent::Unsent},
     collect::collector::CollectorStats,
     store::StoreStats,
     symbolize::SymbolizeErrors,
@@ -28,6 +28,8 @@ pub struct Recorded {
     pub stats: CollectorStats,
     pub store: StoreStats,
     pub buffer_bytes: usize,
+    /// Off-CPU time the kernel still held at the stop, sent from userspace then.
+    pub off_cpu_at_stop: Unsent,
     /// The session's other reports (event loop, unwind tables, stack copies, USDT, BPF run
     /// times), rendered: the end of the full report.
     pub details: String,
@@ -369,9 +371,23 @@ pub fn full(i: &SummaryInput) -> String {
                 stats.off_cpu_copies_used, stats.off_cpu_copies_dropped,
             );
         }
+        let u = &r.off_cpu_at_stop;
+        if u.open_blocks + u.sums > 0 {
+            let _ = writeln!(
+                s,
+                "  at the stop: {} blocks still open at the stop, cut there ({:.1} ms), {} sums                  of short blocks not sent yet ({:.1} ms); {} of them without their stack",
+                u.open_blocks,
+                u.open_ns as f64 / 1e6,
+                u.sums,
+                u.sum_ns as f64 / 1e6,
+                u.without_stack,
+            );
+        }
         let sent = c.get(counter::OFF_CPU_SENT)
             + c.get(counter::OFF_CPU_SUMS_SENT)
-            + c.get(counter::OFF_CPU_NOT_CAPTURED);
+            + c.get(counter::OFF_CPU_NOT_CAPTURED)
+            + u.open_blocks
+            + u.sums;
         if sent != stats.off_cpu_samples {
             let _ = writeln!(
                 s,
@@ -564,6 +580,7 @@ mod tests {
             stats: CollectorStats { samples: 3000, ..Default::default() },
             store: StoreStats::default(),
             buffer_bytes: 1 << 20,
+            off_cpu_at_stop: Unsent::default(),
             details: "event loop: …\n".into(),
         }
     }
