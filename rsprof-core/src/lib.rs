@@ -12,7 +12,8 @@
 //! `model` is the writer-neutral vocabulary every stage shares (ids, frames, stacks, process
 //! metadata, markers, recording info); `system` reads the host (/proc, cgroups, cache
 //! directories); `python` reads CPython's code objects and merges its frames into stacks;
-//! `debugfile` finds a file's separate debug file. The binary crate (`profiler-user`) loads the
+//! `debugfile` finds a file's separate debug file; `replay` feeds a collector from a raw
+//! stream saved by `record --save-raw` (with its recorded kernel names), without a kernel. The binary crate (`profiler-user`) loads the
 //! kernel programs, feeds the collector from the ring buffer and runs sessions and the agent.
 
 pub mod collect;
@@ -21,6 +22,7 @@ pub mod debugfile;
 pub mod decode;
 pub mod export;
 pub mod model;
+pub mod replay;
 pub mod store;
 pub mod symbolize;
 pub mod system;

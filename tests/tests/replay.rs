@@ -152,7 +152,7 @@ fn a_replay_without_root_gives_the_live_profile() {
         }
     }
     // The recording's time base and description (`meta.markerSchema` differs: the recording's
-    // USDT probe schemas are not replayed, see `collect::replay`).
+    // USDT probe schemas are not replayed, see `rsprof_core::replay`).
     for key in ["startTime", "interval", "product", "oscpu", "logicalCPUs", "physicalCPUs"] {
         assert_eq!(live["meta"][key], replayed["meta"][key], "meta.{key}");
     }

@@ -1,13 +1,13 @@
 //! `rsprof-bpf replay`: writes the profile of a raw stream saved by `record --save-raw`. No
 //! BPF is loaded and nothing needs root: the collector, store and writers run on what the
-//! recording saved (`collect::replay`); ELF files are read again from disk.
+//! recording saved (`rsprof_core::replay`); ELF files are read again from disk.
 
 use anyhow::{Context as _, Result};
 
 use crate::{
     bpf::counters::Counters,
     cli::{args::ReplayArgs, plan::output_format},
-    collect::{raw::RawReader, replay},
+    collect::raw::RawReader,
     export::{
         ExportJob, Written,
         output::{Destination, PendingOutput},
@@ -20,7 +20,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     let output = PendingOutput::open(&args.output, &Destination::resolve(&args.output)?, 0o666)?
         .compress(args.compress);
     let reader = RawReader::open(&args.raw)?;
-    let r = replay::replay(reader).with_context(|| format!("replay {}", args.raw.display()))?;
+    let r = rsprof_core::replay::replay(reader)
+        .with_context(|| format!("replay {}", args.raw.display()))?;
     let names = r.kernel_names.len();
     let stats = r.collector.stats_now();
     let described = output.describe();

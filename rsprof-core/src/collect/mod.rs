@@ -3,8 +3,8 @@
 //! (file, offset) while the process is alive, `stack` normalizes a sample's stack,
 //! `stack_cache` skips that for a stack seen moments before, and `outbox` holds what other
 //! parts act on after each drain. `facts` is where processes that existed before the
-//! recording are read (/proc, or a raw stream); `raw` is that stream's format (`--save-raw`)
-//! and `replay` feeds a collector from one.
+//! recording are read (/proc, or a raw stream); `raw` is that stream's format (`--save-raw`);
+//! the crate's `replay` feeds a collector from one.
 
 pub(crate) mod buildid;
 pub mod collector;
@@ -18,6 +18,5 @@ pub mod perfmap;
 pub mod processes;
 pub mod python;
 pub mod raw;
-pub mod replay;
 pub(crate) mod stack;
 pub(crate) mod stack_cache;
