@@ -249,17 +249,7 @@ impl<'p> Recorder<'p> {
             }
             _ => None,
         };
-        let mut config = Config::default();
-        btf::fill_offsets(std::path::Path::new(btf::VMLINUX_BTF), &mut config)?;
-        if plan.target != Target::All {
-            config.filter_mode = FILTER_TARGETS;
-            config.follow_children = u32::from(matches!(plan.target, Target::Command(_)));
-        }
-        config.off_cpu = plan.off_cpu;
-        config.off_cpu_min_ns = plan.off_cpu_min_ns;
-        config.unwind_mode = plan.unwind_mode;
-        config.bpf_timing = u32::from(plan.bpf_timing);
-        config.wake_for_tables = u32::from(plan.eager_tables);
+        let config = kernel_config(plan)?;
         let cgroup_filter = plan.cgroups.as_ref().map(|c| c.kernel_config()).unwrap_or_default();
         // Frame-pointer mode loads no tables: a one-row array.
         let rows = if plan.unwind_mode == UNWIND_MODE_FP { 1 } else { plan.unwind_rows };
@@ -269,49 +259,8 @@ impl<'p> Recorder<'p> {
             msgs.info(format_args!("tracefs was not mounted: mounted it at {at}"));
         }
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
-        let kernel = KernelNamer::default();
-        match bpf.kernel_namer() {
-            Ok(namer) => kernel.set(match &raw {
-                Some(raw) => Box::new(crate::symbolize::recorded_names::TeeNames {
-                    inner: Box::new(namer),
-                    raw: raw.clone(),
-                }),
-                None => Box::new(namer),
-            }),
-            Err(e) => {
-                msgs.info(format_args!(
-                    "kernel addresses are named from /proc/kallsyms (naming them through BPF: \
-                     {e:#})"
-                ));
-                if raw.is_some() {
-                    msgs.warn(format_args!(
-                        "--save-raw: kernel names from kallsyms are not saved; a replay shows \
-                         kernel frames as addresses"
-                    ));
-                }
-            }
-        }
-        let mut unwind = if plan.unwind_mode == UNWIND_MODE_FP {
-            None
-        } else {
-            let mut loader = crate::unwind::maps(&mut bpf)?;
-            if !plan.eager_tables {
-                loader.defer_young(crate::unwind::DEFER_YOUNG);
-            }
-            Some(loader)
-        };
-        let mut python = if plan.python {
-            let loader = bpf.take_python_maps().and_then(crate::python::loader::PyLoader::new);
-            match loader {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    msgs.warn(format_args!("Python frames are not read: {e:#}"));
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let kernel = kernel_namer(&mut bpf, raw.as_ref(), msgs);
+        let (mut unwind, mut python) = runtime_loaders(&mut bpf, plan, msgs)?;
         if let Some(c) = &plan.cgroups {
             bpf.add_cgroups(&c.ids())?;
         }
@@ -329,48 +278,9 @@ impl<'p> Recorder<'p> {
         };
         targets.extend(gated.as_ref().map(|g| g.pid));
         bpf.add_targets(&targets)?;
-        // With `-p`, only the given processes are profiled: no gate.
-        let gate = plan.usdt_exec_gate && matches!(plan.target, Target::All | Target::Command(_));
-        let mut usdt = UsdtSession::new(
-            &mut bpf,
-            plan.usdt_requests.clone(),
-            plan.usdt_intervals.clone(),
-            plan.usdt_dump.as_deref(),
-            // No exec gate (`-p`, or an agent not asked for one), so nothing needs the program
-            // before a file with probes is found; most processes carry none.
-            !gate,
-        )?;
-        // Programs first exec'd during the recording get their probes before they run.
-        if gate {
-            usdt.start_gate();
-        }
-        // The command's own binary is attached before it runs; its libraries are found when the
-        // collector sees their mappings.
-        // (A command that does not exist fails to launch below, with its own error.)
-        if let Target::Command(cmd) = &plan.target
-            && let Some(exe) = cmd.first().and_then(|c| usdt::attach::which(c))
-            && exe.is_file()
-            && let Err(e) = usdt.scan_file(&exe, &exe.display().to_string(), false)
-        {
-            msgs.warn(format_args!("USDT probes of {}: {e:#}", exe.display()));
-        }
+        let mut usdt = start_usdt(&mut bpf, plan, msgs)?;
 
-        let mut collector = Collector::new(ChunkedStore::new(plan.buffer_bytes));
-        collector.copies.fp_fallback = plan.unwind_mode == profiler_common::UNWIND_MODE_DWARF_FP;
-        if let Some(raw) = &raw {
-            collector.set_facts(Box::new(TeeProc { raw: raw.clone() }));
-            put(
-                raw,
-                &Entry::Start(Box::new(raw::Start {
-                    product: product(),
-                    host: host::hostname(),
-                    targets: plan.describe(),
-                    buffer_bytes: plan.buffer_bytes,
-                    fp_fallback: collector.copies.fp_fallback,
-                    vdso_len: LiveProc.vdso_len(),
-                })),
-            );
-        }
+        let mut collector = new_collector(plan, raw.as_ref());
         for &pid in &targets {
             register_existing(&mut collector, &raw, pid);
         }
@@ -1004,6 +914,134 @@ fn python_after_drain(
         Some(p) => p.after_drain(collector),
         None => drop(collector.outbox.take_python_checks()),
     }
+}
+
+/// The kernel programs' configuration for `plan` (struct offsets from the kernel's BTF).
+fn kernel_config(plan: &RecordPlan) -> Result<Config> {
+    let mut config = Config::default();
+    btf::fill_offsets(std::path::Path::new(btf::VMLINUX_BTF), &mut config)?;
+    if plan.target != Target::All {
+        config.filter_mode = FILTER_TARGETS;
+        config.follow_children = u32::from(matches!(plan.target, Target::Command(_)));
+    }
+    config.off_cpu = plan.off_cpu;
+    config.off_cpu_min_ns = plan.off_cpu_min_ns;
+    config.unwind_mode = plan.unwind_mode;
+    config.bpf_timing = u32::from(plan.bpf_timing);
+    config.wake_for_tables = u32::from(plan.eager_tables);
+    Ok(config)
+}
+
+/// The recording's kernel namer: its BPF object's (teed into the raw stream with
+/// `--save-raw`), else /proc/kallsyms.
+fn kernel_namer(bpf: &mut BpfObject, raw: Option<&SharedRaw>, msgs: Messages) -> KernelNamer {
+    let kernel = KernelNamer::default();
+    match bpf.kernel_namer() {
+        Ok(namer) => kernel.set(match raw {
+            Some(raw) => Box::new(crate::symbolize::recorded_names::TeeNames {
+                inner: Box::new(namer),
+                raw: raw.clone(),
+            }),
+            None => Box::new(namer),
+        }),
+        Err(e) => {
+            msgs.info(format_args!(
+                "kernel addresses are named from /proc/kallsyms (naming them through BPF: \
+                 {e:#})"
+            ));
+            if raw.is_some() {
+                msgs.warn(format_args!(
+                    "--save-raw: kernel names from kallsyms are not saved; a replay shows \
+                     kernel frames as addresses"
+                ));
+            }
+        }
+    }
+    kernel
+}
+
+/// The unwind-table loader (none with `--unwind fp`) and the CPython loader (none with
+/// `--no-python`, or when its maps cannot be had: said, and the recording goes on).
+fn runtime_loaders(
+    bpf: &mut BpfObject,
+    plan: &RecordPlan,
+    msgs: Messages,
+) -> Result<(Option<crate::unwind::UnwindLoader>, Option<crate::python::loader::PyLoader>)> {
+    let unwind = if plan.unwind_mode == UNWIND_MODE_FP {
+        None
+    } else {
+        let mut loader = crate::unwind::maps(bpf)?;
+        if !plan.eager_tables {
+            loader.defer_young(crate::unwind::DEFER_YOUNG);
+        }
+        Some(loader)
+    };
+    let python = if plan.python {
+        let loader = bpf.take_python_maps().and_then(crate::python::loader::PyLoader::new);
+        match loader {
+            Ok(l) => Some(l),
+            Err(e) => {
+                msgs.warn(format_args!("Python frames are not read: {e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Ok((unwind, python))
+}
+
+/// USDT probes: the session, the exec gate where it applies, and the command's own binary
+/// attached before it runs.
+fn start_usdt(bpf: &mut BpfObject, plan: &RecordPlan, msgs: Messages) -> Result<UsdtSession> {
+    // With `-p`, only the given processes are profiled: no gate.
+    let gate = plan.usdt_exec_gate && matches!(plan.target, Target::All | Target::Command(_));
+    let mut usdt = UsdtSession::new(
+        bpf,
+        plan.usdt_requests.clone(),
+        plan.usdt_intervals.clone(),
+        plan.usdt_dump.as_deref(),
+        // No exec gate (`-p`, or an agent not asked for one), so nothing needs the program
+        // before a file with probes is found; most processes carry none.
+        !gate,
+    )?;
+    // Programs first exec'd during the recording get their probes before they run.
+    if gate {
+        usdt.start_gate();
+    }
+    // The command's own binary is attached before it runs; its libraries are found when the
+    // collector sees their mappings.
+    // (A command that does not exist fails to launch below, with its own error.)
+    if let Target::Command(cmd) = &plan.target
+        && let Some(exe) = cmd.first().and_then(|c| usdt::attach::which(c))
+        && exe.is_file()
+        && let Err(e) = usdt.scan_file(&exe, &exe.display().to_string(), false)
+    {
+        msgs.warn(format_args!("USDT probes of {}: {e:#}", exe.display()));
+    }
+    Ok(usdt)
+}
+
+/// The collector, reading /proc through the raw stream with `--save-raw` (which then starts
+/// with the recording's description).
+fn new_collector(plan: &RecordPlan, raw: Option<&SharedRaw>) -> Collector<ChunkedStore> {
+    let mut collector = Collector::new(ChunkedStore::new(plan.buffer_bytes));
+    collector.copies.fp_fallback = plan.unwind_mode == profiler_common::UNWIND_MODE_DWARF_FP;
+    if let Some(raw) = raw {
+        collector.set_facts(Box::new(TeeProc { raw: raw.clone() }));
+        put(
+            raw,
+            &Entry::Start(Box::new(raw::Start {
+                product: product(),
+                host: host::hostname(),
+                targets: plan.describe(),
+                buffer_bytes: plan.buffer_bytes,
+                fp_fallback: collector.copies.fp_fallback,
+                vdso_len: LiveProc.vdso_len(),
+            })),
+        );
+    }
+    collector
 }
 
 #[cfg(test)]
