@@ -130,10 +130,14 @@ mod tests {
     fn the_loader_writes_a_process_entry_naming_its_rows() {
         let mut child = Command::new("sleep").arg("60").stdout(Stdio::null()).spawn().unwrap();
         let pid = Pid(child.id());
-        // Until the exec, /proc shows this test's image.
-        wait_until("sleep exec'd", Duration::from_secs(10), || {
+        // Until the exec, /proc shows this test's image; and /proc/PID/exe names `sleep` before
+        // the kernel has mapped it: wait for the dynamic loader to have mapped libc's code.
+        wait_until("sleep exec'd and libc mapped", Duration::from_secs(10), || {
             std::fs::read_link(format!("/proc/{pid}/exe"))
                 .is_ok_and(|p| p.file_name().is_some_and(|n| n == "sleep"))
+                && std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| {
+                    m.lines().any(|l| l.contains(" r-xp ") && l.contains("/libc.so"))
+                })
         });
         let fake = Recorded::new(4 << 20);
         let mut loader =

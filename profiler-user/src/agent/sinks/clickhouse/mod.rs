@@ -365,6 +365,23 @@ struct SampleRow<'a> {
     off_cpu_ns: u64,
 }
 
+impl<'a> SampleRow<'a> {
+    /// The row of a thread's samples of one stack, with its window's labels.
+    fn of(labels: &'a LabelRow, r: &'a rows::StackRow) -> Self {
+        SampleRow {
+            labels,
+            process: &r.process,
+            pid: r.pid,
+            tid: r.tid,
+            thread_name: &r.thread,
+            stack_hash: r.stack,
+            samples: r.samples,
+            cpu_ns: r.cpu_ns,
+            off_cpu_ns: r.off_cpu_ns,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct WindowRow<'a> {
     #[serde(flatten)]
@@ -623,17 +640,7 @@ mod tests {
         let client = Client::new(&url, Duration::from_secs(30)).unwrap();
         sink.ensure_schema().map_err(Failure::into_error).unwrap();
         let row_labels = LabelRow::of(&meta);
-        let samples = w.rows.iter().map(|r| SampleRow {
-            labels: &row_labels,
-            process: &r.process,
-            pid: r.pid,
-            tid: r.tid,
-            thread_name: &r.thread,
-            stack_hash: r.stack,
-            samples: r.samples,
-            cpu_ns: r.cpu_ns,
-            off_cpu_ns: r.off_cpu_ns,
-        });
+        let samples = w.rows.iter().map(|r| SampleRow::of(&row_labels, r));
         let body = json_lines(samples);
         client.run("INSERT INTO rsprof_samples FORMAT JSONEachRow", Some(&body)).ok().unwrap();
         let (windows, _) = read_windows(&url, &all()).unwrap();
@@ -669,17 +676,7 @@ mod tests {
             .iter()
             .flat_map(|(m, _)| {
                 let labels = LabelRow::of(m);
-                json_lines(w.rows.iter().map(|r| SampleRow {
-                    labels: &labels,
-                    process: &r.process,
-                    pid: r.pid,
-                    tid: r.tid,
-                    thread_name: &r.thread,
-                    stack_hash: r.stack,
-                    samples: r.samples,
-                    cpu_ns: r.cpu_ns,
-                    off_cpu_ns: r.off_cpu_ns,
-                }))
+                json_lines(w.rows.iter().map(|r| SampleRow::of(&labels, r)))
             })
             .collect();
         client.run("INSERT INTO rsprof_samples FORMAT JSONEachRow", Some(&partial)).ok().unwrap();

@@ -160,19 +160,9 @@ impl ClickHouseSink {
             }
             self.sent_stacks.extend(used.iter().copied());
         }
-        let samples = new.iter().flat_map(|&(w, labels)| {
-            w.rows.iter().map(move |r| SampleRow {
-                labels,
-                process: &r.process,
-                pid: r.pid,
-                tid: r.tid,
-                thread_name: &r.thread,
-                stack_hash: r.stack,
-                samples: r.samples,
-                cpu_ns: r.cpu_ns,
-                off_cpu_ns: r.off_cpu_ns,
-            })
-        });
+        let samples = new
+            .iter()
+            .flat_map(|&(w, labels)| w.rows.iter().map(move |r| SampleRow::of(labels, r)));
         let sample_rows: usize = new.iter().map(|(w, _)| w.rows.len()).sum();
         if sample_rows > 0 {
             self.insert("rsprof_samples", &json_lines(samples))?;
