@@ -397,10 +397,7 @@ impl<'p> Recorder<'p> {
         match self.bpf.unsent_off_cpu(end.0) {
             Ok((records, unsent)) => {
                 for rec in &records {
-                    let _ = self.collector.handle_record(rec);
-                    if let Some(raw) = &self.raw {
-                        raw.lock().unwrap_or_else(|e| e.into_inner()).ring(rec);
-                    }
+                    feed(&mut self.collector, self.raw.as_deref(), rec);
                 }
                 unsent
             }
@@ -419,14 +416,7 @@ impl<'p> Recorder<'p> {
         let before = events(&self.collector);
         let collector = &mut self.collector;
         let raw = self.raw.as_deref();
-        // Undecodable records are counted in the collector's stats and reported.
-        let records = ring::drain(self.ring.get_mut(), |rec| {
-            let _ = collector.handle_record(rec);
-            // After: the /proc facts the record made the collector read go first.
-            if let Some(raw) = raw {
-                raw.lock().unwrap_or_else(|e| e.into_inner()).ring(rec);
-            }
-        });
+        let records = ring::drain(self.ring.get_mut(), |rec| feed(collector, raw, rec));
         if let Some(raw) = &self.raw {
             put(raw, &Entry::Drain(MonoNs::now()));
         }
@@ -893,6 +883,20 @@ fn register_existing(collector: &mut Collector<ChunkedStore>, raw: &Option<Share
     collector.register_existing(pid);
     if let Some(raw) = raw {
         put(raw, &Entry::Existing(pid));
+    }
+}
+
+/// Hands a ring record to the collector and, with `--save-raw`, to the stream. Undecodable
+/// records are counted in the collector's stats and reported.
+fn feed(
+    collector: &mut Collector<ChunkedStore>,
+    raw: Option<&std::sync::Mutex<RawWriter>>,
+    rec: &[u8],
+) {
+    let _ = collector.handle_record(rec);
+    // After: the /proc facts the record made the collector read go first.
+    if let Some(raw) = raw {
+        raw.lock().unwrap_or_else(|e| e.into_inner()).ring(rec);
     }
 }
 
