@@ -42,16 +42,12 @@ impl ProcFacts for LiveProc {
     }
 
     fn maps(&mut self, pid: Pid) -> Result<String, ProcError> {
-        Ok(std::fs::read_to_string(format!("/proc/{}/maps", pid.0))?)
+        procfs::read_maps_text(pid)
     }
 
     fn vdso_len(&mut self) -> Option<u64> {
         static LEN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-        *LEN.get_or_init(|| {
-            let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-            let line = procfs::parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")?;
-            Some(line.end - line.start)
-        })
+        *LEN.get_or_init(|| procfs::self_vdso().map(|l| l.end - l.start))
     }
 
     fn live(&self) -> bool {

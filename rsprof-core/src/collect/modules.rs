@@ -438,8 +438,7 @@ fn copy_vdso() -> Option<(File, PathBuf)> {
         io::Write as _,
         os::{fd::FromRawFd as _, unix::fs::FileExt as _},
     };
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let line = procfs::parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")?;
+    let line = procfs::self_vdso()?;
     let mut image = vec![0u8; (line.end - line.start) as usize];
     File::open("/proc/self/mem").ok()?.read_exact_at(&mut image, line.start).ok()?;
     if !image.starts_with(b"\x7fELF") {
@@ -656,8 +655,7 @@ pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpa
 
 /// Reads the live address space of `pid`.
 pub fn read_address_space(pid: Pid, modules: &mut ModuleTable) -> Result<AddressSpace, ProcError> {
-    let text = std::fs::read_to_string(format!("/proc/{}/maps", pid.0))?;
-    Ok(parse_maps(pid, &text, modules))
+    Ok(parse_maps(pid, &procfs::read_maps_text(pid)?, modules))
 }
 
 #[cfg(test)]

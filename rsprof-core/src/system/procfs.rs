@@ -90,9 +90,20 @@ pub fn parse_maps(text: &str) -> Vec<MapsLine> {
     text.lines().filter_map(parse_maps_line).collect()
 }
 
+/// The text of a live process's /proc/PID/maps.
+pub fn read_maps_text(pid: Pid) -> Result<String, ProcError> {
+    Ok(std::fs::read_to_string(format!("/proc/{}/maps", pid.0))?)
+}
+
 /// The mappings of a live process.
 pub fn read_maps(pid: Pid) -> Result<Vec<MapsLine>, ProcError> {
-    Ok(parse_maps(&std::fs::read_to_string(format!("/proc/{}/maps", pid.0))?))
+    Ok(parse_maps(&read_maps_text(pid)?))
+}
+
+/// The vDSO's mapping in this process (the same image in every process).
+pub fn self_vdso() -> Option<MapsLine> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    parse_maps(&maps).into_iter().find(|l| l.path == "[vdso]")
 }
 
 /// Name (`comm`) and argv of a live process; empty values for what cannot be read.
