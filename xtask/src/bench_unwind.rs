@@ -107,19 +107,84 @@ impl Tool {
     }
 }
 
-struct Workload {
-    name: &'static str,
-    program: PathBuf,
-    args: Vec<OsString>,
+pub(crate) struct Workload {
+    pub(crate) name: &'static str,
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<OsString>,
 }
 
 /// rsprof-bpf's `--bpf-timing` line.
-#[derive(Default, Clone, Copy)]
-struct BpfTiming {
-    median_ns: f64,
-    p99_ns: f64,
-    frames: f64,
-    ring_bytes: f64,
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct BpfTiming {
+    /// Middles of the histogram buckets holding the median and the 99th percentile, and the
+    /// mean with every sample at its bucket's middle (NaN from a binary that does not print
+    /// it).
+    pub(crate) median_ns: f64,
+    pub(crate) p99_ns: f64,
+    pub(crate) mean_ns: f64,
+    /// Timed samples, and their user frames and ring buffer bytes per sample.
+    pub(crate) samples: u64,
+    pub(crate) frames: f64,
+    pub(crate) ring_bytes: f64,
+}
+
+/// What rsprof-bpf's report says about its sampler's run time: the `--bpf-timing` histogram
+/// and the kernel's own run statistics (`kernel.bpf_stats_enabled`: runs and mean ns per run,
+/// filtered-out runs included).
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct BpfReport {
+    pub(crate) timing: Option<BpfTiming>,
+    pub(crate) stats: Option<(u64, f64)>,
+}
+
+impl BpfReport {
+    pub(crate) fn parse(text: &str) -> Self {
+        let num =
+            |s: &str| s.trim_matches(|c: char| !c.is_ascii_digit() && c != '.').parse::<f64>().ok();
+        let mut r = Self::default();
+        for line in text.lines() {
+            let l = line.trim();
+            // "BPF sampler per sample (--bpf-timing): N samples, median X ns, p99 Y ns, mean Z
+            // ns; F user frames and B ring buffer bytes per sample"
+            if let Some(i) = l.find("(--bpf-timing): ") {
+                let rest = &l[i + "(--bpf-timing): ".len()..];
+                let after = |key: &str| {
+                    rest.split_once(key)
+                        .and_then(|(_, r)| r.split_whitespace().next())
+                        .and_then(num)
+                };
+                let before = |key: &str| {
+                    rest.split_once(key)
+                        .and_then(|(h, _)| h.split_whitespace().last())
+                        .and_then(num)
+                };
+                if let (Some(m), Some(p)) = (after("median "), after("p99 ")) {
+                    r.timing = Some(BpfTiming {
+                        median_ns: m,
+                        p99_ns: p,
+                        mean_ns: after("mean ").unwrap_or(f64::NAN),
+                        samples: rest.split_whitespace().next().and_then(num).unwrap_or(0.0) as u64,
+                        frames: before(" user frames").unwrap_or(f64::NAN),
+                        ring_bytes: before(" ring buffer bytes").unwrap_or(f64::NAN),
+                    });
+                }
+            }
+            // "BPF sampler (kernel.bpf_stats_enabled): R runs, X ns per run, …"
+            if let Some(i) = l.find("BPF sampler (kernel.bpf_stats_enabled): ") {
+                let rest = &l[i + "BPF sampler (kernel.bpf_stats_enabled): ".len()..];
+                let runs = rest.split_whitespace().next().and_then(num);
+                let mean = rest
+                    .split(", ")
+                    .find(|p| p.ends_with(" ns per run"))
+                    .and_then(|p| p.split_whitespace().next())
+                    .and_then(num);
+                if let (Some(runs), Some(mean)) = (runs, mean) {
+                    r.stats = Some((runs as u64, mean));
+                }
+            }
+        }
+        r
+    }
 }
 
 /// One tool on one workload.
@@ -247,13 +312,13 @@ fn print_outcome(tool: Tool, o: &Outcome) {
 }
 
 /// A running workload and its latest progress line (iterations so far, when read).
-struct Running {
+pub(crate) struct Running {
     child: Child,
     latest: Arc<Mutex<Option<(u64, Instant)>>>,
 }
 
 impl Running {
-    fn start(w: &Workload) -> anyhow::Result<Self> {
+    pub(crate) fn start(w: &Workload) -> anyhow::Result<Self> {
         let mut cmd = Command::new(&w.program);
         cmd.args(&w.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = cmd.spawn().with_context(|| format!("start {}", display(&cmd)))?;
@@ -278,11 +343,11 @@ impl Running {
         Ok(r)
     }
 
-    fn progress(&self) -> Option<(u64, Instant)> {
+    pub(crate) fn progress(&self) -> Option<(u64, Instant)> {
         *self.latest.lock().unwrap()
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 }
@@ -295,15 +360,18 @@ impl Drop for Running {
 }
 
 /// A tool process with its stderr collected (and stdout, for rsprof-bpf's messages).
-struct ToolProc {
-    pid: libc::pid_t,
-    what: String,
-    text: Arc<Mutex<String>>,
-    ready: mpsc::Receiver<()>,
+pub(crate) struct ToolProc {
+    pub(crate) pid: libc::pid_t,
+    pub(crate) what: String,
+    pub(crate) text: Arc<Mutex<String>>,
+    pub(crate) ready: mpsc::Receiver<()>,
     _child: Child,
 }
 
-fn spawn_tool(mut cmd: Command, marker: Option<&'static str>) -> anyhow::Result<ToolProc> {
+pub(crate) fn spawn_tool(
+    mut cmd: Command,
+    marker: Option<&'static str>,
+) -> anyhow::Result<ToolProc> {
     let what = display(&cmd);
     println!("$ {what}");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -542,7 +610,7 @@ impl Drop for ParanoidGuard {
 }
 
 /// The last lines of a tool's output, for an error message.
-fn tail(text: &str) -> String {
+pub(crate) fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let start = lines.len().saturating_sub(8);
     if lines.is_empty() {
@@ -622,34 +690,10 @@ fn parse_rsprof_summary(text: &str, out: &mut Outcome) {
             out.table_mib =
                 rest.split_once('(').and_then(|(_, r)| r.split_whitespace().next()).and_then(num);
         }
-        // "BPF sampler per sample (--bpf-timing): N samples, median X ns, p99 Y ns; F user
-        // frames and B ring buffer bytes per sample"
-        if let Some(i) = l.find("(--bpf-timing): ") {
-            let rest = &l[i..];
-            let after = |key: &str| {
-                rest.split_once(key).and_then(|(_, r)| r.split_whitespace().next()).and_then(num)
-            };
-            let before = |key: &str| {
-                rest.split_once(key).and_then(|(h, _)| h.split_whitespace().last()).and_then(num)
-            };
-            if let (Some(m), Some(p)) = (after("median "), after("p99 ")) {
-                out.bpf = Some(BpfTiming {
-                    median_ns: m,
-                    p99_ns: p,
-                    frames: before(" user frames").unwrap_or(f64::NAN),
-                    ring_bytes: before(" ring buffer bytes").unwrap_or(f64::NAN),
-                });
-            }
-        }
-        // "BPF sampler (kernel.bpf_stats_enabled): R runs, X ns per run, …"
-        if let Some(i) = l.find("BPF sampler (kernel.bpf_stats_enabled): ") {
-            out.bpf_mean_ns = l[i..]
-                .split(", ")
-                .find(|p| p.ends_with(" ns per run"))
-                .and_then(|p| p.split_whitespace().next())
-                .and_then(num);
-        }
     }
+    let bpf = BpfReport::parse(text);
+    out.bpf = bpf.timing;
+    out.bpf_mean_ns = bpf.stats.map(|(_, mean)| mean);
 }
 
 /// (samples, samples whose stack reaches `_start`) of samply's profile (the processed

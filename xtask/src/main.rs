@@ -16,6 +16,9 @@
 //!   busy with an exec storm, next to `perf record`, see `bench_cost.rs`.
 //! * `bench-unwind` compares user stack unwinding without frame pointers with perf and samply,
 //!   see `bench_unwind.rs`.
+//! * `bench-python` measures reading CPython's frames in the kernel (BPF time per sample with
+//!   and without it) and the profiler's cost on a Python workload next to py-spy, see
+//!   `bench_python.rs`.
 
 mod bench;
 mod bench_agent;
@@ -24,6 +27,7 @@ mod bench_cost;
 mod bench_dump;
 mod bench_metrics;
 mod bench_offcpu;
+mod bench_python;
 mod bench_storage;
 mod bench_unwind;
 mod bench_usdt;
@@ -50,8 +54,8 @@ enum Cmd {
     /// Install what is missing: nightly toolchain with rust-src, bpf-linker 0.10.4, the
     /// Debian packages gcc, linux-perf, systemtap-sdt-dev, nodejs, npm, clickhouse-server and
     /// clickhouse-client (18.16 on Debian 12, started by the ClickHouse tests), and the Firefox
-    /// Profiler's CLI (npm @firefox-devtools/profiler-cli) in target/profiler-cli. Safe to run
-    /// repeatedly.
+    /// Profiler's CLI (npm @firefox-devtools/profiler-cli) in target/profiler-cli, and py-spy
+    /// (pip, for bench-python) in target/py-spy. Safe to run repeatedly.
     Setup,
     /// Setup, then build the release profiler: cargo build --release -p profiler-user.
     Build {
@@ -110,6 +114,10 @@ enum Cmd {
     /// Measure unwinding without frame pointers (rsprof-bpf --unwind dwarf / fp, perf
     /// --call-graph dwarf, samply) on a C fixture and python3.11; update BENCHMARKS.md.
     BenchUnwind(bench_unwind::BenchUnwindArgs),
+    /// Measure CPython frames read in the kernel (BPF ns per sample with and without
+    /// --no-python at 10 and 50 Python frames) and the profiler's CPU, RSS and share of samples
+    /// with Python frames next to py-spy; update BENCHMARKS.md.
+    BenchPython(bench_python::BenchPythonArgs),
 }
 
 /// A failed command; `main` exits with its exit code.
@@ -146,6 +154,7 @@ fn main() {
         Cmd::BenchDump(args) => bench_dump::bench_dump(args),
         Cmd::BenchMetrics(args) => bench_metrics::bench_metrics(args),
         Cmd::BenchUnwind(args) => bench_unwind::bench_unwind(args),
+        Cmd::BenchPython(args) => bench_python::bench_python(args),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -19,7 +19,7 @@ pub const DEBIAN_PACKAGES: &[&str] = &["gcc", "linux-perf", "systemtap-sdt-dev"]
 
 /// `cargo xtask setup`: every check on its own line.
 pub fn setup() -> anyhow::Result<()> {
-    step("setup: toolchains, bpf-linker, system packages, profiler-cli, Go's pprof");
+    step("setup: toolchains, bpf-linker, system packages, profiler-cli, Go's pprof, py-spy");
     let mut present = Vec::new();
     // The tests also need the packages Go's pprof is built from, ClickHouse, protoc (decodes
     // the agent's Pyroscope pushes independently of its own structs), Prometheus (scrapes the
@@ -46,6 +46,7 @@ pub fn setup() -> anyhow::Result<()> {
     }
     profiler_cli()?;
     go_pprof()?;
+    py_spy()?;
     environment_checks();
     println!("setup: done");
     Ok(())
@@ -222,6 +223,88 @@ pub fn samply() -> anyhow::Result<std::path::PathBuf> {
     match version() {
         Some(v) if v == SAMPLY_VERSION => Ok(path),
         other => bail!("samply was installed but {} --version reports {other:?}", path.display()),
+    }
+}
+
+/// py-spy version `cargo xtask bench-python` compares with (a PyPI wheel holding a static
+/// binary).
+pub const PY_SPY_VERSION: &str = "0.4.3";
+
+/// Where `setup` installs py-spy: `pip install --target <target dir>/py-spy`, its binary in
+/// `bin/` (project-local: no system or user site-packages touched).
+fn py_spy_dir() -> std::path::PathBuf {
+    crate::target_dir().join("py-spy")
+}
+
+/// The installed py-spy's version (`py-spy --version` prints "py-spy 0.4.3").
+fn py_spy_version(path: &Path) -> Option<String> {
+    stdout_of(Command::new(path).arg("--version"))
+        .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
+}
+
+/// py-spy's path if the pinned version is installed, else why not.
+pub fn py_spy_installed() -> anyhow::Result<std::path::PathBuf> {
+    let path = py_spy_dir().join("bin").join("py-spy");
+    match py_spy_version(&path) {
+        Some(v) if v == PY_SPY_VERSION => Ok(path),
+        Some(v) => bail!(
+            "{} is py-spy {v}, not {PY_SPY_VERSION}: run `cargo xtask setup` to install it",
+            path.display()
+        ),
+        None => bail!(
+            "py-spy is not installed at {}: run `cargo xtask setup` (it installs py-spy \
+             {PY_SPY_VERSION} with pip)",
+            path.display()
+        ),
+    }
+}
+
+/// A Python whose pip runs: the one on PATH (pyenv's here), else Debian's, with python3-pip
+/// installed when it has none.
+fn python_with_pip() -> anyhow::Result<&'static str> {
+    let has_pip = |py: &str| stdout_of(Command::new(py).args(["-m", "pip", "--version"])).is_some();
+    for py in ["python3", "/usr/bin/python3"] {
+        if has_pip(py) {
+            return Ok(py);
+        }
+    }
+    println!("pip: missing, installing the Debian package python3-pip");
+    apt_install(&["python3-pip"])?;
+    anyhow::ensure!(has_pip("/usr/bin/python3"), "python3-pip installed but pip does not run");
+    Ok("/usr/bin/python3")
+}
+
+/// py-spy (the benchmark's peer for Python profiles), pinned, installed with pip into
+/// `<target dir>/py-spy` when missing. `--target` keeps it out of every site-packages (and
+/// so out of PEP 668's way on Debian's Python).
+fn py_spy() -> anyhow::Result<()> {
+    let dir = py_spy_dir();
+    let path = dir.join("bin").join("py-spy");
+    match py_spy_version(&path) {
+        Some(v) if v == PY_SPY_VERSION => {
+            println!("py-spy {v}: already installed at {}", path.display());
+            return Ok(());
+        }
+        Some(v) => println!("py-spy: found {v}, need {PY_SPY_VERSION}; installing"),
+        None => println!("py-spy: missing, installing {PY_SPY_VERSION} into {}", dir.display()),
+    }
+    let python = python_with_pip()?;
+    // A fresh directory: pip --target does not replace an older version's files.
+    let _ = std::fs::remove_dir_all(&dir);
+    run_cmd(
+        Command::new(python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .arg("--root-user-action=ignore")
+            .args(["--no-deps", "--target"])
+            .arg(&dir)
+            .arg(format!("py-spy=={PY_SPY_VERSION}")),
+    )?;
+    match py_spy_version(&path) {
+        Some(v) if v == PY_SPY_VERSION => {
+            println!("py-spy {v}: installed at {}", path.display());
+            Ok(())
+        }
+        other => bail!("pip install finished but {} --version reports {other:?}", path.display()),
     }
 }
 
