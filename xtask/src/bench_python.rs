@@ -320,7 +320,9 @@ pub fn bench_python(args: BenchPythonArgs) -> anyhow::Result<()> {
     let mut cost = Vec::new();
     for (i, interp) in interps.iter().enumerate() {
         let mut rows = Vec::new();
-        for tool in [Tool::Alone, Tool::Rsprof, Tool::PySpy] {
+        // Alone before and after: the host's load drifts over minutes; the tools are compared
+        // with the mean of both.
+        for tool in [Tool::Alone, Tool::Rsprof, Tool::PySpy, Tool::Alone] {
             step(&format!(
                 "bench-python: {} on py_bench.py under {}, {} s",
                 tool.label(),
@@ -563,6 +565,9 @@ struct ModeSummary {
     median: f64,
     p99: f64,
     mean: f64,
+    /// The sampler's kernel run time (bpf_stats) per timed sample: filtered-out runs on other
+    /// processes' ticks included.
+    kernel: f64,
     py_frames: f64,
     user_frames: f64,
     ring_bytes: f64,
@@ -580,6 +585,10 @@ fn summarize(runs: &[TimingRun], walk: bool) -> Option<ModeSummary> {
         median: m(&|x| x.timing.median_ns),
         p99: m(&|x| x.timing.p99_ns),
         mean: m(&|x| x.timing.mean_ns),
+        kernel: m(&|x| match (x.kernel_ns_per_run, x.runs_per_sample) {
+            (Some(k), Some(n)) => k * n,
+            _ => f64::NAN,
+        }),
         py_frames: m(&|x| x.shares.python_frames as f64 / x.shares.samples.max(1) as f64),
         user_frames: m(&|x| x.timing.frames),
         ring_bytes: m(&|x| x.timing.ring_bytes),
@@ -636,10 +645,11 @@ fn render(
          512 ns at 4–8 µs, 1 µs at 8–16 µs), the mean counts each sample at its bucket's \
          middle (within 6.25 %). Fine enough to tell 2 µs apart, so the targets are judged on \
          it.\n\
-         - The kernel's own mean (`kernel.bpf_stats_enabled`, in the run list) cannot be split \
-         by process: with `-p` the sampler also runs on every other process's tick and filters \
-         it out, here many runs per workload sample on a loaded machine, so it says little \
-         about the walk.\n\
+         - Cross-check from the kernel's own statistics (`kernel.bpf_stats_enabled`): the \
+         sampler's run time divided by the workload's timed samples. With `-p` the sampler \
+         also runs on other processes' ticks and filters them out, and that time is in it too \
+         (runs per timed sample in the run list), so only the difference between the modes \
+         means something, and only where runs per sample are alike.\n\
          - Python frames per sample: `py::` frames in the written profile (0 with \
          `--no-python`); user frames: native frames the kernel walked.\n",
         args.freq, args.timing_secs, args.rounds,
@@ -681,18 +691,20 @@ fn render(
     let _ = writeln!(s, "\nAdded by the walk (Python walk − `--no-python`):\n");
     let _ = writeln!(
         s,
-        "| Python | frames | added median ns (bucket width there) | added p99 ns | added mean ns |"
+        "| Python | frames | added median ns (bucket width there) | added p99 ns | added mean ns \
+         | added, bpf_stats ns per sample |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
     for (i, frames, w, n) in &added {
         let _ = writeln!(
             s,
-            "| {} | {frames} | {} ({:.0}) | {} | {} |",
+            "| {} | {frames} | {} ({:.0}) | {} | {} | {} |",
             interps[*i].label(),
             signed_ns(w.median - n.median),
             bucket_width(w.median),
             signed_ns(w.p99 - n.p99),
             signed_ns(w.mean - n.mean),
+            signed_ns(w.kernel - n.kernel),
         );
     }
     for (i, interp) in interps.iter().enumerate() {
@@ -715,7 +727,8 @@ fn render(
          \"sampling\" line; py-spy: \"Sampling process\"), then gets SIGINT and writes its \
          output. Commands: `rsprof-bpf record -v -p PID -F {f} -o out.folded`; `py-spy record \
          --native -r {f} -p PID -f raw -o out.raw` (py-spy pauses the process for each sample, \
-         its default).\n\n\
+         its default). The workload runs alone before and after the tools (the host's load \
+         drifts); each rate is over one window, so a few percent either way is noise.\n\n\
          - Samples: rsprof-bpf's are CPU-clock samples (taken while the workload runs on a \
          CPU); py-spy's are taken on its own timer while the thread is not idle, and fewer \
          than asked when it falls behind (its lag in the notes). So compare shares, not \
@@ -732,14 +745,19 @@ fn render(
     let _ = writeln!(
         s,
         "| Python | tool | samples (per s) | with Python frames | reaching `<module>` | CPU in \
-         the window (% of a core) | CPU start to exit | peak RSS | workload rate (vs alone) | \
+         the window (% of a core) | CPU start to exit | peak RSS | workload rate (vs the mean alone) | \
          notes |"
     );
     let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
     for (i, rows) in cost {
         let label = interps[*i].label();
-        let alone = rows.iter().find(|(t, r)| *t == Tool::Alone && r.error.is_none());
-        let alone_rate = alone.map(|(_, r)| r.rate);
+        let alone: Vec<f64> = rows
+            .iter()
+            .filter(|(t, r)| *t == Tool::Alone && r.error.is_none())
+            .map(|(_, r)| r.rate)
+            .collect();
+        let alone_rate =
+            (!alone.is_empty()).then(|| alone.iter().sum::<f64>() / alone.len() as f64);
         for (tool, r) in rows {
             if let Some(e) = &r.error {
                 let first = e.lines().next().unwrap_or("").replace('|', "\\|");
@@ -748,7 +766,7 @@ fn render(
                 continue;
             }
             let rate = match alone_rate {
-                Some(a) if a > 0.0 && *tool != Tool::Alone => {
+                Some(a) if a > 0.0 => {
                     format!("{:.0} /s ({:.3})", r.rate, r.rate / a)
                 }
                 _ => format!("{:.0} /s", r.rate),
@@ -945,6 +963,7 @@ mod tests {
             median: 0.0,
             p99: 0.0,
             mean,
+            kernel: f64::NAN,
             py_frames,
             user_frames: 12.0,
             ring_bytes: 0.0,
