@@ -11,8 +11,10 @@ use std::{
 
 use serde_json::Value;
 use tests::{
+    agent::{Agent, spool_dir, windows_of},
     fixtures,
     gecko_schema::validate,
+    go_pprof::{self, parse_top},
     harness::{Recording, output_path, spawn_fresh},
     profile_query::{frame_categories, function_name, module_name, sample_stacks, threads_of_pid},
 };
@@ -295,6 +297,55 @@ fn a_fake_python_exporting_pyruntime_is_harmless() {
         summary.contains("not code objects") && !summary.contains(" 0 not code objects"),
         "{summary}"
     );
+}
+
+/// The agent's spooled windows of the 2:1 fixture, read by Go's pprof (merged, the
+/// fixture's pid only): `py::py_hot_alpha` and `py::py_hot_beta` hold nearly all of its
+/// samples, split 2:1 ± 7 points, under `py::py_driver`.
+#[test]
+fn agent_windows_read_by_go_pprof_split_the_python_functions_2_to_1() {
+    let dir = spool_dir("agent_python");
+    let d = dir.to_str().unwrap();
+    let agent = Agent::start(&["--spool", d, "--window", "1", "-F", "499"]);
+    let mut child = start_python(&debian_python(), "pysplit.py", &["4"]);
+    assert!(child.wait().expect("python ran").success());
+    let pid = child.id();
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "agent failed:\n{stderr}");
+    // A process outside a container or unit is its own service, by its name.
+    let windows = windows_of(&dir, "python3.11");
+    assert!(windows.len() >= 3, "4 s of python3.11 in 1 s windows: {} windows", windows.len());
+    let files: Vec<String> = windows.iter().map(|w| w.1.display().to_string()).collect();
+    let focus = format!("pid={pid}");
+    let mut args = vec!["-top", "-sample_index=samples", "-nodecount=100000", "-nodefraction=0"];
+    args.extend(["-trim=false", "-tagfocus", &focus]);
+    args.extend(files[1..].iter().map(String::as_str));
+    let out = go_pprof::run(&args, Path::new(&files[0])).expect("pprof -top");
+    let (_, rows) = parse_top(&out).expect("parse -top");
+    // Nothing trimmed: the flat column sums to the pid's samples.
+    let total: f64 = rows.iter().map(|r| r.flat).sum();
+    let cum = |n: &str| rows.iter().find(|r| r.name == n).map_or(0.0, |r| r.cum);
+    let (a, b, driver) = (cum("py::py_hot_alpha"), cum("py::py_hot_beta"), cum("py::py_driver"));
+    eprintln!("pid {pid}: {total} samples, alpha {a}, beta {b}, driver {driver}");
+    assert!(total > 500.0, "4 s at 499 Hz: {total} samples of pid {pid}:\n{out}");
+    // The interpreter's start-up and exit run no function of the script.
+    assert!(a + b >= 0.85 * total, "alpha + beta ({a} + {b}) of {total} samples:\n{out}");
+    // pprof prints rounded values: allow that.
+    assert!(driver >= 0.999 * (a + b), "py_driver's cumulative {driver} holds both:\n{out}");
+    let share = 100.0 * a / (a + b);
+    assert!(
+        (66.7 - 7.0..=66.7 + 7.0).contains(&share),
+        "py_hot_alpha share {share:.1}%, want 66.7 ± 7:\n{out}"
+    );
+    // Traces, leaf first: the hot function right under py_driver.
+    let mut args = vec!["-traces", "-tagfocus", &focus];
+    args.extend(files[1..].iter().map(String::as_str));
+    let traces = go_pprof::run(&args, Path::new(&files[0])).expect("pprof -traces");
+    let chain = traces.split("-----------+").any(|t| {
+        let fns: Vec<&str> = t.lines().filter_map(|l| l.split_whitespace().last()).collect();
+        fns.windows(2).any(|w| w == ["py::py_hot_alpha", "py::py_driver"])
+    });
+    assert!(chain, "no py_hot_alpha → py_driver trace in pprof -traces:\n{traces}");
 }
 
 /// Off-CPU: a thread blocked in `time.sleep` shows the Python function that slept.
