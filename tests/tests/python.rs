@@ -378,3 +378,135 @@ fn time_sleep_off_cpu_shows_the_sleeping_function() {
     let line = done.stderr.lines().find(|l| l.contains("python off-CPU records:"));
     eprintln!("{}", line.unwrap_or_default());
 }
+
+/// A code object freed mid-run is never named as the one that had its memory before:
+/// generation after generation of `py_reuse.py` compiles a function, runs it ~80 ms and frees
+/// it, and the next generation's code object takes the same memory. Even generations
+/// (`zlib_gen_N`) compress with zlib, odd ones (`sha_gen_N`) hash with OpenSSL's SHA-256: a
+/// frame named for one kind over the other kind's native frames is misnamed, and that work
+/// right under the caller lost its generation's frame. Every interpreter; most generations
+/// must be named.
+#[test]
+fn a_freed_and_reused_code_object_is_not_named_as_the_old_one() {
+    let mut failures = Vec::new();
+    for (name, python) in interpreters() {
+        reuse_for(&name, &python, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn reuse_for(name: &str, python: &Path, failures: &mut Vec<String>) {
+    let output = output_path("python_reuse", "json");
+    let rec = Recording::start(&["--all", "-F", "999"], output).expect("start");
+    let child = spawn_fresh(
+        Command::new(python)
+            .arg(fixtures::source_dir().join("py_reuse.py"))
+            .args(["3", "0.08"])
+            .stdout(Stdio::piped()),
+    );
+    let pid = child.id();
+    let out = child.wait_with_output().expect("python ran");
+    assert!(out.status.success(), "{name}: py_reuse.py failed: {}", out.status);
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+    let summary = done.stderr.lines().find(|l| l.starts_with("python:")).unwrap_or_default();
+    eprintln!("{name}: {summary}");
+
+    // Generations whose code object took memory a generation of the other kind had held:
+    // without them a misnamed frame could not be seen here.
+    let mut kind_at: std::collections::HashMap<&str, Vec<bool>> = Default::default();
+    let mut generations = 0;
+    let mut reused = 0;
+    for line in std::str::from_utf8(&out.stdout).expect("utf-8").lines() {
+        let [_, func, addr] = line.split(' ').collect::<Vec<_>>()[..] else {
+            panic!("{name}: py_reuse.py printed {line:?}");
+        };
+        let zlib = func.starts_with("zlib_gen_");
+        let before = kind_at.entry(addr).or_default();
+        if before.contains(&!zlib) {
+            reused += 1;
+        }
+        before.push(zlib);
+        generations += 1;
+    }
+
+    let stacks: Vec<Vec<String>> =
+        thread_stacks(&profile, pid).into_iter().flat_map(|(_, s)| s).collect();
+    // The extension module (pyenv builds; Debian's python3.11 has zlib built in) or the
+    // library doing the work.
+    const ZLIB: [&str; 2] = ["libz.", "zlib."];
+    const SHA: [&str; 2] = ["libcrypto.", "_hashlib."];
+    let module_in = |s: &[String], prefixes: [&str; 2]| {
+        s.iter().any(|l| module_name(l).is_some_and(|m| prefixes.iter().any(|p| m.starts_with(p))))
+    };
+    let (mut checked, mut misnamed, mut dropped) = (0, Vec::new(), Vec::new());
+    let mut named = std::collections::BTreeSet::new();
+    for s in &stacks {
+        // The generation's frame, and what ran beneath it.
+        let Some(at) = s.iter().position(|l| {
+            let f = function_name(l);
+            f.starts_with("py::zlib_gen_") || f.starts_with("py::sha_gen_")
+        }) else {
+            // py_generations calls zlib or SHA-256 only through a generation: such work right
+            // under py_generations lost the generation's frame (a stack without Python frames,
+            // taken before the process was known, is counted in the summary; `import hashlib`
+            // runs OpenSSL's start-up under other frames).
+            let py = s.iter().rposition(|l| function_name(l).starts_with("py::"));
+            let caller = py.filter(|&i| function_name(&s[i]) == "py::py_generations");
+            if caller.is_some_and(|i| module_in(&s[i..], ZLIB) || module_in(&s[i..], SHA)) {
+                dropped.push(s.clone());
+            }
+            continue;
+        };
+        let func = function_name(&s[at]);
+        named.insert(func.to_owned());
+        let below = &s[at + 1..];
+        let (z, sha) = (module_in(below, ZLIB), module_in(below, SHA));
+        if z || sha {
+            checked += 1;
+        }
+        let zlib_gen = func.starts_with("py::zlib_gen_");
+        // Its file is `<NAME>`: the name and the file must be of one code object.
+        let own_file = s[at].contains(&format!("<{}>", &func[4..]));
+        if (zlib_gen && sha) || (!zlib_gen && z) || !own_file {
+            misnamed.push(s[at..].to_vec());
+        }
+    }
+    eprintln!(
+        "{name} ({pid}): {generations} generations, {reused} in memory of the other kind; {} \
+         of {} samples checked against their native frames, {} misnamed, {} lost the \
+         generation's frame; {} generations named",
+        checked,
+        stacks.len(),
+        misnamed.len(),
+        dropped.len(),
+        named.len(),
+    );
+    if !dropped.is_empty() {
+        failures.push(format!(
+            "{name}: {} samples lost the generation's frame, e.g. {:?}",
+            dropped.len(),
+            &dropped[0][dropped[0].len().saturating_sub(8)..]
+        ));
+    }
+    if reused < 3 {
+        failures.push(format!(
+            "{name}: only {reused} of {generations} generations reused the other kind's code \
+             object memory: the test proves nothing"
+        ));
+    }
+    if !misnamed.is_empty() {
+        failures.push(format!(
+            "{name}: {} of {checked} samples misnamed, e.g. {:?}",
+            misnamed.len(),
+            misnamed[0]
+        ));
+    }
+    if checked < 200 || named.len() * 2 < generations {
+        failures.push(format!(
+            "{name}: {checked} samples checked, {} of {generations} generations named",
+            named.len()
+        ));
+    }
+}
