@@ -12,10 +12,11 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
-    PY_FRAME_ENTRY, PY_FRAME_IP_MASK, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES,
-    PY_NO_FIELD, PY_OWNED_BY_CSTACK, PY_STACK_CHUNK_DATA, PY_STACK_WINDOW, PY_TSTATE_READ,
-    PY_WALK_FRAMES, PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE, PY_WALK_READ_FAULT, PyFile,
-    PyFileKey, PyProc, SAMPLE_PY_FIRST, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED,
+    PY_CODE_READ, PY_FRAME_ENTRY, PY_FRAME_IDENT_MASK, PY_FRAME_IDENT_SHIFT, PY_FRAME_INSTR_MASK,
+    PY_FRAME_NO_IDENT, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_FIELD,
+    PY_OWNED_BY_CSTACK, PY_STACK_CHUNK_DATA, PY_STACK_WINDOW, PY_TSTATE_READ, PY_WALK_FRAMES,
+    PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE, PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc,
+    SAMPLE_PY_FIRST, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED, py_code_ident,
 };
 
 use crate::run_loop;
@@ -78,6 +79,9 @@ pub struct PyWalk {
     chunk_hi: u64,
     win_lo: u64,
     win_len: u64,
+    /// The last code object read and its identity word (recursion repeats one: read once).
+    last_code: u64,
+    last_ident: u64,
     proc_: PyProc,
     out: [u64; 2 * PY_MAX_FRAMES],
     /// One frame read by itself (a frame outside the chunk: 3.8–3.10 frame objects,
@@ -85,6 +89,8 @@ pub struct PyWalk {
     buf: [u64; PY_FRAME_READ / 8],
     /// The copy of `[win_lo, win_lo + win_len)`; the slack keeps masked field reads in bounds.
     window: [u64; (PY_STACK_WINDOW + 256) / 8],
+    /// The code object's bytes its identity is made of.
+    code: [u64; PY_CODE_READ / 8],
 }
 
 /// Per CPU: one walk state for the sampler, one for the off-CPU tracker.
@@ -200,6 +206,8 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
     st.chunk_hi = chunk_hi;
     st.win_lo = 0;
     st.win_len = 0;
+    st.last_code = 0;
+    st.last_ident = 0;
     // A shim frame (3.12+) comes with each activation: twice the frames bounds the steps.
     // The slot is the step's constant: each walker's loop reads its own state.
     let mut unused = 0u64;
@@ -247,6 +255,17 @@ fn u64_at<const N: usize>(b: &[u64; N], at: usize) -> u64 {
     b[i]
 }
 
+/// The u32 at byte `at` (4-aligned) of `b`, 0 past its end.
+#[inline(always)]
+fn u32_at<const N: usize>(b: &[u64; N], at: usize) -> u32 {
+    let i = at >> 2;
+    if i >= 2 * N {
+        return 0;
+    }
+    // SAFETY: `i` is within `b`'s u32s.
+    unsafe { *b.as_ptr().cast::<u32>().add(i) }
+}
+
 #[inline(always)]
 fn u8_at<const N: usize>(b: &[u64; N], at: usize) -> u8 {
     if at >= N * 8 {
@@ -289,6 +308,39 @@ fn read_window(st: &mut PyWalk, frame: u64, len: u64) -> bool {
     st.win_lo = lo;
     st.win_len = size;
     true
+}
+
+/// The identity word (`PY_FRAME_IDENT_*` bits, or `PY_FRAME_NO_IDENT`) of the code object at
+/// `code`, read now: userspace names the frame only from an object with this identity.
+#[inline(always)]
+fn code_ident(st: &mut PyWalk, code: u64) -> u64 {
+    if code == st.last_code && code != 0 {
+        return st.last_ident;
+    }
+    let p = &st.proc_;
+    let len = if p.code_len > PY_CODE_READ as u32 { PY_CODE_READ as u32 } else { p.code_len };
+    // SAFETY: fault-checked read of user memory into the state's buffer (`len` bounded).
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            st.code.as_mut_ptr().cast(),
+            len,
+            code.wrapping_add(p.code_lo as u64) as *const core::ffi::c_void,
+        )
+    };
+    let ident = if ret != 0 {
+        PY_FRAME_NO_IDENT
+    } else {
+        let at = |off: u32| (off.wrapping_sub(p.code_lo) as usize) & (PY_CODE_READ - 1);
+        let word = |off: u32| u64_at(&st.code, at(off));
+        let qualname = if p.code_qualname == PY_NO_FIELD { 0 } else { word(p.code_qualname) };
+        let first = u32_at(&st.code, at(p.code_firstlineno)) as u64;
+        let fields =
+            [word(p.code_filename), word(p.code_name), qualname, word(p.code_linetable), first];
+        (py_code_ident(fields) & PY_FRAME_IDENT_MASK) << PY_FRAME_IDENT_SHIFT
+    };
+    st.last_code = code;
+    st.last_ident = ident;
+    ident
 }
 
 /// `bpf_loop` callback: records the current frame and moves to the previous one.
@@ -344,12 +396,9 @@ extern "C" fn step<const SLOT: u32>(_index: u64, _ctx: *mut core::ffi::c_void) -
     let code = word(p.frame_code);
     let back = word(p.frame_back);
     let owner = byte(p.frame_owner);
-    let ip = if p.minor <= 10 {
-        // f_lasti, an int (-1 before the first instruction).
-        (word(p.frame_ip) as u32) as u64
-    } else {
-        word(p.frame_ip)
-    };
+    // 3.8–3.10: f_lasti, an int (-1 before the first instruction); 3.11+: the instruction
+    // pointer, sent less the code object's address (the object holds its bytecode).
+    let instr = if p.minor <= 10 { word(p.frame_ip) } else { word(p.frame_ip).wrapping_sub(code) };
     // Each frame object of 3.8–3.10 is its own C activation.
     let entry = p.minor <= 10 || byte(p.frame_is_entry) != 0;
     let minor = p.minor;
@@ -362,7 +411,9 @@ extern "C" fn step<const SLOT: u32>(_index: u64, _ctx: *mut core::ffi::c_void) -
         }
         return 0;
     }
-    let mut w = (ip & PY_FRAME_IP_MASK) | ((owner as u64 & 3) << PY_FRAME_OWNER_SHIFT);
+    let mut w = (instr & PY_FRAME_INSTR_MASK)
+        | code_ident(st, code)
+        | ((owner as u64 & 3) << PY_FRAME_OWNER_SHIFT);
     if entry {
         w |= PY_FRAME_ENTRY;
     }

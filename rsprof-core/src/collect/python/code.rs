@@ -76,9 +76,13 @@ fn header(pid: u32, addr: u64, o: &PyOffsets) -> Result<(Vec<u8>, [u64; 6]), Cod
     Ok((h, fp))
 }
 
-/// Whether the code object at `addr` is still the one `info` describes.
-pub fn still_same(pid: u32, addr: u64, o: &PyOffsets, info: &CodeInfo) -> Result<bool, CodeError> {
-    Ok(header(pid, addr, o)?.1 == info.fingerprint)
+impl CodeInfo {
+    /// Its identity as the kernel computes it for a sample (`py_code_ident`).
+    pub fn ident(&self) -> u64 {
+        let fp = self.fingerprint;
+        profiler_common::py_code_ident([fp[1], fp[2], fp[3], fp[4], fp[5]])
+            & profiler_common::PY_FRAME_IDENT_MASK
+    }
 }
 
 /// Reads the code object at `addr` of `pid`. `code_type`: `PyCode_Type`'s address there.

@@ -155,6 +155,16 @@ pub fn for_minor(minor: u32) -> Option<&'static PyOffsets> {
 }
 
 impl PyOffsets {
+    /// (start, length) of the code object's bytes that hold the fields of its identity
+    /// (`profiler_common::py_code_ident`), as the kernel walker reads them.
+    pub fn code_ident_span(&self) -> (u32, u32) {
+        let fields = [self.code_filename, self.code_name, self.code_linetable];
+        let words = fields.into_iter().chain(self.code_qualname);
+        let lo = words.clone().chain([self.code_firstlineno]).min().unwrap_or(0) & !7;
+        let hi = words.map(|o| o + 8).chain([self.code_firstlineno + 4]).max().unwrap_or(0);
+        (lo, hi - lo)
+    }
+
     /// Bytes from a frame's start that hold what the kernel walker reads of it.
     pub fn frame_len(&self) -> u32 {
         let words = [self.frame_back, self.frame_code, self.frame_ip].map(|o| o + 8);
@@ -289,6 +299,12 @@ mod tests {
                 assert!(span as usize <= profiler_common::PY_TSTATE_READ, "3.{minor}: {span}");
                 assert_eq!((f % 8, d % 8), (0, 0), "3.{minor}: thread state fields not aligned");
             }
+            let (lo, len) = table.code_ident_span();
+            assert!(len as usize <= profiler_common::PY_CODE_READ, "3.{minor}: {lo}+{len}");
+            for word in [table.code_filename, table.code_name, table.code_linetable] {
+                assert_eq!(word % 8, 0, "3.{minor}: a code object word at {word} is not aligned");
+            }
+            assert_eq!(table.code_firstlineno % 4, 0, "3.{minor}: co_firstlineno not aligned");
             let frame_len = table.frame_len() as usize;
             assert!(frame_len <= profiler_common::PY_FRAME_READ, "3.{minor}: {frame_len} bytes");
         }
