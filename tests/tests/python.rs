@@ -454,6 +454,10 @@ fn reuse_for(name: &str, python: &Path, failures: &mut Vec<String>) {
             // runs OpenSSL's start-up under other frames).
             let py = s.iter().rposition(|l| function_name(l).starts_with("py::"));
             let caller = py.filter(|&i| function_name(&s[i]) == "py::py_generations");
+            // Its gc.collect() visits the modules' objects with their own traverse functions
+            // (in zlib's and _hashlib's extension modules): not a generation's work.
+            let collecting = |i: usize| s[i..].iter().any(|l| function_name(l).starts_with("gc_"));
+            let caller = caller.filter(|&i| !collecting(i));
             if caller.is_some_and(|i| module_in(&s[i..], ZLIB) || module_in(&s[i..], SHA)) {
                 dropped.push(s.clone());
             }

@@ -21,8 +21,9 @@ use crate::{
 
 /// Name of a frame whose code object could not be read (the process exited first).
 pub const UNREADABLE: &str = "py::[unreadable code object]";
-/// Name of a frame whose code object was freed, its memory reused, before it was read.
-pub const GONE: &str = "py::[code object freed before it was read]";
+/// Name of a frame whose code object was gone when read: freed and its memory reused (or never
+/// a code object), so what is there now is not what the sample saw.
+pub const GONE: &str = "py::[code object gone before it was read]";
 
 /// Replaces the eval-loop frames of `frames` (root first, as `collect::stack::normalize`
 /// left them) by the Python frames of `s`, a sample of `p`, and counts how that went.

@@ -112,8 +112,9 @@ pub struct PyStats {
     pub code_unreadable: u64,
     pub not_code: u64,
     pub code_reused: u64,
-    /// Frames whose code object was freed (its memory holding something else) before it was
-    /// read: shown as `merge::GONE`, not named as what is there now.
+    /// Frames whose code object was gone when read (freed, its memory holding another object
+    /// or none; or a pointer that was never one): shown as `merge::GONE`, not named as what
+    /// is there now.
     pub code_gone: u64,
     /// Frames skipped as still setting up (3.11+ incomplete frames).
     pub incomplete: u64,
@@ -156,8 +157,8 @@ impl PyStats {
         Some(format!(
             "python: {} processes, {}; {} placed from the leaf (stacks cut), {} \
              under a cut native stack, {} cut at {} frames; code objects: {} read, {} \
-             unreadable, {} not code objects, {} reused; {} frames of code objects freed \
-             before they were read; {} frames still setting up skipped; {} interpreter files \
+             unreadable, {} not code objects, {} reused; {} frames whose code object was \
+             gone when read; {} frames still setting up skipped; {} interpreter files \
              unsupported",
             self.processes,
             self.with_and_without(" samples"),
