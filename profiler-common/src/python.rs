@@ -16,9 +16,11 @@ pub const PY_FRAME_READ: usize = 112;
 /// `datastack_top` (the offsets table's test checks they fit). A power of two.
 pub const PY_TSTATE_READ: usize = 256;
 
-/// 3.11+: bytes of the top of a thread's data stack read in one piece; frames within them are
-/// parsed from the copy, the others read one by one. A power of two.
-pub const PY_STACK_WINDOW: usize = 4096;
+/// 3.11+: at most this many bytes of the top of a thread's data stack are read in one piece
+/// (never below the chunk's first frame, so a shallow stack copies little; CPython's first
+/// chunk is 16 KiB, so most walks take one read). Frames within them are parsed from the
+/// copy, the others read one by one. A power of two.
+pub const PY_STACK_WINDOW: usize = 16384;
 
 /// A field the version lacks.
 pub const PY_NO_FIELD: u32 = u32::MAX;
