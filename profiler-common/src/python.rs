@@ -8,8 +8,17 @@
 /// room, not the verifier's.
 pub const PY_MAX_FRAMES: usize = 128;
 
-/// Bytes of a frame read at once: every field the walker needs is within them on 3.8–3.13.
+/// Bytes of a frame read at once: every field the walker needs is within them on 3.8–3.13
+/// (`PyProc::frame_len` says how many a version needs).
 pub const PY_FRAME_READ: usize = 112;
+
+/// 3.11+: bytes of the thread state read at once, from its frame (or `cframe`) pointer to
+/// `datastack_top` (the offsets table's test checks they fit). A power of two.
+pub const PY_TSTATE_READ: usize = 256;
+
+/// 3.11+: bytes of the top of a thread's data stack read in one piece; frames within them are
+/// parsed from the copy, the others read one by one. A power of two.
+pub const PY_STACK_WINDOW: usize = 4096;
 
 /// A field the version lacks.
 pub const PY_NO_FIELD: u32 = u32::MAX;
@@ -34,6 +43,12 @@ pub struct PyProc {
     pub tstate_frame: u32,
     /// `_PyCFrame` → `current_frame`, or `PY_NO_FIELD`.
     pub cframe_frame: u32,
+    /// 3.11+: `PyThreadState` → `datastack_chunk`, with `datastack_top` 8 bytes on; the
+    /// frames of the chunk's data (from `PY_STACK_CHUNK_DATA`) below the top are read at once.
+    /// `PY_NO_FIELD` before 3.11.
+    pub tstate_datastack: u32,
+    /// Bytes from a frame's start that hold every field below (≤ `PY_FRAME_READ`).
+    pub frame_len: u32,
     /// Frame → previous (older) frame, code object, and the instruction (3.8–3.10: `f_lasti`,
     /// an int; 3.11+: a pointer into the code's bytecode).
     pub frame_back: u32,
@@ -49,6 +64,9 @@ pub struct PyProc {
     /// userspace (`SAMPLE_PY_FIRST`) so that its code objects are read while it lives.
     pub announced: u32,
 }
+
+/// `_PyStackChunk.data`: where a data stack chunk's frames begin (3.11–3.13).
+pub const PY_STACK_CHUNK_DATA: u64 = 24;
 
 /// `_PyInterpreterFrame.owner` of the shim frame the eval loop pushes on 3.12+.
 pub const PY_OWNED_BY_CSTACK: u8 = 3;
@@ -110,7 +128,7 @@ pub struct PyFile {
 }
 
 #[cfg(feature = "user")]
-// SAFETY: plain `#[repr(C)]` integers, no padding (8 + 11 * 4 + 4 bytes).
+// SAFETY: plain `#[repr(C)]` integers, no padding (8 + 12 * 4 bytes).
 unsafe impl aya::Pod for PyProc {}
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding.

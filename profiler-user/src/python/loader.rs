@@ -94,6 +94,8 @@ impl PyLoader {
             minor: elf.minor,
             tstate_frame: o.tstate_frame,
             cframe_frame: o.cframe_frame.unwrap_or(PY_NO_FIELD),
+            tstate_datastack: o.tstate_datastack.unwrap_or(PY_NO_FIELD),
+            frame_len: o.frame_len(),
             frame_back: o.frame_back,
             frame_code: o.frame_code,
             frame_ip: o.frame_ip,

@@ -238,7 +238,8 @@ pub fn locations_line(table: &[u8], first: i64, at: i64) -> Option<i64> {
             10..=12 => i64::from(code - 10),
             _ => 0,
         };
-        line += delta;
+        // Varints of garbage can sum past i64: such a table has no line.
+        line = line.checked_add(delta)?;
         if start <= at && at < end {
             return (code != 15).then_some(line);
         }
@@ -287,6 +288,10 @@ mod tests {
         assert_eq!(locations_line(&t, 10, 2), Some(11));
         assert_eq!(locations_line(&t, 10, 4), Some(10));
         assert_eq!(locations_line(&t, 10, 6), None);
+        // Line deltas whose sum overflows (11-byte varints near 2^62 each): no line, no panic.
+        let huge = [0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x3f];
+        let t: Vec<u8> = [&[0x80 | 14 << 3][..], &huge, &[0x80 | 14 << 3], &huge].concat();
+        assert_eq!(locations_line(&t, 10, 2), None);
         // Garbage never panics.
         for n in 0..64u8 {
             let junk: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37) ^ n).collect();

@@ -4,6 +4,8 @@
 
 pub(crate) mod code;
 pub mod detect;
+#[cfg(test)]
+mod fuzz_tests;
 pub(crate) mod merge;
 pub mod offsets;
 pub mod tracker;
