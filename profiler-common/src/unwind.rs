@@ -39,6 +39,12 @@ pub const UNWIND_CFA_END: u8 = 5;
 /// CFI exists but has a form the table cannot express (other registers, other
 /// expressions, return address not at CFA-8, offset out of range). Counted by the walker.
 pub const UNWIND_CFA_UNSUPPORTED: u8 = 6;
+/// CFA = rsp + 8 * (`cfa_offset` | (`aux` & 15) << 16): a frame of 64 KiB to 8 MiB (rustc's
+/// `run_compiler` closure has one of 527 KiB, and every rustc stack passes through it). The
+/// rbp save slot is then in `aux`'s high nibble (see [`UnwindRow::rbp_offset`]).
+pub const UNWIND_CFA_RSP_LARGE: u8 = 7;
+/// Largest CFA offset an `UNWIND_CFA_RSP_LARGE` row holds (in bytes, a multiple of 8).
+pub const UNWIND_LARGE_CFA_MAX: u64 = 8 * ((1 << 20) - 1);
 
 /// rbp holds the caller's value.
 pub const UNWIND_RBP_UNCHANGED: u8 = 0;
@@ -56,9 +62,12 @@ pub struct UnwindRow {
     pub pc: u32,
     /// Offset added to the CFA base register (`UNWIND_CFA_RSP`, `_RBP`, `_PLT`); the CFA is
     /// never below its base on x86-64, and frames of 32 to 64 KiB exist (glibc has one).
+    /// `UNWIND_CFA_RSP_LARGE`: the low 16 bits of the offset in 8-byte units.
     pub cfa_offset: u16,
     /// `UNWIND_RBP_CFA_OFFSET`: the rbp save slot relative to the CFA in 8-byte units.
-    /// `UNWIND_CFA_PLT`: the `rip & 15` threshold. 0 otherwise.
+    /// `UNWIND_CFA_PLT`: the `rip & 15` threshold. `UNWIND_CFA_RSP_LARGE`: the offset's
+    /// high 4 bits (of 20, in 8-byte units) in the low nibble, the rbp slot (signed, 8-byte
+    /// units: -64 to +56 bytes) in the high nibble. 0 otherwise.
     pub aux: i8,
     /// CFA kind (`UNWIND_CFA_*`) in the low 4 bits, rbp kind (`UNWIND_RBP_*`) in the high 4.
     pub kinds: u8,
@@ -77,9 +86,27 @@ impl UnwindRow {
         self.kinds >> 4
     }
 
+    /// A row for CFA = rsp + `offset` (a multiple of 8, at most `UNWIND_LARGE_CFA_MAX`), the
+    /// caller's rbp unchanged or saved at CFA + 8 * `rbp_slot` (-8 to 7).
+    pub const fn large(pc: u32, offset: u64, rbp_kind: u8, rbp_slot: i8) -> Self {
+        let units = offset / 8;
+        let aux = ((units >> 16) as u8 & 0xf) | ((rbp_slot as u8) << 4);
+        UnwindRow::new(pc, UNWIND_CFA_RSP_LARGE, units as u16, rbp_kind, aux as i8)
+    }
+
+    /// The CFA's offset from rsp in bytes (`UNWIND_CFA_RSP_LARGE` rows).
+    pub const fn large_cfa_offset(&self) -> u64 {
+        8 * (self.cfa_offset as u64 | ((self.aux as u8 as u64 & 0xf) << 16))
+    }
+
     /// The rbp save slot relative to the CFA in bytes (`UNWIND_RBP_CFA_OFFSET` rows).
     pub const fn rbp_offset(&self) -> i64 {
-        self.aux as i64 * 8
+        if self.cfa_kind() == UNWIND_CFA_RSP_LARGE {
+            // Arithmetic shift: the slot is the signed high nibble.
+            (self.aux >> 4) as i64 * 8
+        } else {
+            self.aux as i64 * 8
+        }
     }
 
     /// Same rule (ignoring `pc`): adjacent rows with the same rule are merged.

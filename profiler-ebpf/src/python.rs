@@ -12,10 +12,11 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
-    PY_FRAME_ENTRY, PY_FRAME_IP_MASK, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES,
-    PY_NO_FIELD, PY_OWNED_BY_CSTACK, PY_WALK_FRAMES, PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE,
-    PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc, SAMPLE_PY_FIRST, SAMPLE_PY_SHIFT,
-    SAMPLE_PY_TRUNCATED,
+    PY_CODE_READ, PY_FRAME_ENTRY, PY_FRAME_IDENT_MASK, PY_FRAME_IDENT_SHIFT, PY_FRAME_INSTR_MASK,
+    PY_FRAME_NO_IDENT, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_FIELD,
+    PY_OWNED_BY_CSTACK, PY_STACK_CHUNK_DATA, PY_STACK_WINDOW, PY_TSTATE_READ, PY_WALK_FRAMES,
+    PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE, PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc,
+    SAMPLE_PY_FIRST, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED, py_code_ident,
 };
 
 use crate::run_loop;
@@ -64,7 +65,7 @@ pub fn forget(tgid: u32) {
     let _ = PY_PROCS.remove(&tgid);
 }
 
-/// A walk in progress: the next frame, the frames found, and the current frame's bytes.
+/// A walk in progress: the next frame, the frames found, and the bytes frames are parsed from.
 #[repr(C)]
 pub struct PyWalk {
     frame: u64,
@@ -72,9 +73,24 @@ pub struct PyWalk {
     truncated: u32,
     fault: u32,
     _pad: u32,
+    /// 3.11+: where the thread's current data stack chunk holds frames, and the part of it
+    /// copied to `window` (`win_len` 0: none yet).
+    chunk_lo: u64,
+    chunk_hi: u64,
+    win_lo: u64,
+    win_len: u64,
+    /// The last code object read and its identity word (recursion repeats one: read once).
+    last_code: u64,
+    last_ident: u64,
     proc_: PyProc,
-    buf: [u64; PY_FRAME_READ / 8],
     out: [u64; 2 * PY_MAX_FRAMES],
+    /// One frame read by itself (a frame outside the chunk: 3.8–3.10 frame objects,
+    /// generators' frames, 3.12+'s shim frames on the C stack).
+    buf: [u64; PY_FRAME_READ / 8],
+    /// The copy of `[win_lo, win_lo + win_len)`; the slack keeps masked field reads in bounds.
+    window: [u64; (PY_STACK_WINDOW + 256) / 8],
+    /// The code object's bytes its identity is made of.
+    code: [u64; PY_CODE_READ / 8],
 }
 
 /// Per CPU: one walk state for the sampler, one for the off-CPU tracker.
@@ -134,8 +150,43 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
     if tstate == 0 {
         return status(PY_WALK_NO_THREAD_STATE);
     }
-    let Some(mut frame) = read_user_u64(tstate.wrapping_add(proc_.tstate_frame as u64)) else {
-        return status(PY_WALK_READ_FAULT);
+    let Some(st) = PY_STATE.get_ptr_mut(slot) else { return status(PY_WALK_READ_FAULT) };
+    // SAFETY: this CPU's walk state; the sampler does not nest on one CPU.
+    let st = unsafe { &mut *st };
+    let (mut chunk_lo, mut chunk_hi) = (0u64, 0u64);
+    let mut frame = if proc_.tstate_datastack != PY_NO_FIELD {
+        // 3.11+: the frame (or `cframe`) pointer, `datastack_chunk` and `datastack_top` in one
+        // read of the thread state, through the window's bytes (not in use yet).
+        let (f, d) = (proc_.tstate_frame as u64, proc_.tstate_datastack as u64);
+        let lo = if f < d { f } else { d };
+        let hi = if f + 8 > d + 16 { f + 8 } else { d + 16 };
+        let size = hi - lo;
+        if size > PY_TSTATE_READ as u64 {
+            return status(PY_WALK_READ_FAULT);
+        }
+        // SAFETY: fault-checked read of user memory into the state's window (`size` bounded).
+        let ret = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                st.window.as_mut_ptr().cast(),
+                size as u32,
+                tstate.wrapping_add(lo) as *const core::ffi::c_void,
+            )
+        };
+        if ret != 0 {
+            return status(PY_WALK_READ_FAULT);
+        }
+        let chunk = u64_at(&st.window, (d - lo) as usize & (PY_TSTATE_READ - 1));
+        let top = u64_at(&st.window, (d - lo + 8) as usize & (PY_TSTATE_READ - 1));
+        let data = chunk.wrapping_add(PY_STACK_CHUNK_DATA);
+        if chunk != 0 && top > data {
+            (chunk_lo, chunk_hi) = (data, top);
+        }
+        u64_at(&st.window, (f - lo) as usize & (PY_TSTATE_READ - 1))
+    } else {
+        let Some(f) = read_user_u64(tstate.wrapping_add(proc_.tstate_frame as u64)) else {
+            return status(PY_WALK_READ_FAULT);
+        };
+        f
     };
     if proc_.cframe_frame != PY_NO_FIELD && frame != 0 {
         let Some(f) = read_user_u64(frame.wrapping_add(proc_.cframe_frame as u64)) else {
@@ -146,14 +197,17 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
     if frame == 0 {
         return status(PY_WALK_NO_FRAME);
     }
-    let Some(st) = PY_STATE.get_ptr_mut(slot) else { return status(PY_WALK_READ_FAULT) };
-    // SAFETY: this CPU's walk state; the sampler does not nest on one CPU.
-    let st = unsafe { &mut *st };
     st.frame = frame;
     st.n = 0;
     st.truncated = 0;
     st.fault = 0;
     st.proc_ = *proc_;
+    st.chunk_lo = chunk_lo;
+    st.chunk_hi = chunk_hi;
+    st.win_lo = 0;
+    st.win_len = 0;
+    st.last_code = 0;
+    st.last_ident = 0;
     // A shim frame (3.12+) comes with each activation: twice the frames bounds the steps.
     // The slot is the step's constant: each walker's loop reads its own state.
     let mut unused = 0u64;
@@ -189,25 +243,104 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
     (n as u32, flags)
 }
 
-/// A field of the frame in `buf` at byte `off` (bounded for the verifier).
+/// The u64 at byte `at` of `b` (0 past its end; the check bounds `at` for the verifier).
+/// Frames, the window's start and the word fields are 8-aligned (the offsets table's test
+/// checks the fields), so one aligned load does: an unaligned one is eight on BPF.
 #[inline(always)]
-fn field_u64(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u64 {
-    let off = (off as usize) & 127;
-    if off + 8 > PY_FRAME_READ {
+fn u64_at<const N: usize>(b: &[u64; N], at: usize) -> u64 {
+    let i = at >> 3;
+    if i >= N {
         return 0;
     }
-    // SAFETY: `off + 8` is within `buf`.
-    unsafe { core::ptr::read_unaligned(buf.as_ptr().cast::<u8>().add(off).cast::<u64>()) }
+    b[i]
+}
+
+/// The u32 at byte `at` (4-aligned) of `b`, 0 past its end.
+#[inline(always)]
+fn u32_at<const N: usize>(b: &[u64; N], at: usize) -> u32 {
+    let i = at >> 2;
+    if i >= 2 * N {
+        return 0;
+    }
+    // SAFETY: `i` is within `b`'s u32s.
+    unsafe { *b.as_ptr().cast::<u32>().add(i) }
 }
 
 #[inline(always)]
-fn field_u8(buf: &[u64; PY_FRAME_READ / 8], off: u32) -> u8 {
-    let off = (off as usize) & 127;
-    if off >= PY_FRAME_READ {
+fn u8_at<const N: usize>(b: &[u64; N], at: usize) -> u8 {
+    if at >= N * 8 {
         return 0;
     }
-    // SAFETY: `off` is within `buf`.
-    unsafe { *buf.as_ptr().cast::<u8>().add(off) }
+    // SAFETY: `at` is within `b`'s bytes.
+    unsafe { *b.as_ptr().cast::<u8>().add(at) }
+}
+
+/// Whether `[addr, addr + len)` lies within `[lo, hi)`.
+#[inline(always)]
+fn within(addr: u64, len: u64, lo: u64, hi: u64) -> bool {
+    addr >= lo && hi >= len && addr <= hi - len
+}
+
+/// Copies the data stack below the end of the frame at `frame` (at most `PY_STACK_WINDOW`
+/// bytes, not below the chunk's data) to the window; false when that read fails, after which
+/// frames are read one by one.
+#[inline(always)]
+fn read_window(st: &mut PyWalk, frame: u64, len: u64) -> bool {
+    let hi = frame + len;
+    let lo = hi.saturating_sub(PY_STACK_WINDOW as u64).max(st.chunk_lo);
+    let size = hi - lo;
+    if size > PY_STACK_WINDOW as u64 {
+        return false;
+    }
+    // SAFETY: fault-checked read of user memory into the state's window (`size` bounded).
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            st.window.as_mut_ptr().cast(),
+            size as u32,
+            lo as *const core::ffi::c_void,
+        )
+    };
+    if ret != 0 {
+        st.chunk_hi = 0;
+        st.win_len = 0;
+        return false;
+    }
+    st.win_lo = lo;
+    st.win_len = size;
+    true
+}
+
+/// The identity word (`PY_FRAME_IDENT_*` bits, or `PY_FRAME_NO_IDENT`) of the code object at
+/// `code`, read now: userspace names the frame only from an object with this identity.
+#[inline(always)]
+fn code_ident(st: &mut PyWalk, code: u64) -> u64 {
+    if code == st.last_code && code != 0 {
+        return st.last_ident;
+    }
+    let p = &st.proc_;
+    let len = if p.code_len > PY_CODE_READ as u32 { PY_CODE_READ as u32 } else { p.code_len };
+    // SAFETY: fault-checked read of user memory into the state's buffer (`len` bounded).
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            st.code.as_mut_ptr().cast(),
+            len,
+            code.wrapping_add(p.code_lo as u64) as *const core::ffi::c_void,
+        )
+    };
+    let ident = if ret != 0 {
+        PY_FRAME_NO_IDENT
+    } else {
+        let at = |off: u32| (off.wrapping_sub(p.code_lo) as usize) & (PY_CODE_READ - 1);
+        let word = |off: u32| u64_at(&st.code, at(off));
+        let qualname = if p.code_qualname == PY_NO_FIELD { 0 } else { word(p.code_qualname) };
+        let first = u32_at(&st.code, at(p.code_firstlineno)) as u64;
+        let fields =
+            [word(p.code_filename), word(p.code_name), qualname, word(p.code_linetable), first];
+        (py_code_ident(fields) & PY_FRAME_IDENT_MASK) << PY_FRAME_IDENT_SHIFT
+    };
+    st.last_code = code;
+    st.last_ident = ident;
+    ident
 }
 
 /// `bpf_loop` callback: records the current frame and moves to the previous one.
@@ -216,7 +349,8 @@ extern "C" fn step<const SLOT: u32>(_index: u64, _ctx: *mut core::ffi::c_void) -
     let Some(st) = PY_STATE.get_ptr_mut(SLOT) else { return 1 };
     // SAFETY: see `walk`.
     let st = unsafe { &mut *st };
-    if st.frame == 0 {
+    let frame = st.frame;
+    if frame == 0 {
         return 1;
     }
     let i = st.n as usize;
@@ -224,46 +358,67 @@ extern "C" fn step<const SLOT: u32>(_index: u64, _ctx: *mut core::ffi::c_void) -
         st.truncated = 1;
         return 1;
     }
-    // SAFETY: fault-checked read of user memory into the state's buffer.
-    let ret = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            st.buf.as_mut_ptr().cast(),
-            PY_FRAME_READ as u32,
-            st.frame as *const core::ffi::c_void,
-        )
+    let len = st.proc_.frame_len as u64;
+    // A frame on the data stack is parsed from the window (copied once for many frames);
+    // any other frame is read by itself.
+    let in_window = within(frame, len, st.win_lo, st.win_lo + st.win_len)
+        || (within(frame, len, st.chunk_lo, st.chunk_hi) && read_window(st, frame, len));
+    let base = if in_window {
+        (frame - st.win_lo) as usize & (PY_STACK_WINDOW - 1)
+    } else {
+        let size = if len > PY_FRAME_READ as u64 { PY_FRAME_READ as u32 } else { len as u32 };
+        // SAFETY: fault-checked read of user memory into the state's buffer.
+        let ret = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                st.buf.as_mut_ptr().cast(),
+                size,
+                frame as *const core::ffi::c_void,
+            )
+        };
+        if ret != 0 {
+            st.fault = 1;
+            return 1;
+        }
+        0
     };
-    if ret != 0 {
-        st.fault = 1;
-        return 1;
-    }
     let p = &st.proc_;
-    let code = field_u64(&st.buf, p.frame_code);
-    let back = field_u64(&st.buf, p.frame_back);
-    let owner = if p.frame_owner != PY_NO_FIELD { field_u8(&st.buf, p.frame_owner) } else { 0 };
+    let word = |off: u32| {
+        let at = base + (off as usize & 127);
+        if in_window { u64_at(&st.window, at) } else { u64_at(&st.buf, at) }
+    };
+    let byte = |off: u32| {
+        if off == PY_NO_FIELD {
+            return 0;
+        }
+        let at = base + (off as usize & 127);
+        if in_window { u8_at(&st.window, at) } else { u8_at(&st.buf, at) }
+    };
+    let code = word(p.frame_code);
+    let back = word(p.frame_back);
+    let owner = byte(p.frame_owner);
+    // 3.8–3.10: f_lasti, an int (-1 before the first instruction); 3.11+: the instruction
+    // pointer, sent less the code object's address (the object holds its bytecode).
+    let instr = if p.minor <= 10 { word(p.frame_ip) } else { word(p.frame_ip).wrapping_sub(code) };
+    // Each frame object of 3.8–3.10 is its own C activation.
+    let entry = p.minor <= 10 || byte(p.frame_is_entry) != 0;
+    let minor = p.minor;
     // A frame back to itself would only waste the loop.
-    st.frame = if back == st.frame { 0 } else { back };
-    if p.minor >= 12 && owner == PY_OWNED_BY_CSTACK {
+    st.frame = if back == frame { 0 } else { back };
+    if minor >= 12 && owner == PY_OWNED_BY_CSTACK {
         // The eval loop's shim: the frame sent before it began that C activation.
         if i > 0 {
             st.out[(2 * (i - 1) + 1) & (2 * PY_MAX_FRAMES - 1)] |= PY_FRAME_ENTRY;
         }
         return 0;
     }
-    let ip = if p.minor <= 10 {
-        // f_lasti, an int (-1 before the first instruction).
-        (field_u64(&st.buf, p.frame_ip) as u32) as u64
-    } else {
-        field_u64(&st.buf, p.frame_ip)
-    };
-    let mut word = (ip & PY_FRAME_IP_MASK) | ((owner as u64 & 3) << PY_FRAME_OWNER_SHIFT);
-    // Each frame object of 3.8–3.10 is its own C activation.
-    let entry = p.minor <= 10
-        || (p.frame_is_entry != PY_NO_FIELD && field_u8(&st.buf, p.frame_is_entry) != 0);
+    let mut w = (instr & PY_FRAME_INSTR_MASK)
+        | code_ident(st, code)
+        | ((owner as u64 & 3) << PY_FRAME_OWNER_SHIFT);
     if entry {
-        word |= PY_FRAME_ENTRY;
+        w |= PY_FRAME_ENTRY;
     }
     st.out[(2 * i) & (2 * PY_MAX_FRAMES - 1)] = code;
-    st.out[(2 * i + 1) & (2 * PY_MAX_FRAMES - 1)] = word;
+    st.out[(2 * i + 1) & (2 * PY_MAX_FRAMES - 1)] = w;
     st.n += 1;
     0
 }

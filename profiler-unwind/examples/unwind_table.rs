@@ -38,11 +38,15 @@ fn main() {
         println!("  {stats:?}");
         if print_rows {
             for row in table.rows() {
+                let offset = if row.cfa_kind() == profiler_common::UNWIND_CFA_RSP_LARGE {
+                    row.large_cfa_offset()
+                } else {
+                    u64::from(row.cfa_offset)
+                };
                 println!(
-                    "  {:#x} cfa {} +{} rbp {} aux {}",
+                    "  {:#x} cfa {} +{offset} rbp {} aux {}",
                     row.pc,
                     row.cfa_kind(),
-                    row.cfa_offset,
                     row.rbp_kind(),
                     row.aux
                 );

@@ -7,8 +7,8 @@ use gimli::{
 };
 use profiler_common::{
     UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP, UNWIND_CFA_RSP,
-    UNWIND_CFA_SIGNAL, UNWIND_CFA_UNSUPPORTED, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNCHANGED,
-    UNWIND_RBP_UNSUPPORTED, UnwindRow,
+    UNWIND_CFA_SIGNAL, UNWIND_CFA_UNSUPPORTED, UNWIND_LARGE_CFA_MAX, UNWIND_RBP_CFA_OFFSET,
+    UNWIND_RBP_UNCHANGED, UNWIND_RBP_UNSUPPORTED, UnwindRow,
 };
 
 use crate::{CfiSections, Error, Stats};
@@ -254,16 +254,15 @@ fn row_rule<'a, S: UnwindSection<Slice<'a>>>(
             }
         },
     };
-    let Ok(cfa_offset) = u16::try_from(offset) else {
-        stats.unsupported.cfa_offset_range += 1;
-        return UNSUPPORTED;
-    };
     let rbp = match row.register(X86_64::RBP) {
         None | Some(RegisterRule::SameValue) => Some((UNWIND_RBP_UNCHANGED, 0)),
         Some(RegisterRule::Offset(n)) if n % 8 == 0 => {
             i8::try_from(n / 8).ok().map(|slot| (UNWIND_RBP_CFA_OFFSET, slot))
         }
         _ => None,
+    };
+    let Ok(cfa_offset) = u16::try_from(offset) else {
+        return large_row(cfa_kind, offset, rbp, stats);
     };
     match (cfa_kind, rbp) {
         (UNWIND_CFA_PLT, Some((UNWIND_RBP_UNCHANGED, _))) => {
@@ -279,6 +278,28 @@ fn row_rule<'a, S: UnwindSection<Slice<'a>>>(
         (_, None) => {
             stats.unsupported.rbp += 1;
             UnwindRow::new(0, cfa_kind, cfa_offset, UNWIND_RBP_UNSUPPORTED, 0)
+        }
+    }
+}
+
+/// A frame over 64 KiB: CFA = rsp + `offset` as an `UNWIND_CFA_RSP_LARGE` row, whose rbp slot
+/// has 4 bits (-64 to +56 bytes from the CFA, where pushes put it).
+fn large_row(cfa_kind: u8, offset: i64, rbp: Option<(u8, i8)>, stats: &mut Stats) -> UnwindRow {
+    let fits = cfa_kind == UNWIND_CFA_RSP
+        && offset % 8 == 0
+        && u64::try_from(offset).is_ok_and(|o| o <= UNWIND_LARGE_CFA_MAX);
+    if !fits {
+        stats.unsupported.cfa_offset_range += 1;
+        return UNSUPPORTED;
+    }
+    stats.large_frame_rows += 1;
+    let offset = offset as u64;
+    match rbp {
+        Some((UNWIND_RBP_UNCHANGED, _)) => UnwindRow::large(0, offset, UNWIND_RBP_UNCHANGED, 0),
+        Some((kind, slot)) if (-8..=7).contains(&slot) => UnwindRow::large(0, offset, kind, slot),
+        _ => {
+            stats.unsupported.rbp += 1;
+            UnwindRow::large(0, offset, UNWIND_RBP_UNSUPPORTED, 0)
         }
     }
 }

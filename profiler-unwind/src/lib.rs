@@ -18,6 +18,9 @@
 //!
 //! Rules (`cfa_kind` in the low nibble of `kinds`, see `profiler_common::UNWIND_CFA_*`):
 //! - `RSP` / `RBP`: CFA = rsp / rbp + `cfa_offset`;
+//! - `RSP_LARGE`: CFA = rsp + an offset over 64 KiB (a multiple of 8, up to 8 MiB) split over
+//!   `cfa_offset` and `aux` ([`UnwindRow::large_cfa_offset`]), the rbp slot in `aux`'s high
+//!   nibble;
 //! - `PLT`: the binutils PLT expression, CFA = rsp + `cfa_offset` + ((rip & 15) >= `aux` ?
 //!   8 : 0);
 //! - `SIGNAL`: an FDE marked as a signal trampoline (augmentation `S`, e.g. glibc's
@@ -26,7 +29,8 @@
 //! - `UNSUPPORTED`: CFI exists but is none of the above; the walker stops and counts it;
 //! - `NONE`: no CFI covers the address.
 //!
-//! The rbp rule (high nibble): `UNCHANGED`, `CFA_OFFSET` (saved at CFA + 8 * `aux`), or
+//! The rbp rule (high nibble): `UNCHANGED`, `CFA_OFFSET` (saved at CFA +
+//! [`UnwindRow::rbp_offset`], 8 * `aux` but for `RSP_LARGE`), or
 //! `UNSUPPORTED`. The return address is always at CFA - 8: a row whose CFI says otherwise is
 //! `UNSUPPORTED`.
 //!
@@ -155,6 +159,8 @@ pub struct Stats {
     pub plt_rows: usize,
     /// CFI rows whose return address is undefined (end of stack).
     pub end_rows: usize,
+    /// CFI rows of frames over 64 KiB (`UNWIND_CFA_RSP_LARGE`).
+    pub large_frame_rows: usize,
     pub unsupported: Unsupported,
     /// Bytes of executable sections (executable `PT_LOAD` segments in files without section
     /// headers), and how many of them no row covers: code a separate debug file may describe.

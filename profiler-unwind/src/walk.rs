@@ -5,9 +5,10 @@
 
 use profiler_common::{
     UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP, UNWIND_CFA_RSP,
-    UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH, UNWIND_END_FRAME_POINTER,
-    UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_TABLE, UNWIND_END_READ_FAULT,
-    UNWIND_END_UNSUPPORTED, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindRow,
+    UNWIND_CFA_RSP_LARGE, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
+    UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_TABLE,
+    UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED,
+    UnwindRow,
 };
 
 /// What covers a PC (the call instruction for return addresses).
@@ -128,6 +129,7 @@ fn step(
     };
     let cfa = match row.cfa_kind() {
         UNWIND_CFA_RSP => st.sp.wrapping_add(u64::from(row.cfa_offset)),
+        UNWIND_CFA_RSP_LARGE => st.sp.wrapping_add(row.large_cfa_offset()),
         UNWIND_CFA_RBP => {
             if !st.bp_known {
                 return Err(Stop::End(UNWIND_END_UNSUPPORTED));
@@ -233,6 +235,7 @@ mod tests {
             0x6000..0x7000 => r(UNWIND_CFA_SIGNAL, 0, UNWIND_RBP_UNCHANGED, 0),
             0x7000..0x8000 => r(UNWIND_CFA_UNSUPPORTED, 0, UNWIND_RBP_UNCHANGED, 0),
             0x8000..0x9000 => r(UNWIND_CFA_RBP, 16, UNWIND_RBP_CFA_OFFSET, -2),
+            0xa000..0xb000 => Rule::Row(UnwindRow::large(0, 540_080, UNWIND_RBP_CFA_OFFSET, -2)),
             _ => Rule::NoMapping,
         }
     }
@@ -316,6 +319,29 @@ mod tests {
             (w.frames.clone(), w.end, w.used_fp),
             (vec![0x9000, 0x3001], UNWIND_END_COMPLETE, true)
         );
+    }
+
+    #[test]
+    fn frames_over_64_kib() {
+        // rustc's 540,080-byte frame: ra at rsp + 540,072, rbp at rsp + 540,064, then `mid`.
+        let top = BASE + 540_080;
+        let b = stack(
+            &[(top - 16, 0xfeed), (top - 8, 0x2010), (top + 8, 0xbeef), (top + 16, 0x3005)],
+            540_200,
+        );
+        let w =
+            walk(regs(0xa000, BASE, 1), StackCopy { base: BASE, bytes: &b }, 127, false, lookup);
+        assert_eq!(w.frames, [0xa000, 0x2010, 0x3005]);
+        assert_eq!(w.end, UNWIND_END_COMPLETE);
+        // A copy of the usual 8 KiB does not reach the return address: said, not guessed.
+        let w = walk(
+            regs(0xa000, BASE, 1),
+            StackCopy { base: BASE, bytes: &b[..8192] },
+            127,
+            false,
+            lookup,
+        );
+        assert_eq!((w.end, w.beyond_copy), (UNWIND_END_READ_FAULT, true));
     }
 
     #[test]

@@ -332,12 +332,14 @@ fn large_offsets() {
     );
     let unchanged = UNWIND_RBP_UNCHANGED;
     assert_eq!(kind(&table, 0x9010), Some((UNWIND_CFA_RSP, 65535, unchanged, 0)));
-    assert_eq!(kind(&table, 0x9020).unwrap().0, UNWIND_CFA_UNSUPPORTED, "CFA offset > u16");
+    let r = table.lookup(0x9020).unwrap();
+    assert_eq!((r.cfa_kind(), r.large_cfa_offset()), (UNWIND_CFA_RSP_LARGE, 65536), "> u16");
     assert_eq!(kind(&table, 0x9030), Some((UNWIND_CFA_RSP, 64, UNWIND_RBP_CFA_OFFSET, -1024)));
     // The CFA is still known: the walker can go on while rbp is lost.
     assert_eq!(kind(&table, 0x9040), Some((UNWIND_CFA_RSP, 64, UNWIND_RBP_UNSUPPORTED, 0)));
     let u = table.stats().unsupported;
-    assert_eq!((u.cfa_offset_range, u.rbp), (1, 1), "{u:?}");
+    assert_eq!((u.cfa_offset_range, u.rbp), (0, 1), "{u:?}");
+    assert_eq!(table.stats().large_frame_rows, 1);
 
     // rbp saved at CFA - 12: not a whole slot (needs a CIE whose data alignment allows it).
     let mut t = FrameTable::default();
@@ -360,6 +362,48 @@ fn large_offsets() {
     assert_eq!(kind(&table, 0xa010).unwrap().0, UNWIND_CFA_UNSUPPORTED);
     assert_eq!(kind(&table, 0xa020).unwrap().0, UNWIND_CFA_UNSUPPORTED);
     assert_eq!(table.stats().unsupported.cfa_offset_range, 2);
+}
+
+/// Frames over 64 KiB (rustc's `run_compiler` closure: CFA = rsp + 540,080, rbp at CFA - 16)
+/// are `RSP_LARGE` rows up to 8 MiB in 8-byte steps, with an rbp slot of -64..=+56 bytes;
+/// beyond that they stay unsupported, counted.
+#[test]
+fn frames_over_64_kib() {
+    let table = one_fde_table(
+        0xd000,
+        0x70,
+        &[
+            (0x01, Cfi::CfaOffset(16)),
+            (0x01, Cfi::Offset(RBP, -16)),
+            (0x10, Cfi::CfaOffset(540_080)),
+            (0x20, Cfi::CfaOffset(8 * ((1 << 20) - 1))),
+            (0x30, Cfi::CfaOffset(540_084)),
+            (0x40, Cfi::CfaOffset(8 << 20)),
+            (0x50, Cfi::CfaOffset(540_080)),
+            (0x50, Cfi::Offset(RBP, -72)),
+            (0x60, Cfi::Offset(RBP, 56)),
+        ],
+    );
+    let large = |addr| {
+        let r = table.lookup(addr).unwrap();
+        (r.cfa_kind(), r.large_cfa_offset(), r.rbp_kind(), r.rbp_offset())
+    };
+    let saved = UNWIND_RBP_CFA_OFFSET;
+    assert_eq!(kind(&table, 0xd001), Some((UNWIND_CFA_RSP, 16, saved, -16)));
+    assert_eq!(large(0xd010), (UNWIND_CFA_RSP_LARGE, 540_080, saved, -16));
+    assert_eq!(large(0xd020), (UNWIND_CFA_RSP_LARGE, UNWIND_LARGE_CFA_MAX, saved, -16));
+    assert_eq!(kind(&table, 0xd030).unwrap().0, UNWIND_CFA_UNSUPPORTED, "not 8-byte steps");
+    assert_eq!(kind(&table, 0xd040).unwrap().0, UNWIND_CFA_UNSUPPORTED, "over 8 MiB");
+    // rbp 72 bytes below the CFA: out of the 4-bit slot; the CFA is still followed.
+    assert_eq!(large(0xd050), (UNWIND_CFA_RSP_LARGE, 540_080, UNWIND_RBP_UNSUPPORTED, 0));
+    assert_eq!(large(0xd060), (UNWIND_CFA_RSP_LARGE, 540_080, saved, 56));
+    let stats = table.stats();
+    assert_eq!(stats.large_frame_rows, 4);
+    assert_eq!((stats.unsupported.cfa_offset_range, stats.unsupported.rbp), (2, 1));
+
+    // An rbp-based CFA never gets the large form: rbp frames are small.
+    let table = one_fde_table(0xe000, 0x10, &[(0, Cfi::Cfa(RBP, 540_080))]);
+    assert_eq!(kind(&table, 0xe000).unwrap().0, UNWIND_CFA_UNSUPPORTED);
 }
 
 /// The return address somewhere other than CFA - 8 (a register, another slot) cannot be

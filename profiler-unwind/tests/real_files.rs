@@ -13,12 +13,98 @@ fn read(path: &str) -> Vec<u8> {
     let package = match path {
         LIBC | LD_SO => "libc6",
         PYTHON => "python3.11-minimal",
-        _ => "?",
+        _ => "gcc (cc built it)",
     };
     std::fs::read(path).unwrap_or_else(|e| {
         panic!("cannot read {path} ({e}): install the Debian package {package}")
     })
 }
+
+/// A shared object assembled by `cc` from `.cfi_*` directives: frames over 64 KiB as
+/// compilers lay them out (rustc's `run_compiler` closure: rbp pushed first, CFA = rsp +
+/// 540,080; gcc's: no rbp, CFA = rsp + 600,016; rbp pushed last of six, at CFA - 56), one
+/// whose rbp slot is beyond the large row's 4 bits, and one over 8 MiB. Built once per run.
+fn large_frames_so() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("profiler-unwind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("large_frames.s");
+        std::fs::write(&src, LARGE_FRAMES_ASM).unwrap();
+        let out = dir.join("liblarge_frames.so");
+        let st = std::process::Command::new("cc")
+            .args(["-shared", "-nostdlib", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .unwrap_or_else(|e| panic!("running cc ({e}): install the Debian package gcc"));
+        assert!(st.success(), "assembling {}", src.display());
+        out.to_str().unwrap().to_owned()
+    })
+}
+
+const LARGE_FRAMES_ASM: &str = "
+    .text
+    .globl rustc_like
+    .type rustc_like, @function
+rustc_like:
+    .cfi_startproc
+    push %rbp
+    .cfi_def_cfa_offset 16
+    .cfi_offset %rbp, -16
+    sub $540064, %rsp
+    .cfi_def_cfa_offset 540080
+    call rustc_like
+    add $540064, %rsp
+    .cfi_def_cfa_offset 16
+    pop %rbp
+    .cfi_def_cfa_offset 8
+    ret
+    .cfi_endproc
+    .size rustc_like, .-rustc_like
+
+    .globl gcc_like
+    .type gcc_like, @function
+gcc_like:
+    .cfi_startproc
+    sub $600008, %rsp
+    .cfi_def_cfa_offset 600016
+    call gcc_like
+    add $600008, %rsp
+    .cfi_def_cfa_offset 8
+    ret
+    .cfi_endproc
+    .size gcc_like, .-gcc_like
+
+    .globl six_saved
+    .type six_saved, @function
+six_saved:
+    .cfi_startproc
+    push %r15
+    .cfi_def_cfa_offset 16
+    .cfi_offset %r15, -16
+    push %r14
+    .cfi_def_cfa_offset 24
+    push %r13
+    .cfi_def_cfa_offset 32
+    push %r12
+    .cfi_def_cfa_offset 40
+    push %rbx
+    .cfi_def_cfa_offset 48
+    push %rbp
+    .cfi_def_cfa_offset 56
+    .cfi_offset %rbp, -56
+    sub $200000, %rsp
+    .cfi_def_cfa_offset 200056
+    call six_saved
+    .cfi_offset %rbp, -72
+    nop
+    .cfi_def_cfa_offset 9000000
+    nop
+    ret
+    .cfi_endproc
+    .size six_saved, .-six_saved
+";
 
 struct Function {
     name: String,
@@ -298,7 +384,7 @@ fn bad_input_is_a_clear_error() {
 /// and so does its rbp column.
 #[test]
 fn rows_agree_with_readelf() {
-    for path in [LIBC, PYTHON] {
+    for path in [LIBC, PYTHON, large_frames_so()] {
         let (_, table) = compile(path);
         let out =
             std::process::Command::new("readelf").args(["-wF", path]).output().unwrap_or_else(
@@ -341,16 +427,23 @@ fn rows_agree_with_readelf() {
             };
             let r = row(&table, loc);
             let what = format!("{path} at {loc:#x}: readelf says {line:?}, table says {r:?}");
-            let Ok(offset) = offset.parse::<u16>() else {
-                // Frames of 64 KiB or more do not fit the row.
+            let offset: u64 = offset.parse().unwrap();
+            if !offset_fits(kind, offset) {
                 assert_eq!(r.cfa_kind(), UNWIND_CFA_UNSUPPORTED, "{what}");
+                checked += 1;
                 continue;
-            };
-            assert_eq!((r.cfa_kind(), r.cfa_offset), (kind, offset), "{what}");
+            }
+            assert_eq!(cfa_rule(r), (kind, offset), "{what}");
             match column("rbp") {
                 None | Some("u") => assert_eq!(r.rbp_kind(), UNWIND_RBP_UNCHANGED, "{what}"),
                 Some(saved) => {
                     let slot: i64 = saved.strip_prefix('c').unwrap().parse().unwrap();
+                    if offset > u64::from(u16::MAX) && !(-64..=56).contains(&slot) {
+                        // Out of a large frame row's 4-bit slot: rbp is lost, the CFA kept.
+                        assert_eq!(r.rbp_kind(), UNWIND_RBP_UNSUPPORTED, "{what}");
+                        checked += 1;
+                        continue;
+                    }
                     assert_eq!(
                         (r.rbp_kind(), r.rbp_offset()),
                         (UNWIND_RBP_CFA_OFFSET, slot),
@@ -365,17 +458,56 @@ fn rows_agree_with_readelf() {
     }
 }
 
+/// The row's CFA as (base kind, offset): an `RSP_LARGE` row is rsp + its large offset.
+fn cfa_rule(r: UnwindRow) -> (u8, u64) {
+    match r.cfa_kind() {
+        UNWIND_CFA_RSP_LARGE => (UNWIND_CFA_RSP, r.large_cfa_offset()),
+        kind => (kind, u64::from(r.cfa_offset)),
+    }
+}
+
+/// Whether a row can hold CFA = base + offset: 16 bits, or for rsp a multiple of 8 up to
+/// `UNWIND_LARGE_CFA_MAX` (an `RSP_LARGE` row).
+fn offset_fits(kind: u8, offset: u64) -> bool {
+    offset <= u64::from(u16::MAX)
+        || (kind == UNWIND_CFA_RSP && offset.is_multiple_of(8) && offset <= UNWIND_LARGE_CFA_MAX)
+}
+
+/// The assembled large frames: each body row is an `RSP_LARGE` row with its rbp slot, the
+/// slot out of 4 bits loses rbp but keeps the CFA, and a frame over 8 MiB is unsupported.
+#[test]
+fn large_frames_from_cfi_directives() {
+    let path = large_frames_so();
+    let (data, table) = compile(path);
+    let at = |name: &str, skip: u64| {
+        let f = functions(&data).into_iter().find(|f| f.name == name).expect(name);
+        let r = row(&table, f.address + skip);
+        (r.cfa_kind(), cfa_rule(r).1, r.rbp_kind(), r.rbp_offset())
+    };
+    let (large, saved) = (UNWIND_CFA_RSP_LARGE, UNWIND_RBP_CFA_OFFSET);
+    // After `push %rbp` (1 byte) and `sub $imm32, %rsp` (7).
+    assert_eq!(at("rustc_like", 8), (large, 540_080, saved, -16));
+    assert_eq!(at("gcc_like", 7), (large, 600_016, UNWIND_RBP_UNCHANGED, 0));
+    // Six pushes (2+2+2+2+1+1 bytes) and the `sub`: then the call (5), a nop, a nop.
+    assert_eq!(at("six_saved", 17), (large, 200_056, saved, -56));
+    assert_eq!(at("six_saved", 22), (large, 200_056, UNWIND_RBP_UNSUPPORTED, 0));
+    assert_eq!(at("six_saved", 23).0, UNWIND_CFA_UNSUPPORTED);
+    let stats = table.stats();
+    assert_eq!(stats.large_frame_rows, 4, "{stats:?}");
+    assert_eq!((stats.unsupported.rbp, stats.unsupported.cfa_offset_range), (1, 1));
+}
+
 /// What readelf's interpretation of one CFI row says the table must hold there.
 #[derive(Debug, PartialEq)]
 enum Expect {
     /// CFA = rsp/rbp + offset, rbp rule (kind, slot).
-    Rule(u8, u16, u8, i64),
+    Rule(u8, u64, u8, i64),
     /// Return address undefined: the end of the stack.
     End,
     /// A CFA expression: the PLT rule or unsupported (readelf prints only "exp").
     Expression,
     /// CFA = rsp/rbp + offset, with an rbp rule the table cannot express.
-    RbpUnsupported(u8, u16),
+    RbpUnsupported(u8, u64),
     Unsupported(&'static str),
 }
 
@@ -396,14 +528,17 @@ fn expect_from_readelf(columns: &[&str], fields: &[&str]) -> Expect {
         "rbp" => UNWIND_CFA_RBP,
         _ => return Expect::Unsupported("cfa_register"),
     };
-    let Ok(offset) = offset.parse::<u16>() else {
+    let offset: u64 = offset.parse().expect("CFA offset");
+    if !offset_fits(kind, offset) {
         return Expect::Unsupported("cfa_offset_range");
-    };
+    }
+    // A large frame's row has 4 bits for the rbp slot, a normal one 8.
+    let slots = if offset > u64::from(u16::MAX) { -8..=7 } else { -128..=127 };
     match column("rbp") {
         // "u": readelf's mark for a column not set (yet) in this FDE.
         None | Some("u") | Some("s") => Expect::Rule(kind, offset, UNWIND_RBP_UNCHANGED, 0),
         Some(saved) => match saved.strip_prefix('c').and_then(|n| n.parse::<i64>().ok()) {
-            Some(n) if n % 8 == 0 && i8::try_from(n / 8).is_ok() => {
+            Some(n) if n % 8 == 0 && slots.contains(&(n / 8)) => {
                 Expect::Rule(kind, offset, UNWIND_RBP_CFA_OFFSET, n)
             }
             _ => Expect::RbpUnsupported(kind, offset),
@@ -419,6 +554,7 @@ struct Tally {
     rows: usize,
     ends: usize,
     plt: usize,
+    large: usize,
     reasons: std::collections::BTreeMap<&'static str, usize>,
 }
 
@@ -442,7 +578,9 @@ fn check_readelf_row(
     }
     let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
     let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
-    let got = (r.cfa_kind(), r.cfa_offset, r.rbp_kind(), r.rbp_offset());
+    let (cfa_kind, cfa_offset) = cfa_rule(r);
+    let got = (cfa_kind, cfa_offset, r.rbp_kind(), r.rbp_offset());
+    tally.large += usize::from(r.cfa_kind() == UNWIND_CFA_RSP_LARGE);
     match expect_from_readelf(&columns, &fields) {
         Expect::Rule(kind, offset, rbp_kind, rbp_offset) => {
             assert_eq!(got, (kind, offset, rbp_kind, rbp_offset), "{what}")
@@ -473,7 +611,7 @@ fn check_readelf_row(
 /// counted in `Stats` under the reason readelf's rule implies, number for number.
 #[test]
 fn every_fde_compiles_or_is_counted_with_its_reason() {
-    for path in [LIBC, PYTHON] {
+    for path in [LIBC, PYTHON, large_frames_so()] {
         let (_, table) = compile(path);
         let stats = *table.stats();
         let out = std::process::Command::new("readelf")
@@ -548,7 +686,7 @@ fn every_fde_compiles_or_is_counted_with_its_reason() {
         }
         finish_fde(&mut fde, &cies, &mut tally);
 
-        let Tally { fdes, signal_fdes, rows, ends, plt, reasons } = tally;
+        let Tally { fdes, signal_fdes, rows, ends, plt, large, reasons } = tally;
         eprintln!(
             "{path}: {fdes} FDEs ({signal_fdes} signal), {rows} rows, {ends} end, {plt} PLT, \
              unsupported {reasons:?}\n{stats:#?}"
@@ -558,6 +696,7 @@ fn every_fde_compiles_or_is_counted_with_its_reason() {
         assert_eq!(signal_fdes, stats.signal_fdes, "{path}: signal FDEs");
         assert_eq!(ends, stats.end_rows, "{path}: rows ending the stack");
         assert_eq!(plt, stats.plt_rows, "{path}: PLT rows");
+        assert_eq!(large, stats.large_frame_rows, "{path}: rows of frames over 64 KiB");
         let count = |reason| reasons.get(reason).copied().unwrap_or(0);
         let u = stats.unsupported;
         assert_eq!(count("return_address"), u.return_address, "{path}");

@@ -1,18 +1,49 @@
 //! A running `rsprof-bpf agent` for the integration tests: its stderr lines, signals, exit.
 
 use std::{
+    fs,
     io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
     process::{Child, Stdio},
     sync::mpsc,
     thread,
     time::Duration,
 };
 
-use crate::{fixtures, harness::command};
+use serde_json::Value;
+
+use crate::{
+    fixtures,
+    harness::{command, output_path},
+};
 
 /// Debian packages the agent's operation tests use: `systemd-analyze` (systemd) and `setpriv`
 /// (util-linux).
 pub const DEBIAN_PACKAGES: &[&str] = &["systemd", "util-linux"];
+
+/// A fresh (emptied) spool directory for `test`.
+pub fn spool_dir(test: &str) -> PathBuf {
+    let d = output_path(test, "spool");
+    let _ = fs::remove_dir_all(&d);
+    d
+}
+
+/// (labels json, profile path) of every window in `dir` of service `service` (a process not
+/// in a container or systemd unit is its own service, by name), oldest first.
+pub fn windows_of(dir: &Path, service: &str) -> Vec<(Value, PathBuf)> {
+    let mut v: Vec<(Value, PathBuf)> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name()?.to_str()?.to_owned();
+            let stem = name.strip_suffix(".json")?;
+            let meta: Value = serde_json::from_slice(&fs::read(&p).ok()?).ok()?;
+            (meta["service_name"] == service).then(|| (meta, dir.join(format!("{stem}.pb.gz"))))
+        })
+        .collect();
+    v.sort_by_key(|(m, _)| m["start_ms"].as_u64());
+    v
+}
 
 /// A running agent; killed if the test fails.
 pub struct Agent {

@@ -3,44 +3,16 @@
 //! Firefox Profiler's importer. Needs root; the agent samples `--all`, so every check is about
 //! the fixture's own pid.
 
-use std::{
-    fs,
-    os::unix::fs::PermissionsExt as _,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{fs, os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
 
 use serde_json::Value;
 use tests::{
-    agent::Agent,
+    agent::{Agent, spool_dir, windows_of},
     gecko_schema,
     go_pprof::{self, parse_top},
     harness::{output_path, run_fixture},
     profile_query::{count_samples_with_frame, threads},
 };
-
-fn spool_dir(test: &str) -> PathBuf {
-    let d = output_path(test, "spool");
-    let _ = fs::remove_dir_all(&d);
-    d
-}
-
-/// (labels json, profile path) of every window in `dir` of service `service` (a process not
-/// in a container or systemd unit is its own service, by name).
-fn windows_of(dir: &Path, service: &str) -> Vec<(Value, PathBuf)> {
-    let mut v: Vec<(Value, PathBuf)> = fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| {
-            let p = e.unwrap().path();
-            let name = p.file_name()?.to_str()?.to_owned();
-            let stem = name.strip_suffix(".json")?;
-            let meta: Value = serde_json::from_slice(&fs::read(&p).ok()?).ok()?;
-            (meta["service_name"] == service).then(|| (meta, dir.join(format!("{stem}.pb.gz"))))
-        })
-        .collect();
-    v.sort_by_key(|(m, _)| m["start_ms"].as_u64());
-    v
-}
 
 #[test]
 fn agent_spools_windows_read_by_go_pprof_and_query_merges_them() {

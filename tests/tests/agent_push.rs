@@ -21,7 +21,7 @@ use std::{
 };
 
 use tests::{
-    agent::Agent,
+    agent::{Agent, spool_dir},
     fixtures,
     go_pprof::{self, parse_top},
     harness::{Background, output_path},
@@ -247,12 +247,6 @@ fn time_ms(profile_gz: &[u8]) -> u64 {
         .find_map(|l| l.strip_prefix("9: ")?.parse().ok())
         .unwrap_or_else(|| panic!("no time_nanos:\n{text}"));
     ns / 1_000_000
-}
-
-fn spool_dir(test: &str) -> PathBuf {
-    let d = output_path(test, "spool");
-    let _ = fs::remove_dir_all(&d);
-    d
 }
 
 fn names_in(dir: &Path) -> Vec<String> {

@@ -15,7 +15,7 @@ use std::{
 
 use serde_json::Value;
 use tests::{
-    agent::Agent,
+    agent::{Agent, spool_dir},
     cgroups::CgroupTree,
     clickhouse::Server,
     fixtures, gecko_schema,
@@ -26,12 +26,6 @@ use tests::{
 
 fn server() -> Server {
     Server::start().unwrap_or_else(|e| panic!("ClickHouse server: {e:#}"))
-}
-
-fn spool_dir(test: &str) -> PathBuf {
-    let d = output_path(test, "spool");
-    let _ = fs::remove_dir_all(&d);
-    d
 }
 
 /// A number in the agent's summary: the word before `after`, in the line with `line`.

@@ -11,8 +11,10 @@ use std::{
 
 use serde_json::Value;
 use tests::{
+    agent::{Agent, spool_dir, windows_of},
     fixtures,
     gecko_schema::validate,
+    go_pprof::{self, parse_top},
     harness::{Recording, output_path, spawn_fresh},
     profile_query::{frame_categories, function_name, module_name, sample_stacks, threads_of_pid},
 };
@@ -297,6 +299,55 @@ fn a_fake_python_exporting_pyruntime_is_harmless() {
     );
 }
 
+/// The agent's spooled windows of the 2:1 fixture, read by Go's pprof (merged, the
+/// fixture's pid only): `py::py_hot_alpha` and `py::py_hot_beta` hold nearly all of its
+/// samples, split 2:1 ± 7 points, under `py::py_driver`.
+#[test]
+fn agent_windows_read_by_go_pprof_split_the_python_functions_2_to_1() {
+    let dir = spool_dir("agent_python");
+    let d = dir.to_str().unwrap();
+    let agent = Agent::start(&["--spool", d, "--window", "1", "-F", "499"]);
+    let mut child = start_python(&debian_python(), "pysplit.py", &["4"]);
+    assert!(child.wait().expect("python ran").success());
+    let pid = child.id();
+    let (status, stderr) = agent.stop(libc::SIGTERM, Duration::from_secs(5));
+    assert!(status.success(), "agent failed:\n{stderr}");
+    // A process outside a container or unit is its own service, by its name.
+    let windows = windows_of(&dir, "python3.11");
+    assert!(windows.len() >= 3, "4 s of python3.11 in 1 s windows: {} windows", windows.len());
+    let files: Vec<String> = windows.iter().map(|w| w.1.display().to_string()).collect();
+    let focus = format!("pid={pid}");
+    let mut args = vec!["-top", "-sample_index=samples", "-nodecount=100000", "-nodefraction=0"];
+    args.extend(["-trim=false", "-tagfocus", &focus]);
+    args.extend(files[1..].iter().map(String::as_str));
+    let out = go_pprof::run(&args, Path::new(&files[0])).expect("pprof -top");
+    let (_, rows) = parse_top(&out).expect("parse -top");
+    // Nothing trimmed: the flat column sums to the pid's samples.
+    let total: f64 = rows.iter().map(|r| r.flat).sum();
+    let cum = |n: &str| rows.iter().find(|r| r.name == n).map_or(0.0, |r| r.cum);
+    let (a, b, driver) = (cum("py::py_hot_alpha"), cum("py::py_hot_beta"), cum("py::py_driver"));
+    eprintln!("pid {pid}: {total} samples, alpha {a}, beta {b}, driver {driver}");
+    assert!(total > 500.0, "4 s at 499 Hz: {total} samples of pid {pid}:\n{out}");
+    // The interpreter's start-up and exit run no function of the script.
+    assert!(a + b >= 0.85 * total, "alpha + beta ({a} + {b}) of {total} samples:\n{out}");
+    // pprof prints rounded values: allow that.
+    assert!(driver >= 0.999 * (a + b), "py_driver's cumulative {driver} holds both:\n{out}");
+    let share = 100.0 * a / (a + b);
+    assert!(
+        (66.7 - 7.0..=66.7 + 7.0).contains(&share),
+        "py_hot_alpha share {share:.1}%, want 66.7 ± 7:\n{out}"
+    );
+    // Traces, leaf first: the hot function right under py_driver.
+    let mut args = vec!["-traces", "-tagfocus", &focus];
+    args.extend(files[1..].iter().map(String::as_str));
+    let traces = go_pprof::run(&args, Path::new(&files[0])).expect("pprof -traces");
+    let chain = traces.split("-----------+").any(|t| {
+        let fns: Vec<&str> = t.lines().filter_map(|l| l.split_whitespace().last()).collect();
+        fns.windows(2).any(|w| w == ["py::py_hot_alpha", "py::py_driver"])
+    });
+    assert!(chain, "no py_hot_alpha → py_driver trace in pprof -traces:\n{traces}");
+}
+
 /// Off-CPU: a thread blocked in `time.sleep` shows the Python function that slept.
 #[test]
 fn time_sleep_off_cpu_shows_the_sleeping_function() {
@@ -326,4 +377,140 @@ fn time_sleep_off_cpu_shows_the_sleeping_function() {
     assert!(named * 10 >= off.len() * 8, "{named} of {} under py::py_sleeper", off.len());
     let line = done.stderr.lines().find(|l| l.contains("python off-CPU records:"));
     eprintln!("{}", line.unwrap_or_default());
+}
+
+/// A code object freed mid-run is never named as the one that had its memory before:
+/// generation after generation of `py_reuse.py` compiles a function, runs it ~80 ms and frees
+/// it, and the next generation's code object takes the same memory. Even generations
+/// (`zlib_gen_N`) compress with zlib, odd ones (`sha_gen_N`) hash with OpenSSL's SHA-256: a
+/// frame named for one kind over the other kind's native frames is misnamed, and that work
+/// right under the caller lost its generation's frame. Every interpreter; most generations
+/// must be named.
+#[test]
+fn a_freed_and_reused_code_object_is_not_named_as_the_old_one() {
+    let mut failures = Vec::new();
+    for (name, python) in interpreters() {
+        reuse_for(&name, &python, &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn reuse_for(name: &str, python: &Path, failures: &mut Vec<String>) {
+    let output = output_path("python_reuse", "json");
+    let rec = Recording::start(&["--all", "-F", "999"], output).expect("start");
+    let child = spawn_fresh(
+        Command::new(python)
+            .arg(fixtures::source_dir().join("py_reuse.py"))
+            .args(["3", "0.08"])
+            .stdout(Stdio::piped()),
+    );
+    let pid = child.id();
+    let out = child.wait_with_output().expect("python ran");
+    assert!(out.status.success(), "{name}: py_reuse.py failed: {}", out.status);
+    let done = rec.interrupt().expect("stop recording");
+    let profile = done.profile().expect("profile written");
+    valid(&profile);
+    let summary = done.stderr.lines().find(|l| l.starts_with("python:")).unwrap_or_default();
+    eprintln!("{name}: {summary}");
+
+    // Generations whose code object took memory a generation of the other kind had held:
+    // without them a misnamed frame could not be seen here.
+    let mut kind_at: std::collections::HashMap<&str, Vec<bool>> = Default::default();
+    let mut generations = 0;
+    let mut reused = 0;
+    for line in std::str::from_utf8(&out.stdout).expect("utf-8").lines() {
+        let [_, func, addr] = line.split(' ').collect::<Vec<_>>()[..] else {
+            panic!("{name}: py_reuse.py printed {line:?}");
+        };
+        let zlib = func.starts_with("zlib_gen_");
+        let before = kind_at.entry(addr).or_default();
+        if before.contains(&!zlib) {
+            reused += 1;
+        }
+        before.push(zlib);
+        generations += 1;
+    }
+
+    let stacks: Vec<Vec<String>> =
+        thread_stacks(&profile, pid).into_iter().flat_map(|(_, s)| s).collect();
+    // The extension module (pyenv builds; Debian's python3.11 has zlib built in) or the
+    // library doing the work.
+    const ZLIB: [&str; 2] = ["libz.", "zlib."];
+    const SHA: [&str; 2] = ["libcrypto.", "_hashlib."];
+    let module_in = |s: &[String], prefixes: [&str; 2]| {
+        s.iter().any(|l| module_name(l).is_some_and(|m| prefixes.iter().any(|p| m.starts_with(p))))
+    };
+    let (mut checked, mut misnamed, mut dropped) = (0, Vec::new(), Vec::new());
+    let mut named = std::collections::BTreeSet::new();
+    for s in &stacks {
+        // The generation's frame, and what ran beneath it.
+        let Some(at) = s.iter().position(|l| {
+            let f = function_name(l);
+            f.starts_with("py::zlib_gen_") || f.starts_with("py::sha_gen_")
+        }) else {
+            // py_generations calls zlib or SHA-256 only through a generation: such work right
+            // under py_generations lost the generation's frame (a stack without Python frames,
+            // taken before the process was known, is counted in the summary; `import hashlib`
+            // runs OpenSSL's start-up under other frames).
+            let py = s.iter().rposition(|l| function_name(l).starts_with("py::"));
+            let caller = py.filter(|&i| function_name(&s[i]) == "py::py_generations");
+            // Its gc.collect() visits the modules' objects with their own traverse functions
+            // (in zlib's and _hashlib's extension modules): not a generation's work.
+            let collecting = |i: usize| s[i..].iter().any(|l| function_name(l).starts_with("gc_"));
+            let caller = caller.filter(|&i| !collecting(i));
+            if caller.is_some_and(|i| module_in(&s[i..], ZLIB) || module_in(&s[i..], SHA)) {
+                dropped.push(s.clone());
+            }
+            continue;
+        };
+        let func = function_name(&s[at]);
+        named.insert(func.to_owned());
+        let below = &s[at + 1..];
+        let (z, sha) = (module_in(below, ZLIB), module_in(below, SHA));
+        if z || sha {
+            checked += 1;
+        }
+        let zlib_gen = func.starts_with("py::zlib_gen_");
+        // Its file is `<NAME>`: the name and the file must be of one code object.
+        let own_file = s[at].contains(&format!("<{}>", &func[4..]));
+        if (zlib_gen && sha) || (!zlib_gen && z) || !own_file {
+            misnamed.push(s[at..].to_vec());
+        }
+    }
+    eprintln!(
+        "{name} ({pid}): {generations} generations, {reused} in memory of the other kind; {} \
+         of {} samples checked against their native frames, {} misnamed, {} lost the \
+         generation's frame; {} generations named",
+        checked,
+        stacks.len(),
+        misnamed.len(),
+        dropped.len(),
+        named.len(),
+    );
+    if !dropped.is_empty() {
+        failures.push(format!(
+            "{name}: {} samples lost the generation's frame, e.g. {:?}",
+            dropped.len(),
+            &dropped[0][dropped[0].len().saturating_sub(8)..]
+        ));
+    }
+    if reused < 3 {
+        failures.push(format!(
+            "{name}: only {reused} of {generations} generations reused the other kind's code \
+             object memory: the test proves nothing"
+        ));
+    }
+    if !misnamed.is_empty() {
+        failures.push(format!(
+            "{name}: {} of {checked} samples misnamed, e.g. {:?}",
+            misnamed.len(),
+            misnamed[0]
+        ));
+    }
+    if checked < 200 || named.len() * 2 < generations {
+        failures.push(format!(
+            "{name}: {checked} samples checked, {} of {generations} generations named",
+            named.len()
+        ));
+    }
 }

@@ -155,6 +155,67 @@ fn unwind_no_frame_pointer_chain_is_complete_and_fp_is_not() {
     assert!(fp_rate < 0.5, "frame pointers found the chain in {:.1}%", fp_rate * 100.0);
 }
 
+/// A function with a 600 KB frame (gcc: `sub $0x927c8,%rsp`, CFA = rsp + 600,016: more than
+/// the 64 KiB of a plain row, as rustc's `run_compiler` closure whose frame every rustc stack
+/// passes): once its table is in the kernel, its samples and its callee's reach the process's
+/// start, not an "unsupported rule". Samples before that are flagged (their 8 KiB stack copy
+/// cannot hold a return address 600 KB up).
+#[test]
+fn unwind_frame_over_64_kib_is_walked_through() {
+    let exe = build_no_fp("unwind_bigframe");
+    let fixture = start_ready(Command::new(&exe).arg("120"));
+    let pid = fixture.0.id();
+    let out = output_path("bigframe", "json");
+    let p = pid.to_string();
+    let done = run(&["-p", &p, "-d", "3", "-F", "499", "-o", out.to_str().unwrap()]).unwrap();
+    drop(fixture);
+    assert!(done.status.success(), "rsprof-bpf failed:\n{}", done.stderr);
+    let profile: Value = tests::gecko_schema::load(&out).expect("profile written");
+    if let Err(problems) = validate(&profile) {
+        panic!("profile breaks the Gecko v36 rules:\n{}", problems.join("\n"));
+    }
+    let mut samples: Vec<(f64, Vec<String>)> = threads_of_pid(&profile, pid)
+        .iter()
+        .flat_map(|t| sample_times(t.thread).into_iter().zip(sample_stacks(t.thread)))
+        .filter(|(_, s)| matches!(functions(s).last(), Some(&"c_hot") | Some(&"big_frame")))
+        .collect();
+    samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let complete = |s: &[String]| {
+        truncated(s).is_none()
+            && has_path(s, &["main", "big_frame"])
+            && functions(s).contains(&"__libc_start_call_main")
+    };
+    let first = samples.iter().position(|(_, s)| complete(s)).unwrap_or_else(|| {
+        let e: Vec<_> = samples.iter().take(3).collect();
+        panic!(
+            "no sample walked through big_frame of {}; e.g. {e:?}\n{}",
+            samples.len(),
+            done.stderr
+        )
+    });
+    let (before, after) = samples.split_at(first);
+    let unflagged: Vec<_> = before.iter().filter(|(_, s)| truncated(s).is_none()).collect();
+    assert!(unflagged.is_empty(), "incomplete yet unflagged before the table: {unflagged:?}");
+    let n = after.iter().filter(|(_, s)| complete(s)).count();
+    let in_callee = after.iter().filter(|(_, s)| has_path(s, &["main", "big_frame", "c_hot"]));
+    let in_callee = in_callee.count();
+    let rate = share(n, after.len());
+    eprintln!(
+        "bigframe: {} samples flagged before the table was in; then {n}/{} = {:.1}% complete \
+         through big_frame ({in_callee} in c_hot)",
+        before.len(),
+        after.len(),
+        rate * 100.0
+    );
+    assert!(after.len() > 200, "only {} samples in big_frame/c_hot", after.len());
+    let bad: Vec<_> = after.iter().filter(|(_, s)| !complete(s)).take(3).collect();
+    assert!(rate >= 0.98, "{:.1}% complete; e.g. {bad:?}\n{}", rate * 100.0, done.stderr);
+    // Both the frame itself and a frame above it (the return address 600 KB up) were walked.
+    assert!(in_callee > 50, "only {in_callee} samples in c_hot under big_frame");
+    let own = after.len() - in_callee;
+    assert!(own > 50, "only {own} samples in big_frame's own loops");
+}
+
 #[test]
 fn unwind_write_storm_keeps_the_caller_of_libc() {
     let exe = build_no_fp("unwind_write");

@@ -410,13 +410,15 @@ impl std::fmt::Display for SamplerTiming {
         write!(
             f,
             "BPF sampler per sample (--bpf-timing): {} samples, median {} ns, p99 {} ns, mean {} \
-             ns; {:.1} user frames and {:.0} ring buffer bytes per sample",
+             ns; {:.1} user frames and {:.0} ring buffer bytes per sample; p10 {} ns (the least \
+             disturbed by other work on a busy host)",
             self.samples,
             ns(0.5),
             ns(0.99),
             self.mean().map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0}")),
             self.user_frames as f64 / self.samples.max(1) as f64,
-            self.ring_bytes as f64 / self.samples.max(1) as f64
+            self.ring_bytes as f64 / self.samples.max(1) as f64,
+            ns(0.1)
         )
     }
 }

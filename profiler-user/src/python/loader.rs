@@ -28,6 +28,11 @@ pub struct PyLoader {
 }
 
 impl PyLoader {
+    /// Whether processes known to run CPython are being walked.
+    pub fn running(&self) -> bool {
+        !self.loaded.is_empty()
+    }
+
     pub fn new((procs, kernel_files): PyMaps) -> Result<Self> {
         let Some(tls_specific) = glibc_specific_offset() else {
             bail!("glibc's thread-specific data was not where it was looked for")
@@ -94,6 +99,16 @@ impl PyLoader {
             minor: elf.minor,
             tstate_frame: o.tstate_frame,
             cframe_frame: o.cframe_frame.unwrap_or(PY_NO_FIELD),
+            tstate_datastack: o.tstate_datastack.unwrap_or(PY_NO_FIELD),
+            frame_len: o.frame_len(),
+            code_lo: o.code_ident_span().0,
+            code_len: o.code_ident_span().1,
+            code_firstlineno: o.code_firstlineno,
+            code_filename: o.code_filename,
+            code_name: o.code_name,
+            code_qualname: o.code_qualname.unwrap_or(PY_NO_FIELD),
+            code_linetable: o.code_linetable,
+            _pad: 0,
             frame_back: o.frame_back,
             frame_code: o.frame_code,
             frame_ip: o.frame_ip,

@@ -56,6 +56,10 @@ const MAX_DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 /// unwinder wants soon, and a drain that saw such records is followed by another this long
 /// after, which collects the ones that did not wake us.
 const MIN_DRAIN_GAP: Duration = Duration::from_nanos(profiler_common::WAKE_GAP_NS);
+/// The drain period's bound while CPython processes run: their code objects are read when
+/// their samples are drained, and one freed before that cannot be named (its frames say so);
+/// 50 ms names the code of a function that lives a tenth of a second.
+const PYTHON_DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 /// How often the loop drains while processes wait for a table being compiled.
 const TABLE_LANDING_POLL: Duration = Duration::from_millis(10);
 
@@ -569,7 +573,7 @@ impl<'p> Recorder<'p> {
                         if since >= MIN_DRAIN_GAP {
                             let again = self.drain();
                             last_drain = Instant::now();
-                            if let Err(e) = follow_up(&poll, every, again) {
+                            if let Err(e) = follow_up(&poll, self.timer_period(every), again) {
                                 break Err(e.into());
                             }
                         } else {
@@ -585,7 +589,7 @@ impl<'p> Recorder<'p> {
                     let again = self.drain();
                     last_drain = Instant::now();
                     ring_armed = true;
-                    if let Err(e) = fired.and_then(|()| follow_up(&poll, every, again)) {
+                    if let Err(e) = fired.and_then(|()| follow_up(&poll, self.timer_period(every), again)) {
                         break Err(e.into());
                     }
                 }
@@ -906,6 +910,17 @@ fn put(raw: &SharedRaw, e: &Entry) {
 
 fn product() -> String {
     format!("rsprof-bpf {}", env!("CARGO_PKG_VERSION"))
+}
+
+impl Recorder<'_> {
+    /// The drain timer's period now: `every`, bounded while CPython processes run.
+    fn timer_period(&self, every: Duration) -> Duration {
+        if self.python.as_ref().is_some_and(crate::python::loader::PyLoader::running) {
+            every.min(PYTHON_DRAIN_INTERVAL)
+        } else {
+            every
+        }
+    }
 }
 
 /// Tells the kernel of processes found running CPython (`python` None: `--no-python`, whose

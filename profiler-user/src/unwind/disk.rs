@@ -20,8 +20,9 @@ const CACHE_BYTES: u64 = 1 << 30;
 /// Smaller files are compiled afresh each run, not kept.
 pub const MIN_FILE_BYTES: u64 = 64 << 10;
 const MAGIC: &[u8; 8] = b"RSPUNW\0\x01";
-/// Bumped whenever what the compiler emits changes meaning.
-const VERSION: u32 = 1;
+/// Bumped whenever what the compiler emits changes meaning (2: frames over 64 KiB became
+/// `UNWIND_CFA_RSP_LARGE` rows, no longer unsupported).
+const VERSION: u32 = 2;
 const HEADER: usize = 8 + 4 + 4 + 8 * 4 + 8 + 4 + 4;
 const ROW: usize = std::mem::size_of::<UnwindRow>();
 

@@ -76,9 +76,13 @@ fn header(pid: u32, addr: u64, o: &PyOffsets) -> Result<(Vec<u8>, [u64; 6]), Cod
     Ok((h, fp))
 }
 
-/// Whether the code object at `addr` is still the one `info` describes.
-pub fn still_same(pid: u32, addr: u64, o: &PyOffsets, info: &CodeInfo) -> Result<bool, CodeError> {
-    Ok(header(pid, addr, o)?.1 == info.fingerprint)
+impl CodeInfo {
+    /// Its identity as the kernel computes it for a sample (`py_code_ident`).
+    pub fn ident(&self) -> u64 {
+        let fp = self.fingerprint;
+        profiler_common::py_code_ident([fp[1], fp[2], fp[3], fp[4], fp[5]])
+            & profiler_common::PY_FRAME_IDENT_MASK
+    }
 }
 
 /// Reads the code object at `addr` of `pid`. `code_type`: `PyCode_Type`'s address there.
@@ -238,7 +242,8 @@ pub fn locations_line(table: &[u8], first: i64, at: i64) -> Option<i64> {
             10..=12 => i64::from(code - 10),
             _ => 0,
         };
-        line += delta;
+        // Varints of garbage can sum past i64: such a table has no line.
+        line = line.checked_add(delta)?;
         if start <= at && at < end {
             return (code != 15).then_some(line);
         }
@@ -287,6 +292,10 @@ mod tests {
         assert_eq!(locations_line(&t, 10, 2), Some(11));
         assert_eq!(locations_line(&t, 10, 4), Some(10));
         assert_eq!(locations_line(&t, 10, 6), None);
+        // Line deltas whose sum overflows (11-byte varints near 2^62 each): no line, no panic.
+        let huge = [0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x7f, 0x3f];
+        let t: Vec<u8> = [&[0x80 | 14 << 3][..], &huge, &[0x80 | 14 << 3], &huge].concat();
+        assert_eq!(locations_line(&t, 10, 2), None);
         // Garbage never panics.
         for n in 0..64u8 {
             let junk: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37) ^ n).collect();

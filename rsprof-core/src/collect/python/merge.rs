@@ -7,11 +7,12 @@
 //! innermost activation runs in the innermost loop frame.
 
 use profiler_common::{
-    PY_FRAME_ENTRY, PY_FRAME_OWNER_SHIFT, PY_WALK_FRAMES, PY_WALK_NO_FRAME,
+    PY_FRAME_ENTRY, PY_FRAME_IDENT_MASK, PY_FRAME_IDENT_SHIFT, PY_FRAME_INSTR_MASK,
+    PY_FRAME_NO_IDENT, PY_FRAME_OWNER_SHIFT, PY_WALK_FRAMES, PY_WALK_NO_FRAME,
     PY_WALK_NO_THREAD_STATE, PY_WALK_NONE, SAMPLE_PY_MASK, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED,
 };
 
-use super::{CodeEntry, MAX_CODES, ProcessPython, PyProcess, PyStats, RECHECK_NS, code};
+use super::{CodeEntry, MAX_CODES, ProcessPython, PyProcess, PyStats, code};
 use crate::{
     collect::processes::{MAX_JIT_SYMBOLS, ProcessInfo},
     decode::Sample,
@@ -20,6 +21,9 @@ use crate::{
 
 /// Name of a frame whose code object could not be read (the process exited first).
 pub const UNREADABLE: &str = "py::[unreadable code object]";
+/// Name of a frame whose code object was gone when read: freed and its memory reused (or never
+/// a code object), so what is there now is not what the sample saw.
+pub const GONE: &str = "py::[code object gone before it was read]";
 
 /// Replaces the eval-loop frames of `frames` (root first, as `collect::stack::normalize`
 /// left them) by the Python frames of `s`, a sample of `p`, and counts how that went.
@@ -109,74 +113,122 @@ pub fn merge(
 }
 
 impl PyProcess {
-    /// The frame of code object `code` at instruction word `word`, named through the cache;
-    /// None for a frame not shown (no code object there, or still setting up).
+    /// The frame of code object `code` at instruction word `word` (with the object's identity
+    /// as the sampler saw it), named through the cache; None for a frame not shown (still
+    /// setting up) or past the symbol bound.
     fn frame(
         &mut self,
         pid: Pid,
-        now_ns: u64,
+        sample_ns: u64,
         code: u64,
         word: u64,
         symbols: &mut Vec<JitSymbol>,
         stats: &mut PyStats,
     ) -> Option<FrameAddr> {
-        let o = self.offsets;
-        if let Some(e) = self.codes.get_mut(&code)
-            && e.info.is_ok()
-            && now_ns.saturating_sub(e.checked_ns) >= RECHECK_NS
-        {
-            e.checked_ns = now_ns;
-            // Unreadable now (the process exited): what was read stays.
-            if let Ok(info) = &e.info
-                && code::still_same(pid.0, code, o, info) == Ok(false)
-            {
-                stats.code_reused += 1;
-                self.codes.remove(&code);
-            }
+        if word & PY_FRAME_NO_IDENT != 0 {
+            // The sampler could not read it: no identity to name it by.
+            stats.code_unreadable += 1;
+            return self.placeholder(pid, UNREADABLE, symbols, false);
         }
-        if !self.codes.contains_key(&code) {
+        let want = (word >> PY_FRAME_IDENT_SHIFT) & PY_FRAME_IDENT_MASK;
+        let matches = |e: &CodeEntry| e.info.as_ref().is_ok_and(|i| i.ident() == want);
+        let stale = self.codes.get(&code).is_none_or(|e| !matches(e) && e.read_for_ns < sample_ns);
+        if stale {
+            // Not read yet, or what was read is not the object this later sample saw: read
+            // what is there now.
             if self.codes.len() >= MAX_CODES {
                 self.codes.clear();
             }
-            let info = code::read_code(pid.0, code, o, self.code_type);
+            let info = code::read_code(pid.0, code, self.offsets, self.code_type);
             match &info {
                 Ok(_) => stats.code_objects += 1,
                 Err(code::CodeError::Unreadable) => stats.code_unreadable += 1,
                 Err(code::CodeError::NotCode) => stats.not_code += 1,
             }
-            let entry = CodeEntry { info, checked_ns: now_ns, lines: Default::default() };
-            self.codes.insert(code, entry);
+            let ident = info.as_ref().ok().map(code::CodeInfo::ident);
+            let entry = CodeEntry { info, read_for_ns: sample_ns, lines: Default::default() };
+            let old = self.codes.insert(code, entry);
+            if old.is_some_and(|old| old.info.is_ok_and(|i| Some(i.ident()) != ident)) {
+                // Another object than the one read before.
+                stats.code_reused += 1;
+            }
         }
         let e = self.codes.get_mut(&code).expect("inserted");
-        let (name, file, line) = match &e.info {
-            Ok(info) => {
-                let at = info.instr_offset(self.minor, word & profiler_common::PY_FRAME_IP_MASK);
-                if info.incomplete(self.minor, at, (word >> PY_FRAME_OWNER_SHIFT) & 3) {
-                    stats.incomplete += 1;
-                    return None;
-                }
-                let line = info.line(self.minor, at);
-                (format!("py::{}", info.name), Some(info.file.clone()), line)
+        let info = match &e.info {
+            Ok(info) if info.ident() == want => info,
+            Err(code::CodeError::Unreadable) => {
+                return self.placeholder(pid, UNREADABLE, symbols, false);
             }
-            Err(code::CodeError::Unreadable) => (UNREADABLE.to_owned(), None, None),
-            Err(code::CodeError::NotCode) => return None,
+            // Another object (or none) is there now: the sampled one was freed first.
+            _ => {
+                stats.code_gone += 1;
+                return self.placeholder(pid, GONE, symbols, true);
+            }
         };
+        let minor = self.minor;
+        // 3.11+: the instruction pointer came less the code object's address.
+        let instr = word & PY_FRAME_INSTR_MASK;
+        let ip =
+            if minor >= 11 { code.wrapping_add(instr as u32 as i32 as i64 as u64) } else { instr };
+        let at = info.instr_offset(minor, ip);
+        if info.incomplete(minor, at, (word >> PY_FRAME_OWNER_SHIFT) & 3) {
+            stats.incomplete += 1;
+            return None;
+        }
+        let line = info.line(minor, at);
         if let Some(&symbol) = e.lines.get(&line) {
             return Some(FrameAddr::Jit { pid, symbol });
         }
-        if symbols.len() >= MAX_JIT_SYMBOLS {
-            return None;
-        }
-        let symbol = crate::model::ids::JitSymbolId(symbols.len() as u32);
-        symbols.push(JitSymbol {
-            name,
-            language: JitLanguage::Python,
-            file,
-            line,
-            from_dump: false,
-            interpreter: true,
-        });
+        let symbol =
+            new_symbol(symbols, format!("py::{}", info.name), Some(info.file.clone()), line)?;
         e.lines.insert(line, symbol);
         Some(FrameAddr::Jit { pid, symbol })
     }
+
+    /// The frame standing for a code object that cannot be named (`name`): one symbol per
+    /// process for `GONE`, and per read for `UNREADABLE`.
+    fn placeholder(
+        &mut self,
+        pid: Pid,
+        name: &str,
+        symbols: &mut Vec<JitSymbol>,
+        gone: bool,
+    ) -> Option<FrameAddr> {
+        let cached = if gone { self.gone } else { self.unreadable };
+        let symbol = match cached {
+            Some(s) => s,
+            None => {
+                let s = new_symbol(symbols, name.to_owned(), None, None)?;
+                if gone {
+                    self.gone = Some(s)
+                } else {
+                    self.unreadable = Some(s)
+                }
+                s
+            }
+        };
+        Some(FrameAddr::Jit { pid, symbol })
+    }
+}
+
+/// A new Python frame symbol; None past the process's bound.
+fn new_symbol(
+    symbols: &mut Vec<JitSymbol>,
+    name: String,
+    file: Option<String>,
+    line: Option<u32>,
+) -> Option<crate::model::ids::JitSymbolId> {
+    if symbols.len() >= MAX_JIT_SYMBOLS {
+        return None;
+    }
+    let symbol = crate::model::ids::JitSymbolId(symbols.len() as u32);
+    symbols.push(JitSymbol {
+        name,
+        language: JitLanguage::Python,
+        file,
+        line,
+        from_dump: false,
+        interpreter: true,
+    });
+    Some(symbol)
 }

@@ -4,6 +4,8 @@
 
 pub(crate) mod code;
 pub mod detect;
+#[cfg(test)]
+mod fuzz_tests;
 pub(crate) mod merge;
 pub mod offsets;
 pub mod tracker;
@@ -37,22 +39,24 @@ pub struct PyProcess {
     pub code_type: Option<u64>,
     /// Code objects read, by address.
     codes: HashMap<u64, CodeEntry>,
+    /// The frame shown for a code object gone before it was read (see `merge::GONE`).
+    gone: Option<JitSymbolId>,
+    /// The frame shown for a code object unreadable (`merge::UNREADABLE`).
+    unreadable: Option<JitSymbolId>,
 }
 
 /// A code object as read, and the frame symbols given to its lines.
 #[derive(Debug)]
 struct CodeEntry {
     info: Result<code::CodeInfo, code::CodeError>,
-    /// Sample time (ns) it was last checked to still be this code object.
-    checked_ns: u64,
+    /// Time of the sample that had it read: the read came after it, so a sample no later
+    /// than this cannot find a newer object by reading again.
+    read_for_ns: u64,
     lines: HashMap<Option<u32>, JitSymbolId>,
 }
 
 /// Code objects kept per process; past it the cache starts afresh.
 const MAX_CODES: usize = 1 << 16;
-/// A cached code object is checked against its memory again when used this long after its
-/// last check (a freed one reused is then read anew).
-const RECHECK_NS: u64 = 100_000_000;
 
 impl PyProcess {
     pub fn new(module: ModuleId, bias: u64, elf: &detect::PyElf) -> Option<Self> {
@@ -64,6 +68,8 @@ impl PyProcess {
             eval: elf.eval_offsets(),
             code_type: elf.code_type.map(|t| t.wrapping_add(bias)),
             codes: HashMap::new(),
+            gone: None,
+            unreadable: None,
         })
     }
 
@@ -106,6 +112,10 @@ pub struct PyStats {
     pub code_unreadable: u64,
     pub not_code: u64,
     pub code_reused: u64,
+    /// Frames whose code object was gone when read (freed, its memory holding another object
+    /// or none; or a pointer that was never one): shown as `merge::GONE`, not named as what
+    /// is there now.
+    pub code_gone: u64,
     /// Frames skipped as still setting up (3.11+ incomplete frames).
     pub incomplete: u64,
     /// Processes whose walker config the kernel refused (map full).
@@ -147,8 +157,9 @@ impl PyStats {
         Some(format!(
             "python: {} processes, {}; {} placed from the leaf (stacks cut), {} \
              under a cut native stack, {} cut at {} frames; code objects: {} read, {} \
-             unreadable, {} not code objects, {} reused; {} frames still setting up skipped; \
-             {} interpreter files unsupported",
+             unreadable, {} not code objects, {} reused; {} frames whose code object was \
+             gone when read; {} frames still setting up skipped; {} interpreter files \
+             unsupported",
             self.processes,
             self.with_and_without(" samples"),
             self.mismatched,
@@ -159,6 +170,7 @@ impl PyStats {
             self.code_unreadable,
             self.not_code,
             self.code_reused,
+            self.code_gone,
             self.incomplete,
             self.unsupported_files,
         ))

@@ -12,6 +12,9 @@ pub struct PyOffsets {
     pub tstate_frame: u32,
     /// `_PyCFrame` → `current_frame` (3.11, 3.12).
     pub cframe_frame: Option<u32>,
+    /// `PyThreadState` → `datastack_chunk`, followed by `datastack_top` (3.11+): the thread's
+    /// frames live in that chunk below the top, so the walker reads them in one piece.
+    pub tstate_datastack: Option<u32>,
     /// Frame → previous frame, code object (`f_code`, 3.13 `f_executable`), instruction
     /// (`f_lasti`, `prev_instr`, 3.13 `instr_ptr`).
     pub frame_back: u32,
@@ -48,6 +51,7 @@ const BASE: PyOffsets = PyOffsets {
     runtime_tss_key: 1396,
     tstate_frame: 24,
     cframe_frame: None,
+    tstate_datastack: None,
     frame_back: 24,
     frame_code: 32,
     frame_ip: 104,
@@ -69,6 +73,9 @@ const BASE: PyOffsets = PyOffsets {
     bytes_data: 32,
 };
 
+/// `_PyStackChunk.data` (3.11+): after `previous`, `size` and `top`.
+pub const STACK_CHUNK_DATA: u32 = 24;
+
 /// Oldest and newest minor versions supported.
 pub const MINORS: std::ops::RangeInclusive<u32> = 8..=13;
 
@@ -81,6 +88,7 @@ pub const TABLE: [PyOffsets; 6] = [
         runtime_tss_key: 596,
         tstate_frame: 56,
         cframe_frame: Some(8),
+        tstate_datastack: Some(296),
         frame_back: 48,
         frame_code: 32,
         frame_ip: 56,
@@ -100,6 +108,7 @@ pub const TABLE: [PyOffsets; 6] = [
         runtime_tss_key: 1548,
         tstate_frame: 56,
         cframe_frame: Some(0),
+        tstate_datastack: Some(232),
         frame_back: 8,
         frame_code: 0,
         frame_ip: 56,
@@ -121,6 +130,7 @@ pub const TABLE: [PyOffsets; 6] = [
         runtime_tss_key: 2164,
         tstate_frame: 72,
         cframe_frame: None,
+        tstate_datastack: Some(232),
         frame_back: 8,
         frame_code: 0,
         frame_ip: 56,
@@ -145,12 +155,32 @@ pub fn for_minor(minor: u32) -> Option<&'static PyOffsets> {
 }
 
 impl PyOffsets {
+    /// (start, length) of the code object's bytes that hold the fields of its identity
+    /// (`profiler_common::py_code_ident`), as the kernel walker reads them.
+    pub fn code_ident_span(&self) -> (u32, u32) {
+        let fields = [self.code_filename, self.code_name, self.code_linetable];
+        let words = fields.into_iter().chain(self.code_qualname);
+        let lo = words.clone().chain([self.code_firstlineno]).min().unwrap_or(0) & !7;
+        let hi = words.map(|o| o + 8).chain([self.code_firstlineno + 4]).max().unwrap_or(0);
+        (lo, hi - lo)
+    }
+
+    /// Bytes from a frame's start that hold what the kernel walker reads of it.
+    pub fn frame_len(&self) -> u32 {
+        let words = [self.frame_back, self.frame_code, self.frame_ip].map(|o| o + 8);
+        let bytes = [self.frame_owner, self.frame_is_entry].map(|o| o.map_or(0, |o| o + 1));
+        let end = words.into_iter().chain(bytes).max().unwrap_or(0);
+        end.div_ceil(8) * 8
+    }
+
     /// Every entry by the name the header check prints it under (None: the version lacks it).
     pub fn entries(&self) -> Vec<(&'static str, Option<u32>)> {
         vec![
             ("runtime_tss_key", Some(self.runtime_tss_key)),
             ("tstate_frame", Some(self.tstate_frame)),
             ("cframe_frame", self.cframe_frame),
+            ("tstate_datastack", self.tstate_datastack),
+            ("stack_chunk_data", self.tstate_datastack.map(|_| STACK_CHUNK_DATA)),
             ("frame_back", Some(self.frame_back)),
             ("frame_code", Some(self.frame_code)),
             ("frame_ip", Some(self.frame_ip)),
@@ -258,6 +288,25 @@ mod tests {
                 );
             }
             assert_eq!(printed.len(), table.entries().iter().filter(|e| e.1.is_some()).count());
+            // The kernel walker reads these with aligned loads (profiler-ebpf's python.rs).
+            for word in [table.frame_back, table.frame_code, table.frame_ip] {
+                assert_eq!(word % 8, 0, "3.{minor}: a frame word at {word} is not 8-aligned");
+            }
+            if let Some(d) = table.tstate_datastack {
+                // Read in one piece, with aligned loads, by the kernel walker.
+                let f = table.tstate_frame;
+                let span = (f + 8).max(d + 16) - f.min(d);
+                assert!(span as usize <= profiler_common::PY_TSTATE_READ, "3.{minor}: {span}");
+                assert_eq!((f % 8, d % 8), (0, 0), "3.{minor}: thread state fields not aligned");
+            }
+            let (lo, len) = table.code_ident_span();
+            assert!(len as usize <= profiler_common::PY_CODE_READ, "3.{minor}: {lo}+{len}");
+            for word in [table.code_filename, table.code_name, table.code_linetable] {
+                assert_eq!(word % 8, 0, "3.{minor}: a code object word at {word} is not aligned");
+            }
+            assert_eq!(table.code_firstlineno % 4, 0, "3.{minor}: co_firstlineno not aligned");
+            let frame_len = table.frame_len() as usize;
+            assert!(frame_len <= profiler_common::PY_FRAME_READ, "3.{minor}: {frame_len} bytes");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -40,6 +40,14 @@ int main(void) {
   P("frame_ip", offsetof(_PyInterpreterFrame, instr_ptr));
   P("frame_owner", offsetof(_PyInterpreterFrame, owner));
 #endif
+#if PY_MINOR_VERSION >= 11
+  P("tstate_datastack", offsetof(PyThreadState, datastack_chunk));
+  P("stack_chunk_data", offsetof(_PyStackChunk, data));
+  /* The walker reads the chunk pointer and the top as one pair. */
+  _Static_assert(offsetof(PyThreadState, datastack_top) ==
+                     offsetof(PyThreadState, datastack_chunk) + sizeof(void *),
+                 "datastack_top follows datastack_chunk");
+#endif
 #if PY_MINOR_VERSION == 11
   P("frame_is_entry", offsetof(_PyInterpreterFrame, is_entry));
 #endif
