@@ -208,10 +208,11 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
     st.win_len = 0;
     st.last_code = 0;
     st.last_ident = 0;
-    // A shim frame (3.12+) comes with each activation: twice the frames bounds the steps.
+    // A shim frame (3.12+) comes with each activation: twice the frames bounds the frames
+    // visited, two a step.
     // The slot is the step's constant: each walker's loop reads its own state.
     let mut unused = 0u64;
-    let steps = 2 * PY_MAX_FRAMES as u32 + 1;
+    let steps = PY_MAX_FRAMES as u32 + 1;
     if slot == SLOT_SAMPLER {
         run_loop(steps, step::<SLOT_SAMPLER>, &mut unused);
     } else {
@@ -343,12 +344,22 @@ fn code_ident(st: &mut PyWalk, code: u64) -> u64 {
     ident
 }
 
-/// `bpf_loop` callback: records the current frame and moves to the previous one.
+/// `bpf_loop` callback: records the current frame and the one before it, moving on; two per
+/// call halve the loop's per-frame overhead (the call, the state's lookup).
 #[inline(never)]
 extern "C" fn step<const SLOT: u32>(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
     let Some(st) = PY_STATE.get_ptr_mut(SLOT) else { return 1 };
     // SAFETY: see `walk`.
     let st = unsafe { &mut *st };
+    if one_frame(st) != 0 {
+        return 1;
+    }
+    one_frame(st)
+}
+
+/// Records the current frame and moves to the previous one; 1 when the walk is over.
+#[inline(always)]
+fn one_frame(st: &mut PyWalk) -> i64 {
     let frame = st.frame;
     if frame == 0 {
         return 1;
