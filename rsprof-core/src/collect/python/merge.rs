@@ -185,8 +185,8 @@ impl PyProcess {
         Some(FrameAddr::Jit { pid, symbol })
     }
 
-    /// The frame standing for a code object that cannot be named (`name`): one symbol per
-    /// process for `GONE`, and per read for `UNREADABLE`.
+    /// The frame standing for a code object that cannot be named (`name`, `GONE` or
+    /// `UNREADABLE`): one symbol of each per process.
     fn placeholder(
         &mut self,
         pid: Pid,
