@@ -164,15 +164,7 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
         if size > PY_TSTATE_READ as u64 {
             return status(PY_WALK_READ_FAULT);
         }
-        // SAFETY: fault-checked read of user memory into the state's window (`size` bounded).
-        let ret = unsafe {
-            aya_ebpf::helpers::generated::bpf_probe_read_user(
-                st.window.as_mut_ptr().cast(),
-                size as u32,
-                tstate.wrapping_add(lo) as *const core::ffi::c_void,
-            )
-        };
-        if ret != 0 {
+        if !read_user_into(&mut st.window, size, tstate.wrapping_add(lo)) {
             return status(PY_WALK_READ_FAULT);
         }
         let chunk = u64_at(&st.window, (d - lo) as usize & (PY_TSTATE_READ - 1));
@@ -244,6 +236,24 @@ pub unsafe fn walk(tgid: u32, task: u64, fsbase_off: u32, dst: *mut u64, slot: u
     (n as u32, flags)
 }
 
+/// Copies `size` bytes of user memory at `addr` to the start of `buf`; false when the read
+/// faults or `size` is past `buf` (the check bounds it for the verifier).
+#[inline(always)]
+fn read_user_into<const N: usize>(buf: &mut [u64; N], size: u64, addr: u64) -> bool {
+    if size > (N * 8) as u64 {
+        return false;
+    }
+    // SAFETY: fault-checked read of user memory into `buf`, `size` bytes within it.
+    let ret = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            buf.as_mut_ptr().cast(),
+            size as u32,
+            addr as *const core::ffi::c_void,
+        )
+    };
+    ret == 0
+}
+
 /// The u64 at byte `at` of `b` (0 past its end; the check bounds `at` for the verifier).
 /// Frames, the window's start and the word fields are 8-aligned (the offsets table's test
 /// checks the fields), so one aligned load does: an unaligned one is eight on BPF.
@@ -293,15 +303,7 @@ fn read_window(st: &mut PyWalk, frame: u64, len: u64) -> bool {
     if size > PY_STACK_WINDOW as u64 {
         return false;
     }
-    // SAFETY: fault-checked read of user memory into the state's window (`size` bounded).
-    let ret = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            st.window.as_mut_ptr().cast(),
-            size as u32,
-            lo as *const core::ffi::c_void,
-        )
-    };
-    if ret != 0 {
+    if !read_user_into(&mut st.window, size, lo) {
         st.chunk_hi = 0;
         st.win_len = 0;
         return false;
@@ -320,15 +322,7 @@ fn code_ident(st: &mut PyWalk, code: u64) -> u64 {
     }
     let p = &st.proc_;
     let len = if p.code_len > PY_CODE_READ as u32 { PY_CODE_READ as u32 } else { p.code_len };
-    // SAFETY: fault-checked read of user memory into the state's buffer (`len` bounded).
-    let ret = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            st.code.as_mut_ptr().cast(),
-            len,
-            code.wrapping_add(p.code_lo as u64) as *const core::ffi::c_void,
-        )
-    };
-    let ident = if ret != 0 {
+    let ident = if !read_user_into(&mut st.code, len as u64, code.wrapping_add(p.code_lo as u64)) {
         PY_FRAME_NO_IDENT
     } else {
         let at = |off: u32| (off.wrapping_sub(p.code_lo) as usize) & (PY_CODE_READ - 1);
@@ -377,16 +371,8 @@ fn one_frame(st: &mut PyWalk) -> i64 {
     let base = if in_window {
         (frame - st.win_lo) as usize & (PY_STACK_WINDOW - 1)
     } else {
-        let size = if len > PY_FRAME_READ as u64 { PY_FRAME_READ as u32 } else { len as u32 };
-        // SAFETY: fault-checked read of user memory into the state's buffer.
-        let ret = unsafe {
-            aya_ebpf::helpers::generated::bpf_probe_read_user(
-                st.buf.as_mut_ptr().cast(),
-                size,
-                frame as *const core::ffi::c_void,
-            )
-        };
-        if ret != 0 {
+        let size = if len > PY_FRAME_READ as u64 { PY_FRAME_READ as u64 } else { len };
+        if !read_user_into(&mut st.buf, size, frame) {
             st.fault = 1;
             return 1;
         }
