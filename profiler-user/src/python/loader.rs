@@ -93,6 +93,7 @@ impl PyLoader {
     /// The walker config of interpreter `elf` loaded with `bias`.
     fn config(&self, elf: &PyElf, bias: u64) -> Option<PyProc> {
         let o = super::offsets::for_minor(elf.minor)?;
+        let (code_lo, code_len) = o.code_ident_span();
         Some(PyProc {
             tss_key: bias.wrapping_add(elf.runtime).wrapping_add(u64::from(o.runtime_tss_key)),
             tls_specific: self.tls_specific,
@@ -101,8 +102,8 @@ impl PyLoader {
             cframe_frame: o.cframe_frame.unwrap_or(PY_NO_FIELD),
             tstate_datastack: o.tstate_datastack.unwrap_or(PY_NO_FIELD),
             frame_len: o.frame_len(),
-            code_lo: o.code_ident_span().0,
-            code_len: o.code_ident_span().1,
+            code_lo,
+            code_len,
             code_firstlineno: o.code_firstlineno,
             code_filename: o.code_filename,
             code_name: o.code_name,

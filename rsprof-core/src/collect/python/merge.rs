@@ -128,7 +128,7 @@ impl PyProcess {
         if word & PY_FRAME_NO_IDENT != 0 {
             // The sampler could not read it: no identity to name it by.
             stats.code_unreadable += 1;
-            return self.placeholder(pid, UNREADABLE, symbols, false);
+            return self.placeholder(pid, false, symbols);
         }
         let want = (word >> PY_FRAME_IDENT_SHIFT) & PY_FRAME_IDENT_MASK;
         let matches = |e: &CodeEntry| e.info.as_ref().is_ok_and(|i| i.ident() == want);
@@ -157,12 +157,12 @@ impl PyProcess {
         let info = match &e.info {
             Ok(info) if info.ident() == want => info,
             Err(code::CodeError::Unreadable) => {
-                return self.placeholder(pid, UNREADABLE, symbols, false);
+                return self.placeholder(pid, false, symbols);
             }
             // Another object (or none) is there now: the sampled one was freed first.
             _ => {
                 stats.code_gone += 1;
-                return self.placeholder(pid, GONE, symbols, true);
+                return self.placeholder(pid, true, symbols);
             }
         };
         let minor = self.minor;
@@ -185,16 +185,15 @@ impl PyProcess {
         Some(FrameAddr::Jit { pid, symbol })
     }
 
-    /// The frame standing for a code object that cannot be named (`name`, `GONE` or
-    /// `UNREADABLE`): one symbol of each per process.
+    /// The frame standing for a code object that cannot be named: `GONE` (`gone`) or
+    /// `UNREADABLE`, one symbol of each per process.
     fn placeholder(
         &mut self,
         pid: Pid,
-        name: &str,
-        symbols: &mut Vec<JitSymbol>,
         gone: bool,
+        symbols: &mut Vec<JitSymbol>,
     ) -> Option<FrameAddr> {
-        let cached = if gone { self.gone } else { self.unreadable };
+        let (cached, name) = if gone { (self.gone, GONE) } else { (self.unreadable, UNREADABLE) };
         let symbol = match cached {
             Some(s) => s,
             None => {
