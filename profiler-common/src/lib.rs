@@ -177,7 +177,9 @@ pub struct MapRecord {
     pub dev: u32,
     pub flags: u32,
     pub path_len: u32,
-    pub _pad: u32,
+    /// The mapping's number among the process's early mappings (`UnwindEarly`), 0 if the
+    /// kernel did not add it there.
+    pub early_seq: u32,
     /// Room for one more component read past `MAP_PATH_MAX`, which the verifier needs.
     pub path: [u8; MAP_PATH_MAX + MAP_NAME_MAX],
 }
@@ -412,8 +414,11 @@ pub struct Config {
     /// wakeup per exec is most of what an exec storm costs it (a sampled process's stack is
     /// still continued over a stack copy).
     pub wake_for_tables: u32,
-    /// Keeps the size a multiple of 8 with no implicit padding (the loader copies it as bytes).
-    pub _pad: u32,
+    /// `struct inode` fields that tell a file rewritten in place (same inode) from the one
+    /// whose table `UNWIND_FILES` holds; 0: not found, no early mappings.
+    pub inode_size: u32,
+    pub inode_mtime_sec: u32,
+    pub inode_mtime_nsec: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -467,7 +472,9 @@ impl Config {
         vma_flags: 0,
         task_fsbase: 0,
         wake_for_tables: 0,
-        _pad: 0,
+        inode_size: 0,
+        inode_mtime_sec: 0,
+        inode_mtime_nsec: 0,
     };
 }
 
@@ -676,7 +683,15 @@ pub mod counter {
     /// entry for a reused pid, or between an exec and that write.
     pub const WALKER_EXIT_DELETES: u32 = 57;
     pub const WALKER_EXEC_CLEARS: u32 = 58;
-    pub const COUNT: u32 = 59;
+    /// Code mappings the kernel gave the walker itself (`UnwindEarly`), before userspace read
+    /// them; ones it removed (munmap/mprotect); ones skipped because another thread of the
+    /// process was adding one; and mappings of a loaded file whose size or mtime no longer
+    /// match its table's (rewritten in place).
+    pub const EARLY_ADDED: u32 = 59;
+    pub const EARLY_REMOVED: u32 = 60;
+    pub const EARLY_BUSY: u32 = 61;
+    pub const EARLY_FILE_CHANGED: u32 = 62;
+    pub const COUNT: u32 = 63;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

@@ -138,16 +138,6 @@ pub const SAMPLE_PY_TRUNCATED: u32 = 1 << 19;
 /// The process's first sample with Python frames (the sampler wakes userspace for it).
 pub const SAMPLE_PY_FIRST: u32 = 1 << 20;
 
-/// An interpreter file, by the identity the kernel's mapping records carry.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PyFileKey {
-    pub inode: u64,
-    /// Kernel `dev_t` (major << 20 | minor).
-    pub dev: u32,
-    pub _pad: u32,
-}
-
 /// A known interpreter file (`PY_FILES`): a process that maps it gets its `PY_PROCS` entry in
 /// the kernel at once (exec of a `python3.X`, mmap of `libpython3.X.so`), before userspace has
 /// seen the mapping, so a script's first milliseconds are walked too. `proc_.tss_key` is the
@@ -168,9 +158,6 @@ pub struct PyFile {
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers, no padding (8 + 20 * 4 bytes).
 unsafe impl aya::Pod for PyProc {}
-#[cfg(feature = "user")]
-// SAFETY: plain `#[repr(C)]` integers, no padding.
-unsafe impl aya::Pod for PyFileKey {}
 #[cfg(feature = "user")]
 // SAFETY: plain `#[repr(C)]` integers and a Pod struct, no padding.
 unsafe impl aya::Pod for PyFile {}

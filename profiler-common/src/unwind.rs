@@ -169,9 +169,95 @@ pub struct UnwindMapping {
 #[derive(Clone, Copy, Debug)]
 pub struct UnwindProcess {
     pub count: u32,
-    pub _pad: u32,
+    /// The process's [`UnwindEarly`] mappings numbered up to this are in `mappings` (or were
+    /// unmapped before the entry was written): the walker looks only at later ones.
+    pub early_seen: u32,
     pub mappings: [UnwindMapping; UNWIND_MAX_MAPPINGS],
 }
+
+/// A file by the identity the kernel's mapping records carry (keys `UNWIND_FILES` and the
+/// Python walker's `PY_FILES`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub inode: u64,
+    /// Kernel `dev_t` (major << 20 | minor).
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// Executable segments an [`UnwindFile`] keeps (more are rare; their mappings wait for
+/// userspace).
+pub const UNWIND_FILE_SEGMENTS: usize = 4;
+
+/// One executable `PT_LOAD`: its `p_vaddr`, `p_memsz` and `p_offset`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindSegment {
+    pub vaddr: u64,
+    pub memsz: u64,
+    pub offset: u64,
+}
+
+/// Value of `UNWIND_FILES`: a file whose table is in the rows array and named by some
+/// process's entry (userspace removes it before the table can be evicted). With it the
+/// kernel walks a new mapping of the file at once ([`UnwindEarly`]), before userspace has
+/// read the mapping's record and rewritten the process's entry: a new process, or a
+/// `dlopen`, is walked from its first instruction when its files' tables are already loaded.
+/// `size` and `mtime_*` are checked against the mapped inode (a file rewritten in place
+/// keeps its inode).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindFile {
+    pub size: u64,
+    pub mtime_sec: u64,
+    pub mtime_nsec: u32,
+    /// The table as an [`UnwindMapping`] has it.
+    pub first: u32,
+    pub count: u32,
+    pub page_base: u32,
+    pub pages: u32,
+    /// Valid entries of `segments`, by ascending `vaddr`.
+    pub segment_count: u32,
+    pub segments: [UnwindSegment; UNWIND_FILE_SEGMENTS],
+}
+
+/// Early mappings kept per process ([`UnwindEarly`]).
+pub const UNWIND_EARLY_SLOTS: usize = 16;
+
+/// A mapping the kernel added itself ([`UnwindEarly`]); `seq` 0: empty or removed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindEarlySlot {
+    pub seq: u32,
+    pub _pad: u32,
+    pub start: u64,
+    pub end: u64,
+    pub bias: u64,
+    pub file: FileKey,
+}
+
+/// Value of `UNWIND_EARLY` (by thread-group id): the process's code mappings of files in
+/// `UNWIND_FILES` made since its exec, numbered from 1 (`seq`; slot `(seq - 1) %
+/// UNWIND_EARLY_SLOTS`). The mapping's record carries its number (`MapRecord::early_seq`);
+/// once userspace writes an entry holding it, the entry's `early_seen` says so and the walker
+/// no longer looks here for it. The walker takes an early mapping before the entry's: it is
+/// newer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindEarly {
+    /// Numbers handed out.
+    pub next: u32,
+    pub _pad: u32,
+    pub slots: [UnwindEarlySlot; UNWIND_EARLY_SLOTS],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers, no padding.
+unsafe impl aya::Pod for FileKey {}
+#[cfg(feature = "user")]
+// SAFETY: plain `#[repr(C)]` integers and Pod structs, no padding (8 + 8 + 4 * 6 + 4 * 24).
+unsafe impl aya::Pod for UnwindFile {}
 
 /// How a sample's user stack walk ended, in bits `SAMPLE_UNWIND_SHIFT..` of the sample flags.
 /// `NONE`: no walk (frame-pointer mode, whose end is unknown, or no user stack: a kernel

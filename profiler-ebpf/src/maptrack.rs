@@ -41,7 +41,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use profiler_common::{
-    Config, EVENT_MMAP, EVENT_MUNMAP, EventHeader, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
+    Config, EVENT_MMAP, EVENT_MUNMAP, EventHeader, FileKey, MAP_ANON, MAP_EXE_TEXT, MAP_INTERP,
     MAP_NAME_MAX, MAP_PATH_COMPLETE, MAP_PATH_DEPTH, MAP_PATH_MAX, MAP_RECORD_FIXED, MapRecord,
     PendingMmap, PendingRange,
     code_range::{CHECK_CODE_RANGE, SEND_CODE_RANGE},
@@ -50,7 +50,7 @@ use profiler_common::{
 
 use crate::{
     cgroup, config, config_field, count, output, read_kernel_u32, read_kernel_u64, run_loop,
-    selected,
+    selected, stack,
 };
 
 const PROT_EXEC: u64 = 0x4;
@@ -172,7 +172,7 @@ unsafe fn start_record(kind: u32, tgid: u32, tid: u32, mm: u64) -> Option<*mut M
         (*rec).dev = 0;
         (*rec).flags = 0;
         (*rec).path_len = 0;
-        (*rec)._pad = 0;
+        (*rec).early_seq = 0;
     }
     Some(rec)
 }
@@ -197,6 +197,11 @@ unsafe fn send_file(cfg: &Config, rec: *mut MapRecord, file: u64) {
             if let Some(sb) = read_kernel_u64(inode + cfg.inode_sb as u64) {
                 (*rec).dev = read_kernel_u32(sb + cfg.sb_dev as u64).unwrap_or(0);
             }
+            let key = FileKey { inode: (*rec).inode, dev: (*rec).dev, _pad: 0 };
+            let kind = (*rec).flags & (MAP_EXE_TEXT | MAP_INTERP);
+            let (tgid, start, len, offset) =
+                ((*rec).header.pid, (*rec).start, (*rec).len, (*rec).offset);
+            (*rec).early_seq = stack::early_mapped(tgid, key, inode, start, len, offset, kind);
         }
         if (*rec).flags & MAP_INTERP == 0 {
             let exe_text = (*rec).flags & MAP_EXE_TEXT != 0;
@@ -293,9 +298,11 @@ pub fn on_enter_munmap(ctx: TracePointContext) -> u32 {
         else {
             return 0;
         };
+        let len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        stack::early_unmapped(tgid, start, start.wrapping_add(len));
         let Some(rec) = start_record(EVENT_MUNMAP, tgid, tid, mm) else { return 0 };
         (*rec).start = start;
-        (*rec).len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        (*rec).len = len;
         send(rec, MAP_RECORD_FIXED as u64, false);
     }
     0
@@ -414,6 +421,8 @@ extern "C" fn code_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
 fn send_range(start: u64, end: u64, drop_other: u64) {
     let cfg = config();
     let Some((tgid, tid, mm)) = current_selected(&cfg) else { return };
+    // What the range held is sent again below, the code pieces added early again.
+    stack::early_unmapped(tgid, start, end);
     let Some(slot) = RANGE_WALK.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU slot; these programs do not nest on a CPU (see `RangeArgs`).
     let w = unsafe {
@@ -543,11 +552,13 @@ extern "C" fn range_step(_index: u64, _ctx: *mut core::ffi::c_void) -> i64 {
 fn send_unmap(start: u64, len: u64) {
     let cfg = config();
     let Some((tgid, tid, mm)) = current_selected(&cfg) else { return };
+    let len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    stack::early_unmapped(tgid, start, start.wrapping_add(len));
     // SAFETY: per-CPU scratch record.
     unsafe {
         let Some(rec) = start_record(EVENT_MUNMAP, tgid, tid, mm) else { return };
         (*rec).start = start;
-        (*rec).len = (len + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        (*rec).len = len;
         send(rec, MAP_RECORD_FIXED as u64, false);
     }
 }

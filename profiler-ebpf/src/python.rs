@@ -12,10 +12,10 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
-    PY_CODE_READ, PY_FRAME_ENTRY, PY_FRAME_IDENT_MASK, PY_FRAME_IDENT_SHIFT, PY_FRAME_INSTR_MASK,
-    PY_FRAME_NO_IDENT, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES, PY_NO_FIELD,
-    PY_OWNED_BY_CSTACK, PY_STACK_CHUNK_DATA, PY_STACK_WINDOW, PY_TSTATE_READ, PY_WALK_FRAMES,
-    PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE, PY_WALK_READ_FAULT, PyFile, PyFileKey, PyProc,
+    FileKey, PY_CODE_READ, PY_FRAME_ENTRY, PY_FRAME_IDENT_MASK, PY_FRAME_IDENT_SHIFT,
+    PY_FRAME_INSTR_MASK, PY_FRAME_NO_IDENT, PY_FRAME_OWNER_SHIFT, PY_FRAME_READ, PY_MAX_FRAMES,
+    PY_NO_FIELD, PY_OWNED_BY_CSTACK, PY_STACK_CHUNK_DATA, PY_STACK_WINDOW, PY_TSTATE_READ,
+    PY_WALK_FRAMES, PY_WALK_NO_FRAME, PY_WALK_NO_THREAD_STATE, PY_WALK_READ_FAULT, PyFile, PyProc,
     SAMPLE_PY_FIRST, SAMPLE_PY_SHIFT, SAMPLE_PY_TRUNCATED, py_code_ident,
 };
 
@@ -27,14 +27,14 @@ static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(16384, 0);
 
 /// Interpreter files userspace has found (see `PyFile`).
 #[map]
-static PY_FILES: HashMap<PyFileKey, PyFile> = HashMap::with_max_entries(1024, 0);
+static PY_FILES: HashMap<FileKey, PyFile> = HashMap::with_max_entries(1024, 0);
 
 /// A file was mapped executable by process `tgid` (at exec: its executable, `exe_text`, whose
 /// code starts at `start`; else a mapping of file offset `offset` at `start`): if it is a
 /// known interpreter, the process's walker config is written now.
 #[inline(always)]
 pub fn file_mapped(tgid: u32, dev: u32, inode: u64, start: u64, offset: u64, exe_text: bool) {
-    let key = PyFileKey { inode, dev, _pad: 0 };
+    let key = FileKey { inode, dev, _pad: 0 };
     // SAFETY: a map value, copied out at once.
     let Some(f) = (unsafe { PY_FILES.get(&key) }) else { return };
     let bias = if exe_text {

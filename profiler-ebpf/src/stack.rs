@@ -13,7 +13,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, pt_regs},
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, pt_regs},
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
@@ -24,17 +24,17 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use profiler_common::{
-    MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR, SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT,
-    SAMPLE_UNWIND_USED_FP, SAMPLE_USER_STACK_ERROR, STACK_COPY_BP_KNOWN, STACK_COPY_MAX,
-    STACK_COPY_PC_IS_RETURN, StackCopyHeader, UNWIND_CFA_END, UNWIND_CFA_NONE, UNWIND_CFA_PLT,
-    UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_CFA_RSP_LARGE, UNWIND_CFA_SIGNAL, UNWIND_END_COMPLETE,
-    UNWIND_END_DEPTH, UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING,
-    UNWIND_END_NO_PROCESS, UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT,
-    UNWIND_END_UNSUPPORTED, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY,
-    UNWIND_MAPPING_NOT_LOADED, UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS,
-    UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP, UNWIND_PAGE_SHIFT, UNWIND_PAGE_STEPS,
-    UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindMapping, UnwindProcess, UnwindRow,
-    counter,
+    FileKey, MAP_EXE_TEXT, MAP_INTERP, MAX_STACK_DEPTH, SAMPLE_KERNEL_STACK_ERROR,
+    SAMPLE_UNWIND_MASK, SAMPLE_UNWIND_SHIFT, SAMPLE_UNWIND_USED_FP, SAMPLE_USER_STACK_ERROR,
+    STACK_COPY_BP_KNOWN, STACK_COPY_MAX, STACK_COPY_PC_IS_RETURN, StackCopyHeader, UNWIND_CFA_END,
+    UNWIND_CFA_NONE, UNWIND_CFA_PLT, UNWIND_CFA_RBP, UNWIND_CFA_RSP, UNWIND_CFA_RSP_LARGE,
+    UNWIND_CFA_SIGNAL, UNWIND_EARLY_SLOTS, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
+    UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
+    UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
+    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
+    UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP,
+    UNWIND_PAGE_SHIFT, UNWIND_PAGE_STEPS, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED,
+    UnwindEarly, UnwindEarlySlot, UnwindFile, UnwindMapping, UnwindProcess, UnwindRow, counter,
 };
 
 use crate::{config, count, run_loop};
@@ -48,6 +48,30 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE
 #[map]
 static UNWIND_PROCS: HashMap<u32, UnwindProcess> =
     HashMap::with_max_entries(8192, BPF_F_NO_PREALLOC);
+
+/// Files whose table is loaded and named by some entry (userspace writes it), so a new
+/// mapping of one can be walked before userspace has read it: see [`UnwindFile`].
+#[map]
+static UNWIND_FILES: HashMap<FileKey, UnwindFile> = HashMap::with_max_entries(4096, 0);
+
+/// Each process's early mappings ([`UnwindEarly`]): added at its mmap/exec, removed by
+/// munmap/mprotect of the range, gone at exec and exit. LRU: a process that lost its own
+/// walks through the records as before.
+#[map]
+static UNWIND_EARLY: LruHashMap<u32, UnwindEarly> = LruHashMap::with_max_entries(4096, 0);
+
+/// A process whose early mappings one thread is adding to: another thread's add (mapping at
+/// the same moment on another CPU) is skipped, not interleaved (counted; userspace still gets
+/// the record). Inserted with `BPF_NOEXIST`, which succeeds for one.
+#[map]
+static EARLY_BUSY: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+
+/// An [`UnwindEarly`] of zeros (never written), inserted as a process's first, and an
+/// [`UnwindProcess`] of zeros, walked with when a process has early mappings but no entry.
+#[map]
+static EARLY_ZERO: Array<UnwindEarly> = Array::with_max_entries(1, 0);
+#[map]
+static EMPTY_PROCESS: Array<UnwindProcess> = Array::with_max_entries(1, 0);
 
 /// A new process forked from one with a walker entry, and whose entry it walks with until it
 /// has its own (written by userspace) or execs. Preallocated: a fork costs one small insert,
@@ -78,15 +102,189 @@ pub fn inherit_walker(parent_tgid: u32, child_tgid: u32) -> bool {
     }
 }
 
-/// The entry `tgid`'s walks use: its own, else that of the process it was forked from.
+/// The entry `tgid`'s walks use: its own, else that of the process it was forked from; and
+/// the early mappings it has not seen (the process's own: a forked child's mappings since the
+/// fork are its own).
 #[inline(always)]
-fn walker_entry(tgid: u32) -> Option<*const UnwindProcess> {
-    if let Some(p) = UNWIND_PROCS.get_ptr(&tgid) {
-        return Some(p);
+fn walker_entry(tgid: u32) -> Option<(*const UnwindProcess, *const UnwindEarly, u32)> {
+    let own = UNWIND_PROCS.get_ptr(&tgid);
+    let entry = match own {
+        Some(p) => Some(p),
+        // SAFETY: a plain read of a u32 map value.
+        None => unsafe { FORKED_FROM.get(&tgid) }.and_then(|o| UNWIND_PROCS.get_ptr(o)),
+    };
+    // SAFETY: a map value pointer, valid for the program's run.
+    let seen = own.map_or(0, |p| unsafe { core::ptr::read_volatile(&(*p).early_seen) });
+    let early = match UNWIND_EARLY.get_ptr(&tgid) {
+        // SAFETY: as above.
+        Some(e) if unsafe { core::ptr::read_volatile(&(*e).next) } > seen => e,
+        _ => core::ptr::null(),
+    };
+    match entry {
+        Some(p) => Some((p, early, seen)),
+        None if !early.is_null() => Some((EMPTY_PROCESS.get_ptr(0)?, early, seen)),
+        None => None,
     }
-    // SAFETY: a plain read of a u32 map value.
-    let owner = unsafe { FORKED_FROM.get(&tgid) }?;
-    UNWIND_PROCS.get_ptr(owner)
+}
+
+/// A code mapping of `file` at `start..start + len` (file offset `offset`; `kind`:
+/// `MAP_EXE_TEXT` or `MAP_INTERP` at exec, see their meanings, else 0) was made in `tgid`:
+/// if the file's table is loaded, the walker gets the mapping now ([`UnwindEarly`]). Returns
+/// its number for the mapping's record, 0 if not added.
+#[inline(always)]
+pub fn early_mapped(
+    tgid: u32,
+    file: FileKey,
+    inode: u64,
+    start: u64,
+    len: u64,
+    offset: u64,
+    kind: u32,
+) -> u32 {
+    let cfg = config();
+    if cfg.unwind_mode == UNWIND_MODE_FP || cfg.inode_size == 0 {
+        return 0;
+    }
+    let Some(f) = UNWIND_FILES.get_ptr(&file) else { return 0 };
+    // SAFETY: a map value pointer, valid for the program's run; kernel reads fault-checked.
+    let (f, same) = unsafe {
+        let f = &*f;
+        let size = crate::read_kernel_u64(inode + cfg.inode_size as u64);
+        let sec = crate::read_kernel_u64(inode + cfg.inode_mtime_sec as u64);
+        let nsec = crate::read_kernel_u32(inode + cfg.inode_mtime_nsec as u64);
+        (f, size == Some(f.size) && sec == Some(f.mtime_sec) && nsec == Some(f.mtime_nsec))
+    };
+    if !same {
+        count(counter::EARLY_FILE_CHANGED);
+        return 0;
+    }
+    if f.segment_count == 0 {
+        return 0;
+    }
+    let seg = &f.segments[0];
+    let (lo, hi, bias) = if kind & MAP_EXE_TEXT != 0 {
+        // `start` is `mm->start_code`: the lowest executable segment's address.
+        (start, start + len, start.wrapping_sub(seg.vaddr))
+    } else if kind & MAP_INTERP != 0 {
+        // `start` is the load base: the first executable segment is at base + its vaddr.
+        let lo = start.wrapping_add(seg.vaddr);
+        (lo, lo.wrapping_add(seg.memsz), start)
+    } else {
+        let mut found = None;
+        for s in &f.segments {
+            if s.memsz != 0 && s.offset & !0xfff <= offset && offset < s.offset + s.memsz {
+                found = Some(s);
+                break;
+            }
+        }
+        let Some(s) = found else { return 0 };
+        (
+            start,
+            start + len,
+            start.wrapping_sub(s.vaddr.wrapping_add(offset).wrapping_sub(s.offset)),
+        )
+    };
+    if EARLY_BUSY.insert(&tgid, &0, BPF_NOEXIST as u64).is_err() {
+        count(counter::EARLY_BUSY);
+        return 0;
+    }
+    let seq = add_early(tgid, UnwindEarlySlot { seq: 0, _pad: 0, start: lo, end: hi, bias, file });
+    let _ = EARLY_BUSY.remove(&tgid);
+    if seq != 0 {
+        count(counter::EARLY_ADDED);
+    }
+    seq
+}
+
+/// Appends `slot` to `tgid`'s early mappings (the caller holds `EARLY_BUSY`); its number, or
+/// 0. The slot's number is written last and cleared first, so a walk reading it meanwhile
+/// sees two different numbers (or 0) around its fields and skips it.
+#[inline(always)]
+fn add_early(tgid: u32, slot: UnwindEarlySlot) -> u32 {
+    let e = match UNWIND_EARLY.get_ptr_mut(&tgid) {
+        Some(e) => e,
+        None => {
+            let Some(zero) = EARLY_ZERO.get(0) else { return 0 };
+            if UNWIND_EARLY.insert(&tgid, zero, 0).is_err() {
+                return 0;
+            }
+            match UNWIND_EARLY.get_ptr_mut(&tgid) {
+                Some(e) => e,
+                None => return 0,
+            }
+        }
+    };
+    // SAFETY: a map value pointer, valid for the program's run; writes to it are serialized by
+    // `EARLY_BUSY`, and walks read it as described above.
+    unsafe {
+        let seq = (*e).next.wrapping_add(1);
+        if seq == 0 {
+            return 0;
+        }
+        let s = &mut (*e).slots[(seq as usize - 1) & (UNWIND_EARLY_SLOTS - 1)];
+        core::ptr::write_volatile(&mut s.seq, 0);
+        s.start = slot.start;
+        s.end = slot.end;
+        s.bias = slot.bias;
+        s.file = slot.file;
+        core::ptr::write_volatile(&mut s.seq, seq);
+        core::ptr::write_volatile(&mut (*e).next, seq);
+        seq
+    }
+}
+
+/// `start..end` of `tgid` stopped being the code it was (munmap, mprotect, mremap): its early
+/// mappings there go.
+#[inline(always)]
+pub fn early_unmapped(tgid: u32, start: u64, end: u64) {
+    let Some(e) = UNWIND_EARLY.get_ptr_mut(&tgid) else { return };
+    for i in 0..UNWIND_EARLY_SLOTS {
+        // SAFETY: a map value pointer, valid for the program's run; one store per slot.
+        unsafe {
+            let s = &mut (*e).slots[i];
+            if s.seq != 0 && s.start < end && start < s.end {
+                core::ptr::write_volatile(&mut s.seq, 0);
+                count(counter::EARLY_REMOVED);
+            }
+        }
+    }
+}
+
+/// The walker's view of `addr` among `e`'s mappings numbered after `seen` (the newest one
+/// holding it), from its file's current `UNWIND_FILES` entry; None when none holds it or its
+/// file's table is no longer there.
+#[inline(always)]
+fn early_mapping(e: &UnwindEarly, seen: u32, addr: u64) -> Option<UnwindMapping> {
+    let mut best = UNWIND_EARLY_SLOTS;
+    let mut best_seq = seen;
+    for i in 0..UNWIND_EARLY_SLOTS {
+        let s = &e.slots[i];
+        // SAFETY: reads of a map value; see `add_early` for the number around the fields.
+        let seq = unsafe { core::ptr::read_volatile(&s.seq) };
+        if seq > best_seq && s.start <= addr && addr < s.end {
+            best = i;
+            best_seq = seq;
+        }
+    }
+    let s = e.slots.get(best)?;
+    let (start, end, bias, file) = (s.start, s.end, s.bias, s.file);
+    // SAFETY: as above.
+    if unsafe { core::ptr::read_volatile(&s.seq) } != best_seq {
+        return None;
+    }
+    // SAFETY: a plain copy of a map value.
+    let f = unsafe { UNWIND_FILES.get(&file) }?;
+    Some(UnwindMapping {
+        start,
+        end,
+        bias,
+        first: f.first,
+        count: f.count,
+        flags: 0,
+        module: 0,
+        page_base: f.page_base,
+        pages: f.pages,
+    })
 }
 
 /// The process `tgid` ended (its leader exited): its entry goes now, so a pid reused later
@@ -95,6 +293,7 @@ fn walker_entry(tgid: u32) -> Option<*const UnwindProcess> {
 #[inline(always)]
 pub fn forget_walker(tgid: u32) {
     let _ = FORKED_FROM.remove(&tgid);
+    let _ = UNWIND_EARLY.remove(&tgid);
     if UNWIND_PROCS.remove(&tgid).is_ok() {
         count(counter::WALKER_EXIT_DELETES);
     }
@@ -106,10 +305,15 @@ pub fn forget_walker(tgid: u32) {
 #[inline(always)]
 pub fn clear_walker(tgid: u32) {
     let _ = FORKED_FROM.remove(&tgid);
+    // The new image's mappings are numbered from 1 again.
+    let _ = UNWIND_EARLY.remove(&tgid);
     if let Some(p) = UNWIND_PROCS.get_ptr_mut(&tgid) {
         // SAFETY: a map value pointer, valid for the program's run; the walker reads `count`
         // first and only entries below it.
-        unsafe { (*p).count = 0 };
+        unsafe {
+            (*p).count = 0;
+            (*p).early_seen = 0;
+        }
         count(counter::WALKER_EXEC_CLEARS);
     }
 }
@@ -289,14 +493,14 @@ unsafe fn walk_tables_uncounted(
     st.no_copy = 0;
     st.last_mapping = 0;
     st.win_base = 0;
-    let Some(proc_) = walker_entry(st.tgid) else {
+    let Some((proc_, early, seen)) = walker_entry(st.tgid) else {
         // The leaf alone still says where the sample was (and is where a stack copy
         // resumes the walk).
         // SAFETY: `out` has room for MAX_STACK_DEPTH frames.
         unsafe { *out = pc };
         return finish(1, UNWIND_END_NO_PROCESS, 0);
     };
-    let mut step_ctx = StepCtx { slot, _pad: 0, proc_ };
+    let mut step_ctx = StepCtx { slot, seen, proc_, early };
     run_loop(MAX_STACK_DEPTH as u32, step, &mut step_ctx);
     let n = if st.n as usize > MAX_STACK_DEPTH { MAX_STACK_DEPTH } else { st.n as usize };
     if n > 0 {
@@ -417,17 +621,20 @@ fn finish(n: u64, end: u32, flags: u32) -> (u64, u32, u32) {
 #[repr(C)]
 struct StepCtx {
     slot: u32,
-    _pad: u32,
+    /// Early mappings numbered up to this are in `proc_`.
+    seen: u32,
     proc_: *const UnwindProcess,
+    /// Null when the process has no early mapping after `seen`.
+    early: *const UnwindEarly,
 }
 
 /// `bpf_loop` callback: records the current frame and unwinds one step. 0 continues, 1 stops.
 #[inline(never)]
 extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `ctx` is the caller's `StepCtx`, whose `proc_` is a map value (non-null).
-    let (slot, proc_) = unsafe {
+    let (slot, proc_, early, seen) = unsafe {
         let c = &*(ctx as *const StepCtx);
-        (c.slot, &*c.proc_)
+        (c.slot, &*c.proc_, c.early.as_ref(), c.seen)
     };
     let Some(st) = UNWIND_STATE.get_ptr_mut(slot) else { return 1 };
     // SAFETY: see `walk_tables`.
@@ -439,7 +646,7 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     st.frames[i] = st.pc;
     st.n += 1;
-    match unsafe { unwind_one(st, proc_) } {
+    match unsafe { unwind_one(st, proc_, early, seen) } {
         Ok(()) => 0,
         Err(end) => {
             st.end = end;
@@ -450,10 +657,20 @@ extern "C" fn step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
 
 /// Moves `st` from its frame to the caller's; Err(`UNWIND_END_*`) when the walk ends.
 #[inline(always)]
-unsafe fn unwind_one(st: &mut WalkState, proc_: &UnwindProcess) -> Result<(), u32> {
+unsafe fn unwind_one(
+    st: &mut WalkState,
+    proc_: &UnwindProcess,
+    early: Option<&UnwindEarly>,
+    seen: u32,
+) -> Result<(), u32> {
     let addr = if st.pc_is_return != 0 { st.pc.wrapping_sub(1) } else { st.pc };
-    let Some(m) = find_mapping(proc_, addr, &mut st.last_mapping) else {
-        return Err(UNWIND_END_NO_MAPPING);
+    let found_early = early.and_then(|e| early_mapping(e, seen, addr));
+    let m = match &found_early {
+        Some(m) => m,
+        None => match find_mapping(proc_, addr, &mut st.last_mapping) {
+            Some(m) => m,
+            None => return Err(UNWIND_END_NO_MAPPING),
+        },
     };
     if m.count == 0 {
         if m.flags & UNWIND_MAPPING_PY_TRAMPOLINES != 0 {

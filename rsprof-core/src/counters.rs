@@ -243,6 +243,26 @@ pub const COUNTERS: &[CounterDef] = &[
         "walker_exec_clears",
         "Walker entries emptied by the kernel at an exec, until userspace writes the new image's",
     ),
+    def(
+        counter::EARLY_ADDED,
+        "walker_early_mappings",
+        "Code mappings of loaded files the kernel gave the walker at mmap/exec, before userspace read them",
+    ),
+    def(
+        counter::EARLY_REMOVED,
+        "walker_early_removed",
+        "Early walker mappings removed by munmap, mprotect or mremap of their range",
+    ),
+    def(
+        counter::EARLY_BUSY,
+        "walker_early_busy",
+        "Code mappings not given to the walker early because another thread of the process was adding one",
+    ),
+    def(
+        counter::EARLY_FILE_CHANGED,
+        "walker_early_file_changed",
+        "Code mappings of a file whose size or mtime no longer match its loaded table (rewritten in place)",
+    ),
 ];
 
 /// Every kernel counter, summed over CPUs.

@@ -140,6 +140,9 @@ pub struct MapEvent {
     pub start: u64,
     pub end: u64,
     pub kind: MapKind,
+    /// Its number among the process's early walker mappings, 0 if the kernel added none
+    /// (`MapRecord::early_seq`).
+    pub early_seq: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -516,6 +519,7 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 start,
                 end,
                 kind,
+                early_seq: u32_at(b, std::mem::offset_of!(MapRecord, early_seq)),
             }))
         }
         k => Err(RecordError::UnknownKind(k)),
@@ -840,7 +844,7 @@ mod tests {
             dev: (254 << 20) | 1,
             flags: MAP_PATH_COMPLETE,
             path_len: 0,
-            _pad: 0,
+            early_seq: 0,
             path: [0; profiler_common::MAP_PATH_MAX + profiler_common::MAP_NAME_MAX],
         };
         let parts = b"libc.so.6\0lib\0usr\0";

@@ -8,6 +8,7 @@ use std::{
     io::{BufRead as _, BufReader},
     path::PathBuf,
     process::{Command, Stdio},
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -485,6 +486,75 @@ fn unwind_library_dlopened_mid_run_is_complete_from_its_first_100ms() {
     assert!(n >= 40, "only {n} samples in lib_hot after its first 100 ms\n{stderr}");
     assert!(share(complete, n) >= 0.95, "{:.1}% complete\n{stderr}", share(complete, n) * 100.0);
     assert!(copies > 0 && completed > 0, "no stack copies were used\n{stderr}");
+}
+
+/// The summary's count of code mappings the kernel gave the walker itself (0 without the
+/// line).
+fn early_mappings(stderr: &str) -> u64 {
+    let Some(line) = stderr.lines().find(|l| l.contains("early mappings:")) else { return 0 };
+    let tail = line.split("early mappings:").nth(1).unwrap();
+    tail.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// A second process of a program whose files' tables are loaded (a first one runs) is walked
+/// completely by the kernel from its first sample, library dlopen()ed at once included: the
+/// kernel adds its exec's and mmaps' mappings of loaded files to the walker itself, before
+/// userspace has read their records (`UnwindEarly`). Before, its first tens of milliseconds
+/// were stack copies, cut in files too large to compile while draining.
+#[test]
+fn unwind_second_process_of_a_loaded_program_is_complete_from_its_first_sample() {
+    let exe = build_no_fp("unwind_dlopen");
+    let lib_name = format!("libunwind_early_{}.so", std::process::id());
+    let lib = build_no_fp_as("unwind_dlopen_lib", &lib_name, &["-shared", "-fPIC"]);
+    let (samples, stderr) = record_all_around("unwind_early_second", || {
+        let mut first = Command::new(&exe)
+            .arg(&lib)
+            .args(["0", "4"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the first unwind_dlopen");
+        // Its tables load within a few hundred ms of its start (see the test below): a second
+        // of its CPU time is well past that.
+        let first_pid = first.id();
+        tests::wait::until_cpu_time(
+            first_pid,
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let mut second = Command::new(&exe)
+            .arg(&lib)
+            .args(["0", "1"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the second unwind_dlopen");
+        let pid = second.id();
+        assert!(second.wait().unwrap().success());
+        assert!(first.wait().unwrap().success());
+        pid
+    });
+    let _ = std::fs::remove_file(&lib);
+    let first = samples.first().map(|s| s.0).expect("no samples of the second process");
+    let chain = ["main", "work", "lib_work", "lib_hot"];
+    let (complete, n) = complete_from(&samples, first, "lib_hot", &chain);
+    let all_complete = samples.iter().filter(|(_, s)| truncated(s).is_none()).count();
+    let early = early_mappings(&stderr);
+    eprintln!(
+        "second process: {complete}/{n} = {:.1}% of lib_hot samples complete from its first \
+         sample, {all_complete}/{} of all its samples; {early} early mappings",
+        share(complete, n) * 100.0,
+        samples.len(),
+    );
+    assert!(n >= 40, "only {n} samples in lib_hot\n{stderr}");
+    assert!(share(complete, n) >= 0.98, "{:.1}% complete\n{stderr}", share(complete, n) * 100.0);
+    assert!(
+        share(all_complete, samples.len()) >= 0.95,
+        "{all_complete} of {} samples complete\n{stderr}",
+        samples.len()
+    );
+    // Its executable, ld.so, libc and the library at least.
+    assert!(early >= 4, "{early} early mappings\n{stderr}");
 }
 
 /// Builds `tests/fixtures/NAME.rs` as a release build without frame pointers and without
@@ -1185,5 +1255,82 @@ fn unwind_tables_are_kept_on_disk_for_the_next_run() {
     let third = record(3);
     let (read3, stored3, bad3) = disk_cache(&third);
     assert!(read3 == 0 && bad3 >= stored && stored3 >= stored, "third run:\n{third}");
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// Of a Gecko profile's user stacks (samples of every process), the complete ones and all.
+fn complete_user_stacks(profile: &Value) -> (usize, usize) {
+    let mut complete = 0;
+    let mut all = 0;
+    for p in std::iter::once(profile).chain(profile["processes"].as_array().into_iter().flatten()) {
+        for t in p["threads"].as_array().into_iter().flatten() {
+            for s in sample_stacks(t) {
+                // Kernel threads' and idle samples have no user frames.
+                if !s.iter().any(|f| module_name(f).is_some_and(|m| m != "[kernel.kallsyms]")) {
+                    continue;
+                }
+                all += 1;
+                complete += usize::from(truncated(&s).is_none());
+            }
+        }
+    }
+    (complete, all)
+}
+
+/// `record -- rustc -O` (librustc_driver 154 MB, libLLVM 200 MB, a 0.3 s compile): the first
+/// run compiles the tables and keeps the command's launch list; the second loads that list's
+/// tables from the disk cache before starting rustc, and the kernel walks every process of the
+/// compile (rustc, cc, collect2, rust-lld) from its exec on.
+#[test]
+fn unwind_second_run_of_a_compiler_is_complete_from_its_start() {
+    let rustc = tool(Command::new("rustup").args(["which", "rustc"]));
+    let rustc = rustc.trim();
+    let cache = output_path("unwind_launch_cache", "d");
+    let _ = std::fs::remove_dir_all(&cache);
+    let src = output_path("unwind_launch_small", "rs");
+    std::fs::write(&src, "fn main() { let v: Vec<u64> = (0..1000).map(|x| x * x).collect(); println!(\"{}\", v.iter().sum::<u64>()); }\n").unwrap();
+    let record = |n: u32| {
+        let out = output_path(&format!("unwind_launch{n}"), "json");
+        let bin = output_path(&format!("unwind_launch_bin{n}"), "bin");
+        let done = tests::harness::command()
+            .unwrap()
+            .env("RSPROF_UNWIND_CACHE", &cache)
+            .args(["-F", "999", "-v", "-o"])
+            .arg(&out)
+            .arg("--")
+            .args([rustc, "-O"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&bin)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+        assert!(done.status.success(), "{stderr}");
+        let profile: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        validate(&profile).unwrap();
+        let (complete, all) = complete_user_stacks(&profile);
+        (complete, all, stderr)
+    };
+    let (c1, n1, first) = record(1);
+    assert!(!first.contains("unwind tables rustc used last time"), "{first}");
+    let (c2, n2, second) = record(2);
+    eprintln!(
+        "rustc -O: first run (empty cache) {c1}/{n1} = {:.1}% of user stacks complete, second \
+         {c2}/{n2} = {:.1}%",
+        share(c1, n1) * 100.0,
+        share(c2, n2) * 100.0
+    );
+    let loaded = second
+        .lines()
+        .find(|l| l.contains("unwind tables rustc used last time"))
+        .unwrap_or_else(|| panic!("the launch list was not loaded:\n{second}"));
+    // "loaded N of the M unwind tables": all of them.
+    let words: Vec<&str> = loaded.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "loaded").unwrap();
+    assert_eq!(words[at + 1], words[at + 4], "{loaded}");
+    assert!(n2 >= 50, "only {n2} user stacks\n{second}");
+    assert!(share(c2, n2) >= 0.92, "{:.1}% complete\n{second}", share(c2, n2) * 100.0);
+    assert!(early_mappings(&second) >= 10, "{second}");
     let _ = std::fs::remove_dir_all(&cache);
 }

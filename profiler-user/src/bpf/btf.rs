@@ -44,6 +44,14 @@ fn fill_maptrack_offsets(btf: &mut Structs, c: &mut Config) -> Result<()> {
     c.file_path_dentry = offset_of(btf, "file", &["f_path", "dentry"])?;
     c.inode_ino = offset_of(btf, "inode", &["i_ino"])?;
     c.inode_sb = offset_of(btf, "inode", &["i_sb"])?;
+    // 6.7+ names; elsewhere 0, and the kernel adds no early mappings (see `UnwindFile`).
+    if let (Ok(size), Ok(sec), Ok(nsec)) = (
+        offset_of(btf, "inode", &["i_size"]),
+        offset_of(btf, "inode", &["i_mtime_sec"]),
+        offset_of(btf, "inode", &["i_mtime_nsec"]),
+    ) {
+        (c.inode_size, c.inode_mtime_sec, c.inode_mtime_nsec) = (size, sec, nsec);
+    }
     c.sb_dev = offset_of(btf, "super_block", &["s_dev"])?;
     c.dentry_parent = offset_of(btf, "dentry", &["d_parent"])?;
     c.dentry_name = offset_of(btf, "dentry", &["d_name", "name"])?;

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use anyhow::{Result, bail};
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::{PY_NO_FIELD, PyFile, PyFileKey, PyProc};
+use profiler_common::{FileKey, PY_NO_FIELD, PyFile, PyProc};
 
 use super::{
     ProcessPython,
@@ -16,12 +16,12 @@ use super::{
 use crate::{collect::collector::Collector, model::ids::Pid, store::SampleSink};
 
 /// `PY_PROCS` and `PY_FILES`.
-pub type PyMaps = (BpfHashMap<MapData, u32, PyProc>, BpfHashMap<MapData, PyFileKey, PyFile>);
+pub type PyMaps = (BpfHashMap<MapData, u32, PyProc>, BpfHashMap<MapData, FileKey, PyFile>);
 
 pub struct PyLoader {
     procs: BpfHashMap<MapData, u32, PyProc>,
     /// Interpreter files, for the kernel to configure processes that map them at once.
-    kernel_files: BpfHashMap<MapData, PyFileKey, PyFile>,
+    kernel_files: BpfHashMap<MapData, FileKey, PyFile>,
     /// See `PyProc::tls_specific`.
     tls_specific: u32,
     loaded: HashSet<Pid>,
@@ -76,7 +76,7 @@ impl PyLoader {
         };
         let Some(config) = self.config(elf, 0) else { return };
         let dev = meta.dev();
-        let key = PyFileKey {
+        let key = FileKey {
             inode: meta.ino(),
             dev: ((libc::major(dev) as u32) << 20) | libc::minor(dev) as u32,
             _pad: 0,

@@ -50,6 +50,9 @@ use timer::DrainTimer;
 /// timer, 4 ms at one a second on a timerfd: `BENCHMARKS.md`); what needs a drain sooner wakes
 /// the loop from BPF (records the unwinder wants, a quarter-full ring).
 const MAX_DRAIN_INTERVAL: Duration = Duration::from_secs(1);
+/// `-- CMD` waits at most this for the tables its last run loaded (read from the disk cache:
+/// tens of milliseconds for a compiler's 350 MB of libraries) before it starts.
+const LAUNCH_LIST_WAIT: Duration = Duration::from_secs(1);
 /// A drain the BPF programs ask for comes at least this long after the previous one, so a
 /// storm of waking records (exec storms with the DWARF unwinder, bursts past the wake
 /// threshold) cannot spin the loop. The BPF side wakes at most this often for records the
@@ -324,6 +327,21 @@ impl<'p> Recorder<'p> {
             u.mark_startup();
         }
         let mut child_exit = None;
+        if let (Some(u), Target::Command(_)) = (&mut unwind, &plan.target) {
+            u.queue_files_of_exited();
+        }
+        if let (Some(u), Target::Command(cmd)) = (&mut unwind, &plan.target)
+            && let Some((listed, loaded, took)) = u.load_launch_list(&cmd[0], LAUNCH_LIST_WAIT)
+        {
+            msgs.info(format_args!(
+                "loaded {loaded} of the {listed} unwind tables {} used last time in {} ms, \
+                 before starting it",
+                std::path::Path::new(&cmd[0])
+                    .file_name()
+                    .map_or(cmd[0].as_str().into(), |n| n.to_string_lossy()),
+                took.as_millis()
+            ));
+        }
         if let Some(g) = gated {
             let pid = g.release()?;
             let (tx, rx) = oneshot::channel();
@@ -777,6 +795,9 @@ impl<'p> Recorder<'p> {
         if let Some(u) = &mut self.unwind {
             // Mostly done while the profile was written; the rest for the next run's sake.
             u.finish_for_disk(Duration::from_secs(3));
+            if let Target::Command(cmd) = &self.plan.target {
+                u.save_launch_list(&cmd[0]);
+            }
         }
         let input = summary::SummaryInput {
             recorded: &recorded,

@@ -330,6 +330,17 @@ pub fn full(i: &SummaryInput) -> String {
                  exec"
             );
         }
+        let early = c.get(counter::EARLY_ADDED);
+        let (busy, changed) = (c.get(counter::EARLY_BUSY), c.get(counter::EARLY_FILE_CHANGED));
+        if early + busy + changed > 0 {
+            let _ = writeln!(
+                s,
+                "  early mappings: {early} code mappings of loaded files walked from the mmap or \
+                 exec on, before userspace read them ({} removed again by munmap/mprotect); {busy} \
+                 skipped (another thread was adding one), {changed} not (file rewritten in place)",
+                c.get(counter::EARLY_REMOVED),
+            );
+        }
     }
     let tracked = c.get(counter::OFF_CPU_SENT)
         + c.get(counter::OFF_CPU_SUMMED)

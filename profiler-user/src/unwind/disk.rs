@@ -51,6 +51,11 @@ impl DiskTables {
         (dir.as_os_str() != "off").then(|| Self { dir: CacheDir::new(dir, CACHE_BYTES) })
     }
 
+    /// The directory, which also holds each command's launch list (`launch`).
+    pub fn dir(&self) -> &CacheDir {
+        &self.dir
+    }
+
     fn name(id: &FileIdentity) -> String {
         format!("{:x}-{:x}-{:x}-{:x}.rows", id.0, id.1, id.2, id.3)
     }

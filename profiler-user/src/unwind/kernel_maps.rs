@@ -1,5 +1,6 @@
 //! Where the unwind loader's writes go: the `UNWIND_ROWS` array (rows, from the compile
-//! threads) and the `UNWIND_PROCS` hash (each process's mapping table, from the event loop).
+//! threads), the `UNWIND_PROCS` hash (each process's mapping table, from the event loop) and
+//! the `UNWIND_FILES` hash (loaded files, from the event loop).
 //! The BPF maps in a recording; in tests, [`Recorded`], which keeps what was written so the
 //! loader's decisions can be checked without root.
 
@@ -10,7 +11,7 @@ use std::{
 
 use anyhow::{Result, bail};
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::{UnwindProcess, UnwindRow};
+use profiler_common::{FileKey, UnwindFile, UnwindProcess, UnwindRow};
 
 use super::rows::RowsMmap;
 
@@ -21,10 +22,19 @@ pub trait RowSink: Send + Sync {
     fn write(&self, first: u32, rows: &[UnwindRow]) -> Result<()>;
 }
 
-/// The per-process walker entries.
+/// The per-process walker entries, and the loaded files the kernel may give a new mapping of
+/// at once (`UnwindFile`).
 pub trait ProcessSink: Send {
     fn insert(&mut self, pid: u32, entry: &UnwindProcess) -> Result<()>;
     fn remove(&mut self, pid: u32);
+    fn insert_file(&mut self, key: FileKey, file: &UnwindFile) -> Result<()>;
+    fn remove_file(&mut self, key: FileKey);
+}
+
+/// `UNWIND_PROCS` and `UNWIND_FILES`.
+pub struct WalkerEntries {
+    pub procs: BpfHashMap<MapData, u32, UnwindProcess>,
+    pub files: BpfHashMap<MapData, FileKey, UnwindFile>,
 }
 
 impl RowSink for RowsMmap {
@@ -37,14 +47,22 @@ impl RowSink for RowsMmap {
     }
 }
 
-impl ProcessSink for BpfHashMap<MapData, u32, UnwindProcess> {
+impl ProcessSink for WalkerEntries {
     fn insert(&mut self, pid: u32, entry: &UnwindProcess) -> Result<()> {
-        Ok(BpfHashMap::insert(self, pid, entry, 0)?)
+        Ok(self.procs.insert(pid, entry, 0)?)
     }
 
     fn remove(&mut self, pid: u32) {
         // Gone already when the kernel deleted it at the exit.
-        let _ = BpfHashMap::remove(self, &pid);
+        let _ = self.procs.remove(&pid);
+    }
+
+    fn insert_file(&mut self, key: FileKey, file: &UnwindFile) -> Result<()> {
+        Ok(self.files.insert(key, file, 0)?)
+    }
+
+    fn remove_file(&mut self, key: FileKey) {
+        let _ = self.files.remove(&key);
     }
 }
 
@@ -56,6 +74,7 @@ pub type EntryWrite = (u32, Option<u32>);
 pub struct Recorded {
     pub rows: Arc<Mutex<Vec<UnwindRow>>>,
     pub procs: Arc<Mutex<HashMap<u32, UnwindProcess>>>,
+    pub files: Arc<Mutex<HashMap<FileKey, UnwindFile>>>,
     /// Every insert and removal, in order.
     pub log: Arc<Mutex<Vec<EntryWrite>>>,
 }
@@ -65,6 +84,7 @@ impl Recorded {
         Self {
             rows: Arc::new(Mutex::new(vec![UnwindRow::default(); capacity as usize])),
             procs: Default::default(),
+            files: Default::default(),
             log: Default::default(),
         }
     }
@@ -96,6 +116,15 @@ impl ProcessSink for Recorded {
     fn remove(&mut self, pid: u32) {
         self.procs.lock().unwrap().remove(&pid);
         self.log.lock().unwrap().push((pid, None));
+    }
+
+    fn insert_file(&mut self, key: FileKey, file: &UnwindFile) -> Result<()> {
+        self.files.lock().unwrap().insert(key, *file);
+        Ok(())
+    }
+
+    fn remove_file(&mut self, key: FileKey) {
+        self.files.lock().unwrap().remove(&key);
     }
 }
 

@@ -12,6 +12,7 @@
 mod alloc;
 mod disk;
 pub mod kernel_maps;
+mod launch;
 pub use rsprof_core::debugfile::{
     build_id_path, debug_root, find_path as find_debug_file, inflate_zlib,
 };
@@ -30,11 +31,12 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::MapData;
 use kernel_maps::{ProcessSink, RowSink};
 use profiler_common::{
-    UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
-    UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UnwindMapping, UnwindProcess, UnwindRow,
+    FileKey, UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY,
+    UNWIND_MAPPING_NOT_LOADED, UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UnwindFile,
+    UnwindMapping, UnwindProcess, UnwindRow, UnwindSegment,
 };
 
 use crate::{
@@ -145,6 +147,11 @@ pub struct UnwindStats {
     /// The loader's work on the event loop: in all, and its longest pass.
     pub loop_time: Duration,
     pub loop_max: Duration,
+    /// Loaded files written to `UNWIND_FILES` (the kernel walks new mappings of them early).
+    pub early_files: u64,
+    /// `record -- CMD`: the files its launch list named, those loaded before it started, and
+    /// the time that took.
+    pub launch_list: Option<(usize, usize, Duration)>,
     /// Files queued when sampling began, and how long after it the last of them landed.
     pub startup_files: u64,
     pub startup_loaded_after: Option<Duration>,
@@ -157,6 +164,8 @@ struct Refs {
     /// Handed to the workers as evictable (`Shared::release`); must be claimed back before an
     /// entry naming it is published.
     released: bool,
+    /// Written to `UNWIND_FILES` (while not released), so the kernel maps it early.
+    in_kernel: bool,
 }
 
 /// How long the agent waits before writing a new process's walker entry unless one of its
@@ -195,6 +204,13 @@ pub struct UnwindLoader {
     to_push: HashMap<FileIdentity, worker::Job>,
     /// When sampling began, and the start-up files not landed yet.
     startup: Option<(Instant, HashSet<FileIdentity>)>,
+    /// Where each queued file was read from (for the launch list, `launch`).
+    paths: HashMap<FileIdentity, std::path::PathBuf>,
+    /// Files loaded ahead of a command from its launch list: kept loaded and in
+    /// `UNWIND_FILES` whether or not a process names them yet.
+    pinned: HashSet<FileIdentity>,
+    /// See `queue_files_of_exited`.
+    queue_exited: bool,
     scratch: Box<UnwindProcess>,
     pub stats: UnwindStats,
 }
@@ -202,7 +218,7 @@ pub struct UnwindLoader {
 impl UnwindLoader {
     /// Starts two compile threads: one for any file, one only for files samples wait for
     /// (see `worker::Lane`). They start working at `mark_startup`.
-    pub fn new(rows: MapData, procs: BpfHashMap<MapData, u32, UnwindProcess>) -> Result<Self> {
+    pub fn new(rows: MapData, procs: kernel_maps::WalkerEntries) -> Result<Self> {
         Self::with_maps(Box::new(rows::RowsMmap::new(rows)?), Box::new(procs))
     }
 
@@ -230,9 +246,12 @@ impl UnwindLoader {
             unreferenced: HashSet::new(),
             to_push: HashMap::new(),
             startup: None,
+            paths: HashMap::new(),
+            pinned: HashSet::new(),
+            queue_exited: false,
             scratch: Box::new(UnwindProcess {
                 count: 0,
-                _pad: 0,
+                early_seen: 0,
                 mappings: [UnwindMapping::default(); UNWIND_MAX_MAPPINGS],
             }),
             stats: UnwindStats { rows_capacity: u64::from(capacity), ..Default::default() },
@@ -439,7 +458,10 @@ impl UnwindLoader {
                 self.stats.tables_loaded += 1;
                 self.stats.rows_loaded += u64::from(d.rows);
                 let table = worker::Evicted { identity: d.identity, serial, first, count };
-                self.refs.insert(d.identity, Refs { table, pids: HashSet::new(), released: false });
+                self.refs.insert(
+                    d.identity,
+                    Refs { table, pids: HashSet::new(), released: false, in_kernel: false },
+                );
                 // Released at the end of this pass unless a waiting process names it.
                 self.unreferenced.insert(d.identity);
             }
@@ -459,6 +481,13 @@ impl UnwindLoader {
             }
         }
         self.by_identity.insert(d.identity, FileState::Done(d.table, d.layout));
+        if self.pinned.contains(&d.identity)
+            && matches!(d.table, FileTable::Loaded { .. })
+            && self.file_to_kernel(&d.identity)
+            && let Some(r) = self.refs.get_mut(&d.identity)
+        {
+            r.in_kernel = true;
+        }
         if let Some(pids) = self.waiting.remove(&d.identity) {
             self.stats.republished += pids.len() as u64;
             republish.extend(pids);
@@ -504,6 +533,11 @@ impl UnwindLoader {
         let Some(p) = collector.processes.processes.get(&pid) else { return };
         if p.exited {
             self.remove(pid);
+            if self.queue_exited {
+                for m in p.space.mappings() {
+                    self.queue_for_later(&collector.modules, m.module);
+                }
+            }
             return;
         }
         let mappings = p.space.mappings().to_vec();
@@ -525,6 +559,7 @@ impl UnwindLoader {
             n += 1;
         }
         self.scratch.count = n as u32;
+        self.scratch.early_seen = p.space.early_seen();
         self.stats.process_updates += 1;
         if self.procs.insert(pid.0, self.scratch.as_ref()).is_err() {
             self.stats.process_update_errors += 1;
@@ -537,13 +572,42 @@ impl UnwindLoader {
         // Read after the write: a fork stamped later certainly copied this entry.
         self.written_at.insert(pid, MonoNs::now());
         for id in &names {
-            if let Some(r) = self.refs.get_mut(id) {
-                r.pids.insert(pid);
+            let Some(r) = self.refs.get_mut(id) else { continue };
+            r.pids.insert(pid);
+            if !r.in_kernel && self.file_to_kernel(id) {
+                self.refs.get_mut(id).expect("looked up above").in_kernel = true;
             }
         }
         if let Some(old) = self.names.insert(pid, names) {
             self.unref(pid, old);
         }
+    }
+
+    /// Writes loaded file `id` to `UNWIND_FILES`; whether it was.
+    fn file_to_kernel(&mut self, id: &FileIdentity) -> bool {
+        let Some(FileState::Done(FileTable::Loaded { first, count, rows, page_base, .. }, layout)) =
+            self.by_identity.get(id)
+        else {
+            return false;
+        };
+        let Some(layout) = layout else { return false };
+        let mut file = UnwindFile {
+            size: id.3,
+            mtime_sec: id.2.div_euclid(1_000_000_000) as u64,
+            mtime_nsec: id.2.rem_euclid(1_000_000_000) as u32,
+            first: *first,
+            count: *rows,
+            page_base: *page_base,
+            pages: count - rows - 1,
+            ..Default::default()
+        };
+        for (seg, &(vaddr, memsz, offset)) in file.segments.iter_mut().zip(&layout.code) {
+            *seg = UnwindSegment { vaddr, memsz, offset };
+            file.segment_count += 1;
+        }
+        let ok = self.procs.insert_file(kernel_file_key(id), &file).is_ok();
+        self.stats.early_files += u64::from(ok);
+        ok
     }
 
     pub fn remove(&mut self, pid: Pid) {
@@ -581,7 +645,13 @@ impl UnwindLoader {
             if let Some(r) = self.refs.get_mut(&id)
                 && r.pids.is_empty()
                 && !r.released
+                && !self.pinned.contains(&id)
             {
+                // No new early mapping may name rows the workers can now evict.
+                if r.in_kernel {
+                    self.procs.remove_file(kernel_file_key(&id));
+                    r.in_kernel = false;
+                }
                 r.released = true;
                 self.shared.release(r.table);
             }
@@ -678,6 +748,27 @@ impl UnwindLoader {
         (e, None)
     }
 
+    /// Queues `module`'s file if it is new, though no entry names it now (its process exited):
+    /// for the launch list.
+    fn queue_for_later(&mut self, modules: &ModuleTable, module: ModuleId) {
+        let m = modules.get(module);
+        if m.path.starts_with('[') {
+            return;
+        }
+        if let Some(identity) = self.identity(modules, module)
+            && !self.by_identity.contains_key(&identity)
+        {
+            self.enqueue(modules, module, identity);
+        }
+    }
+
+    /// Files of processes that exited before their entry was written are queued too, so that
+    /// the command's launch list holds them (`record -- CMD`: a compiler's linker can live
+    /// 20 ms).
+    pub fn queue_files_of_exited(&mut self) {
+        self.queue_exited = true;
+    }
+
     /// The identity of a module's file (one stat, once per module).
     fn identity(&mut self, modules: &ModuleTable, module: ModuleId) -> Option<FileIdentity> {
         let m = modules.get(module);
@@ -706,6 +797,7 @@ impl UnwindLoader {
             return;
         };
         self.by_identity.insert(identity, FileState::Pending);
+        self.paths.insert(identity, std::path::PathBuf::from(&m.path));
         let job = worker::Job {
             path,
             hold: m.hold(),
@@ -808,6 +900,88 @@ impl UnwindLoader {
         out
     }
 
+    /// Loads the tables the last recorded run of the command `argv0` loaded (its launch list,
+    /// `launch`), waiting at most `limit` for them: called before the command is let go, so
+    /// that the kernel walks its first instructions. Returns the files listed, those loaded in
+    /// time, and how long it waited; None without a list.
+    pub fn load_launch_list(
+        &mut self,
+        argv0: &str,
+        limit: Duration,
+    ) -> Option<(usize, usize, Duration)> {
+        let started = Instant::now();
+        let name = launch::list_name(argv0)?;
+        let files = launch::read(self.shared.disk()?.dir(), &name);
+        if files.is_empty() {
+            return None;
+        }
+        let mut jobs = Vec::new();
+        for (identity, path) in &files {
+            self.pinned.insert(*identity);
+            match self.by_identity.get(identity) {
+                // Queued already (the command's image before its exec is this program's):
+                // waited for too, and written to the kernel when it lands.
+                Some(FileState::Pending) => continue,
+                Some(FileState::Done(..)) => {
+                    if let Some(r) = self.refs.get(identity)
+                        && !r.in_kernel
+                        && !r.released
+                        && self.file_to_kernel(identity)
+                    {
+                        self.refs.get_mut(identity).expect("looked up above").in_kernel = true;
+                    }
+                    continue;
+                }
+                None => {}
+            }
+            self.by_identity.insert(*identity, FileState::Pending);
+            self.paths.insert(*identity, path.clone());
+            let job = worker::Job {
+                path: path.clone(),
+                hold: None,
+                name: path.display().to_string(),
+                weight: 0,
+                // Both workers take them.
+                wanted: 1,
+                size: identity.3,
+            };
+            jobs.push((*identity, job));
+        }
+        self.shared.push(jobs);
+        let end = started + limit;
+        let pending = |l: &Self| {
+            l.pinned.iter().any(|id| matches!(l.by_identity.get(id), Some(FileState::Pending)))
+        };
+        while pending(self) {
+            let left = end.saturating_duration_since(Instant::now());
+            let Ok(d) = self.done.recv_timeout(left) else { break };
+            // Only the command, not exec'd yet, is known: nothing to publish again.
+            self.landed(d, &mut HashSet::new());
+        }
+        let loaded =
+            self.pinned.iter().filter(|id| self.refs.get(id).is_some_and(|r| r.in_kernel)).count();
+        self.stats.launch_list = Some((files.len(), loaded, started.elapsed()));
+        self.stats.launch_list
+    }
+
+    /// Writes the command's launch list: every file whose table this recording loaded.
+    pub fn save_launch_list(&self, argv0: &str) {
+        let (Some(name), Some(disk)) = (launch::list_name(argv0), self.shared.disk()) else {
+            return;
+        };
+        // The command's image before its exec was this program's.
+        let own = std::env::current_exe().ok().and_then(|p| launch::identity_of(&p));
+        let mut files: Vec<(FileIdentity, &std::path::Path)> = self
+            .by_identity
+            .iter()
+            .filter(|(id, _)| Some(**id) != own)
+            .filter(|(_, s)| matches!(s, FileState::Done(FileTable::Loaded { .. }, _)))
+            .filter_map(|(id, _)| Some((*id, self.paths.get(id)?.as_path())))
+            .collect();
+        files.sort_by_key(|(id, _)| std::cmp::Reverse(id.3));
+        let _ = launch::write(disk.dir(), &name, &files);
+    }
+
     /// Waits, at most `limit`, for the files still queued to be compiled, so that their
     /// tables reach the disk cache and the next run of the same programs starts warm (a short
     /// command's big libraries are often still queued when it exits). Nothing to wait for
@@ -841,6 +1015,12 @@ impl Drop for UnwindLoader {
 pub fn maps(bpf: &mut crate::bpf::object::BpfObject) -> Result<UnwindLoader> {
     let (rows, procs) = bpf.take_unwind_maps().context("unwind maps")?;
     UnwindLoader::new(rows, procs)
+}
+
+/// `UNWIND_FILES`'s key for a file: its inode and the kernel's encoding of its device.
+fn kernel_file_key(id: &FileIdentity) -> FileKey {
+    let (major, minor) = (libc::major(id.0), libc::minor(id.0));
+    FileKey { inode: id.1, dev: (major << 20) | minor, _pad: 0 }
 }
 
 /// The flags of a mapping whose file has no table in the kernel (yet, or for want of room): a

@@ -297,6 +297,10 @@ impl Shared {
         self.disk.is_some()
     }
 
+    pub fn disk(&self) -> Option<&disk::DiskTables> {
+        self.disk.as_ref()
+    }
+
     pub fn close(&self) {
         let mut q = self.queue.lock().unwrap();
         q.closed = true;

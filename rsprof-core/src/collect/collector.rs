@@ -363,6 +363,7 @@ impl<S: SampleSink> Collector<S> {
             }
             p.space.insert(mapping);
         }
+        p.space.saw_early(m.early_seq);
         self.outbox.maps_changed(m.pid);
     }
 
@@ -657,6 +658,7 @@ impl<S: SampleSink> Collector<S> {
             p.space = space;
             // The parent's JIT code is named by the parent's map, the child's by its own.
             p.space.touch();
+            p.space.forget_early();
             p.mm = mm;
             p.space_source = SpaceSource::Kernel;
         }
@@ -819,7 +821,16 @@ mod tests {
         let kind = MapKind::File { offset: 0, dev: 1, inode: 1000 + u64::from(i), path };
         let (start, end) = (TEXT, TEXT + 0x1000);
         let (pid, tid) = (Pid(pid), Tid(pid));
-        c.handle(KernelEvent::Map(MapEvent { time, pid, tid, mm: 1, start, end, kind }));
+        c.handle(KernelEvent::Map(MapEvent {
+            time,
+            pid,
+            tid,
+            mm: 1,
+            start,
+            end,
+            kind,
+            early_seq: 0,
+        }));
         for k in 0..samples {
             c.handle(KernelEvent::Sample(Sample {
                 time: MonoNs(time.0 + u64::from(k)),
@@ -887,6 +898,7 @@ mod tests {
             start,
             end,
             kind,
+            early_seq: 0,
         }));
     }
 

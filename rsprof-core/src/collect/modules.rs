@@ -551,6 +551,9 @@ pub struct AddressSpace {
     mappings: Vec<Mapping>,
     /// Names these mappings (see [`AddressSpace::version`]).
     version: u64,
+    /// The highest number of the kernel's early walker mappings (`UnwindEarly`) among the
+    /// records these mappings came from: an entry written from them has seen those.
+    early_seen: u32,
 }
 
 /// Versions are unique across all address spaces: a new space and every change takes the next.
@@ -563,7 +566,7 @@ fn next_version() -> u64 {
 
 impl Default for AddressSpace {
     fn default() -> Self {
-        Self { mappings: Vec::new(), version: next_version() }
+        Self { mappings: Vec::new(), version: next_version(), early_seen: 0 }
     }
 }
 
@@ -580,6 +583,20 @@ impl AddressSpace {
     /// new process, whose JIT frames are named by its own map).
     pub fn touch(&mut self) {
         self.version = next_version();
+    }
+
+    /// Notes a record's early walker mapping number (0: none).
+    pub fn saw_early(&mut self, seq: u32) {
+        self.early_seen = self.early_seen.max(seq);
+    }
+
+    /// See `early_seen`; a forked child's early mappings are numbered anew, as its own.
+    pub fn early_seen(&self) -> u32 {
+        self.early_seen
+    }
+
+    pub fn forget_early(&mut self) {
+        self.early_seen = 0;
     }
 
     /// The modules mapped (with repeats).
@@ -650,7 +667,7 @@ pub fn parse_maps(pid: Pid, text: &str, modules: &mut ModuleTable) -> AddressSpa
         })
         .collect();
     mappings.sort_by_key(|m| m.start);
-    AddressSpace { mappings, version: next_version() }
+    AddressSpace { mappings, version: next_version(), early_seen: 0 }
 }
 
 /// Reads the live address space of `pid`.
