@@ -658,40 +658,37 @@ pub mod counter {
     /// failed, e.g. the address space's lock was busy) or sent (more than one file's code, or
     /// more than 8 mappings, in one range): frames there may show as unmapped.
     pub const MAP_VMA_UNREAD: u32 = 49;
-    /// Walks stopped for want of a table that userspace does not build while draining (a
-    /// file over 16 MiB whose table the workers are still compiling): no stack copy sent.
-    pub const STACK_COPY_NOT_USEFUL: u32 = 50;
     /// `rsprof:label_push` hits whose stack the kernel could not walk for want of a table,
     /// sent with a copy of it for userspace to walk (`EVENT_LABEL_DEPTH`).
-    pub const LABEL_DEPTH_RECORDS: u32 = 51;
-    /// Such pushes that could not be sent (copy budget used up, stack unreadable, ring full,
-    /// or a file whose table userspace does not build while draining): their depth is
+    pub const LABEL_DEPTH_RECORDS: u32 = 50;
+    /// Such pushes that could not be sent (copy budget used up, stack unreadable, ring
+    /// full): their depth is
     /// [`LABEL_DEPTH_UNKNOWN`](crate::LABEL_DEPTH_UNKNOWN) and the label shows above the leaf.
-    pub const LABEL_DEPTH_LOST: u32 = 52;
+    pub const LABEL_DEPTH_LOST: u32 = 51;
     /// A new process (fork without exec) given its parent's walker entry (`UNWIND_PROCS`,
     /// by reference: `FORKED_FROM`) in the fork tracepoint, so its first samples unwind like its
     /// parent's; and those that could not be (the map full), which wait for userspace instead.
-    pub const FORK_WALKER_COPIES: u32 = 53;
-    pub const FORK_WALKER_COPY_FAILED: u32 = 54;
+    pub const FORK_WALKER_COPIES: u32 = 52;
+    pub const FORK_WALKER_COPY_FAILED: u32 = 53;
     /// Off-CPU switch-outs whose user stack walk stopped for want of a table, sent with a copy
     /// of the stack (`EVENT_OFF_CPU_COPY`); and those whose copy could not be sent (budget
     /// used up, stack unreadable, ring buffer full), whose stack stays cut and flagged.
-    pub const OFF_CPU_COPIES: u32 = 55;
-    pub const OFF_CPU_COPY_LOST: u32 = 56;
+    pub const OFF_CPU_COPIES: u32 = 54;
+    pub const OFF_CPU_COPY_LOST: u32 = 55;
     /// Walker entries the kernel deleted at their process's exit (the leader's), and those it
     /// emptied at an exec (the old image's mappings; userspace writes the new ones): no stale
     /// entry for a reused pid, or between an exec and that write.
-    pub const WALKER_EXIT_DELETES: u32 = 57;
-    pub const WALKER_EXEC_CLEARS: u32 = 58;
+    pub const WALKER_EXIT_DELETES: u32 = 56;
+    pub const WALKER_EXEC_CLEARS: u32 = 57;
     /// Code mappings the kernel gave the walker itself (`UnwindEarly`), before userspace read
     /// them; ones it removed (munmap/mprotect); ones skipped because another thread of the
     /// process was adding one; and mappings of a loaded file whose size or mtime no longer
     /// match its table's (rewritten in place).
-    pub const EARLY_ADDED: u32 = 59;
-    pub const EARLY_REMOVED: u32 = 60;
-    pub const EARLY_BUSY: u32 = 61;
-    pub const EARLY_FILE_CHANGED: u32 = 62;
-    pub const COUNT: u32 = 63;
+    pub const EARLY_ADDED: u32 = 58;
+    pub const EARLY_REMOVED: u32 = 59;
+    pub const EARLY_BUSY: u32 = 60;
+    pub const EARLY_FILE_CHANGED: u32 = 61;
+    pub const COUNT: u32 = 62;
 
     /// The counter of a walk's `UNWIND_END_*` value (`UNWIND_END_NONE` has none).
     pub const fn unwind_end(end: u32) -> Option<u32> {

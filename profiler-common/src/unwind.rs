@@ -129,9 +129,7 @@ pub const UNWIND_MAPPING_NO_CFI: u32 = 1 << 0;
 pub const UNWIND_MAPPING_NOT_LOADED: u32 = 1 << 1;
 /// Anonymous executable memory (JIT code): no file, no CFI.
 pub const UNWIND_MAPPING_ANON: u32 = 1 << 2;
-/// With `NOT_LOADED`: a stack copy would not help, userspace does not build this file's table
-/// while draining (too large), so a walk stopping here sends none and spends no copy budget.
-pub const UNWIND_MAPPING_NO_COPY: u32 = 1 << 3;
+// 1 << 3 was `NO_COPY` (files too large for a copy's walk): every file is walkable now.
 /// With `ANON`: CPython 3.12+'s perf trampoline arena (`-X perf`; its perf map names the code
 /// `py::…`). Each trampoline is `sub $8,%rsp; call *%rcx; add $8,%rsp; ret`, with no CFI and
 /// no frame pointer, so the walker steps over it by that shape: in the call, the return

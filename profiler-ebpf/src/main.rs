@@ -222,9 +222,7 @@ pub fn on_cpu_clock(ctx: PerfEventContext) -> u32 {
         let mut len = SAMPLE_RECORD_FIXED as u64 + used * 8;
         let end = w.user_end();
         let mut copy_len = 0;
-        if stack::wants_copy(end) && stack::copy_useless(stack::SLOT_SAMPLER) {
-            count(counter::STACK_COPY_NOT_USEFUL);
-        } else if stack::wants_copy(end) {
+        if stack::wants_copy(end) {
             copy_len = attach_stack_copy(frames, used, &mut s.flags, s.header.time_ns, &cfg);
             len += copy_len;
         }

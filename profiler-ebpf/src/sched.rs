@@ -224,8 +224,7 @@ unsafe fn switch_out(
         r.flags |= py_flags;
         r.stack_ns = now;
         let end = w.user_end();
-        if crate::stack::wants_copy(end) && !crate::stack::copy_useless(crate::stack::SLOT_OFF_CPU)
-        {
+        if crate::stack::wants_copy(end) {
             if send_copy(cfg, now, tgid, tid, w.user_frames) {
                 count(counter::OFF_CPU_COPIES);
             } else {

@@ -31,10 +31,10 @@ use profiler_common::{
     UNWIND_CFA_SIGNAL, UNWIND_EARLY_SLOTS, UNWIND_END_COMPLETE, UNWIND_END_DEPTH,
     UNWIND_END_FRAME_POINTER, UNWIND_END_NO_CFI, UNWIND_END_NO_MAPPING, UNWIND_END_NO_PROCESS,
     UNWIND_END_NO_TABLE, UNWIND_END_NONE, UNWIND_END_READ_FAULT, UNWIND_END_UNSUPPORTED,
-    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY, UNWIND_MAPPING_NOT_LOADED,
-    UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP,
-    UNWIND_PAGE_SHIFT, UNWIND_PAGE_STEPS, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED,
-    UnwindEarly, UnwindEarlySlot, UnwindFile, UnwindMapping, UnwindProcess, UnwindRow, counter,
+    UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED, UNWIND_MAPPING_PY_TRAMPOLINES,
+    UNWIND_MAX_MAPPINGS, UNWIND_MODE_DWARF_FP, UNWIND_MODE_FP, UNWIND_PAGE_SHIFT,
+    UNWIND_PAGE_STEPS, UNWIND_RBP_CFA_OFFSET, UNWIND_RBP_UNSUPPORTED, UnwindEarly, UnwindEarlySlot,
+    UnwindFile, UnwindMapping, UnwindProcess, UnwindRow, counter,
 };
 
 use crate::{config, count, run_loop};
@@ -338,10 +338,9 @@ pub struct WalkState {
     bp_known: u32,
     /// `pc` is a return address (look up `pc - 1`, the call) rather than an interrupted PC.
     pc_is_return: u32,
-    /// The walk stopped at a table not loaded whose mapping says a copy would not help.
-    no_copy: u32,
     /// Index of the mapping the last frame was in: callers are mostly in the same file.
     last_mapping: u32,
+    _pad: u32,
     /// User stack address `win` was copied from (0: empty), see `read_stack`.
     win_base: u64,
     win: [u64; STACK_WINDOW_WORDS],
@@ -490,7 +489,6 @@ unsafe fn walk_tables_uncounted(
     st.flags = 0;
     st.bp_known = 1;
     st.pc_is_return = 0;
-    st.no_copy = 0;
     st.last_mapping = 0;
     st.win_base = 0;
     let Some((proc_, early, seen)) = walker_entry(st.tgid) else {
@@ -519,14 +517,6 @@ unsafe fn walk_tables_uncounted(
 #[inline(always)]
 pub fn wants_copy(end: u32) -> bool {
     end == UNWIND_END_NO_PROCESS || end == UNWIND_END_NO_MAPPING || end == UNWIND_END_NO_TABLE
-}
-
-/// Whether the last table walk of `slot` stopped at a file whose mapping says a stack copy
-/// would not help (see `UNWIND_MAPPING_NO_COPY`).
-#[inline(always)]
-pub fn copy_useless(slot: u32) -> bool {
-    // SAFETY: this CPU's slot, written by the walk that just ran on this CPU.
-    UNWIND_STATE.get_ptr(slot).is_some_and(|st| unsafe { (*st).no_copy } != 0)
 }
 
 /// Where the last table walk of `slot` stopped: the registers of its last frame. Only
@@ -684,9 +674,6 @@ unsafe fn unwind_one(
         let fp = !unloaded && crate::config_field!(unwind_mode) == UNWIND_MODE_DWARF_FP;
         if fp {
             return unsafe { frame_pointer_step(st) };
-        }
-        if unloaded && m.flags & UNWIND_MAPPING_NO_COPY != 0 {
-            st.no_copy = 1;
         }
         return Err(if m.flags & UNWIND_MAPPING_NOT_LOADED != 0 {
             UNWIND_END_NO_TABLE

@@ -281,10 +281,6 @@ fn user_depth(ctx: &ProbeContext) -> (u64, Option<u64>) {
         };
         if crate::stack::wants_copy(end) {
             // Counting the frames walked so far would put the label near the root.
-            if crate::stack::copy_useless(crate::stack::SLOT_USDT) {
-                count(counter::LABEL_DEPTH_LOST);
-                return (LABEL_DEPTH_UNKNOWN, None);
-            }
             return (0, Some(n));
         }
         return (n, None);

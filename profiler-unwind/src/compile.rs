@@ -13,11 +13,11 @@ use profiler_common::{
 
 use crate::{CfiSections, Error, Stats};
 
-type Slice<'a> = EndianSlice<'a, LittleEndian>;
+pub(crate) type Slice<'a> = EndianSlice<'a, LittleEndian>;
 type Fde<'a> = gimli::FrameDescriptionEntry<Slice<'a>>;
 
 /// DWARF register 16 on x86-64: the return address column, which is also rip.
-const RIP: Register = X86_64::RA;
+pub(crate) const RIP: Register = X86_64::RA;
 
 /// One CFI rule over `[start, end)`; `rule.pc` is unused until merging.
 struct Span {
@@ -26,7 +26,7 @@ struct Span {
     rule: UnwindRow,
 }
 
-const UNSUPPORTED: UnwindRow =
+pub(crate) const UNSUPPORTED: UnwindRow =
     UnwindRow::new(0, UNWIND_CFA_UNSUPPORTED, 0, UNWIND_RBP_UNCHANGED, 0);
 
 pub(crate) fn compile(sections: &CfiSections<'_>) -> Result<(Vec<UnwindRow>, Stats), Error> {
@@ -214,7 +214,7 @@ fn fde_spans<'a, S: UnwindSection<Slice<'a>>>(
     }
 }
 
-fn row_rule<'a, S: UnwindSection<Slice<'a>>>(
+pub(crate) fn row_rule<'a, S: UnwindSection<Slice<'a>>>(
     section: &S,
     encoding: gimli::Encoding,
     row: &UnwindTableRow<usize>,

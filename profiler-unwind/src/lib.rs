@@ -54,9 +54,11 @@
 
 mod compile;
 mod elf;
+mod lazy;
 pub mod walk;
 
 pub use elf::{DebugLinks, debug_links};
+pub use lazy::rule_at;
 
 use std::fmt;
 

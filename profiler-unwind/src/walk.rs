@@ -20,10 +20,6 @@ pub enum Rule {
     NoMapping,
     /// The PC's file has a table that is not available (unreadable file).
     NoTable,
-    /// The PC's file has a table that is not built here (left to the kernel's walk, e.g. too
-    /// large to build in time): the walk ends "no table", never guessed by frame pointers,
-    /// as the kernel's walk does for a table not loaded yet.
-    NotBuilt,
     /// The PC's file has no usable CFI, or no row covers the PC.
     NoCfi,
 }
@@ -123,7 +119,7 @@ fn step(
             return frame_pointer_step(st, stack, used_fp);
         }
         Rule::NoMapping => return Err(Stop::End(UNWIND_END_NO_MAPPING)),
-        Rule::NoTable | Rule::NotBuilt => return Err(Stop::End(UNWIND_END_NO_TABLE)),
+        Rule::NoTable => return Err(Stop::End(UNWIND_END_NO_TABLE)),
         Rule::NoCfi => return Err(Stop::End(UNWIND_END_NO_CFI)),
         Rule::Row(row) => row,
     };
@@ -295,10 +291,6 @@ mod tests {
         let no_table = |_| Rule::NoTable;
         let w = walk(regs(0x1000, BASE, 0), copy, 127, false, no_table);
         assert_eq!(w.end, UNWIND_END_NO_TABLE);
-        // A table not built here ends the walk even with the frame-pointer fallback on.
-        let not_built = |_| Rule::NotBuilt;
-        let w = walk(regs(0x1000, BASE, 0), copy, 127, true, not_built);
-        assert_eq!((w.end, w.used_fp), (UNWIND_END_NO_TABLE, false));
     }
 
     #[test]

@@ -199,11 +199,6 @@ pub const COUNTERS: &[CounterDef] = &[
         "mprotect/mremap of code whose mappings the kernel could not look up",
     ),
     def(
-        counter::STACK_COPY_NOT_USEFUL,
-        "stack_copy_not_useful",
-        "Walks stopped at a large file whose table is still being compiled: no copy sent",
-    ),
-    def(
         counter::LABEL_DEPTH_RECORDS,
         "label_depth_records",
         "Label pushes whose stack had no table in the kernel yet, sent for userspace to walk",

@@ -331,7 +331,7 @@ impl<'p> Recorder<'p> {
             u.queue_files_of_exited();
         }
         if let (Some(u), Target::Command(cmd)) = (&mut unwind, &plan.target)
-            && let Some((listed, loaded, took)) = u.load_launch_list(&cmd[0], LAUNCH_LIST_WAIT)
+            && let Some((listed, loaded, took)) = u.load_launch_list(cmd, LAUNCH_LIST_WAIT)
         {
             msgs.info(format_args!(
                 "loaded {loaded} of the {listed} unwind tables {} used last time in {} ms, \
@@ -796,7 +796,7 @@ impl<'p> Recorder<'p> {
             // Mostly done while the profile was written; the rest for the next run's sake.
             u.finish_for_disk(Duration::from_secs(3));
             if let Target::Command(cmd) = &self.plan.target {
-                u.save_launch_list(&cmd[0]);
+                u.save_launch_list(cmd);
             }
         }
         let input = summary::SummaryInput {

@@ -5,9 +5,12 @@
 //! be read after its mapping's record arrives — most of a short compile's run.
 //!
 //! One list per command, named by its executable's identity (a rebuilt or upgraded program
-//! starts a new list) and the name it was run by (`cargo` and `rustc`, both rustup's one
-//! binary, load different libraries). Each line is a file's identity and path; a file whose
-//! identity has changed since is skipped when read. A damaged list is only a shorter one.
+//! starts a new list) and the name it was run by (rustup's one binary run as `cargo` and as
+//! `rustc` loads different libraries), not by its arguments: `rustc -O a.rs -o a` and `rustc
+//! b.rs` load the same libraries. Each run replaces the list; tables listed that a run does
+//! not use are loaded for nothing, and released seconds later. Each line is a file's identity
+//! and path; a file whose identity has changed since is skipped when read. A damaged list is
+//! only a shorter one.
 
 use std::{
     os::unix::fs::MetadataExt as _,
@@ -29,9 +32,10 @@ pub fn identity_of(path: &Path) -> Option<FileIdentity> {
     })
 }
 
-/// The list's name for a command run as `argv0` (looked up in `PATH` like the launch does),
-/// None if it names no file.
-pub fn list_name(argv0: &str) -> Option<String> {
+/// The list's name for the command line `argv` (`argv[0]` looked up in `PATH` like the launch
+/// does), None if it names no file.
+pub fn list_name(argv: &[String]) -> Option<String> {
+    let argv0 = argv.first()?;
     let exe = resolve(argv0)?;
     let id = identity_of(&exe)?;
     let base = Path::new(argv0).file_name()?.to_string_lossy();
@@ -111,9 +115,12 @@ mod tests {
 
     #[test]
     fn a_command_is_named_by_its_executable_and_the_name_it_ran_by() {
-        let sh = list_name("sh").expect("sh on PATH");
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let sh = list_name(&argv(&["sh", "-c", "a"])).expect("sh on PATH");
         assert!(sh.starts_with("launch-sh-"), "{sh}");
-        assert_ne!(list_name("/bin/true"), list_name("/bin/false"));
-        assert_eq!(list_name("/nonexistent/x"), None);
+        assert_eq!(list_name(&argv(&["sh", "-c", "b"])).as_ref(), Some(&sh));
+        assert_ne!(list_name(&argv(&["/bin/true"])), list_name(&argv(&["/bin/false"])));
+        assert_eq!(list_name(&argv(&["/nonexistent/x"])), None);
+        assert_eq!(list_name(&[]), None);
     }
 }

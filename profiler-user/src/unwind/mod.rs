@@ -34,9 +34,9 @@ use anyhow::{Context as _, Result};
 use aya::maps::MapData;
 use kernel_maps::{ProcessSink, RowSink};
 use profiler_common::{
-    FileKey, UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NO_COPY,
-    UNWIND_MAPPING_NOT_LOADED, UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UnwindFile,
-    UnwindMapping, UnwindProcess, UnwindRow, UnwindSegment,
+    FileKey, UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED,
+    UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UnwindFile, UnwindMapping, UnwindProcess,
+    UnwindRow, UnwindSegment,
 };
 
 use crate::{
@@ -173,6 +173,9 @@ struct Refs {
 /// `/bin/true` about 1 ms), and a process that lives on is written within a drain of this.
 pub const DEFER_YOUNG: Duration = Duration::from_millis(200);
 
+/// How long launch-list tables stay loaded though no process names them.
+const PIN_FOR: Duration = Duration::from_secs(2);
+
 pub struct UnwindLoader {
     procs: Box<dyn ProcessSink>,
     shared: Arc<worker::Shared>,
@@ -209,6 +212,8 @@ pub struct UnwindLoader {
     /// Files loaded ahead of a command from its launch list: kept loaded and in
     /// `UNWIND_FILES` whether or not a process names them yet.
     pinned: HashSet<FileIdentity>,
+    /// When `pinned` goes (see `load_launch_list`).
+    unpin_at: Option<Instant>,
     /// See `queue_files_of_exited`.
     queue_exited: bool,
     scratch: Box<UnwindProcess>,
@@ -248,6 +253,7 @@ impl UnwindLoader {
             startup: None,
             paths: HashMap::new(),
             pinned: HashSet::new(),
+            unpin_at: None,
             queue_exited: false,
             scratch: Box::new(UnwindProcess {
                 count: 0,
@@ -315,6 +321,7 @@ impl UnwindLoader {
             }
             self.remove(pid);
         }
+        self.unpin_when_due();
         self.release_unreferenced();
         if !self.to_push.is_empty() {
             self.shared.push(self.to_push.drain());
@@ -714,7 +721,7 @@ impl UnwindLoader {
                         None => self.shared.shared_by_one_more(&identity),
                     }
                 }
-                e.flags = not_loaded_flags(&identity);
+                e.flags = UNWIND_MAPPING_NOT_LOADED;
                 return (e, None);
             }
             FileState::Done(t, l) => (t, l),
@@ -743,7 +750,7 @@ impl UnwindLoader {
                 }
             }
             FileTable::NoCfi => e.flags = UNWIND_MAPPING_NO_CFI,
-            FileTable::Full => e.flags = not_loaded_flags(&identity),
+            FileTable::Full => e.flags = UNWIND_MAPPING_NOT_LOADED,
         }
         (e, None)
     }
@@ -900,17 +907,18 @@ impl UnwindLoader {
         out
     }
 
-    /// Loads the tables the last recorded run of the command `argv0` loaded (its launch list,
-    /// `launch`), waiting at most `limit` for them: called before the command is let go, so
-    /// that the kernel walks its first instructions. Returns the files listed, those loaded in
-    /// time, and how long it waited; None without a list.
+    /// Loads the tables the last recorded run of the command line `argv` loaded (its launch
+    /// list, `launch`), waiting at most `limit` for them: called before the command is let go,
+    /// so that the kernel walks its first instructions. They stay pinned for `PIN_FOR` after
+    /// (the command's processes name what they use by then). Returns the files listed, those
+    /// loaded in time, and how long it waited; None without a list.
     pub fn load_launch_list(
         &mut self,
-        argv0: &str,
+        argv: &[String],
         limit: Duration,
     ) -> Option<(usize, usize, Duration)> {
         let started = Instant::now();
-        let name = launch::list_name(argv0)?;
+        let name = launch::list_name(argv)?;
         let files = launch::read(self.shared.disk()?.dir(), &name);
         if files.is_empty() {
             return None;
@@ -961,12 +969,21 @@ impl UnwindLoader {
         let loaded =
             self.pinned.iter().filter(|id| self.refs.get(id).is_some_and(|r| r.in_kernel)).count();
         self.stats.launch_list = Some((files.len(), loaded, started.elapsed()));
+        self.unpin_at = Some(Instant::now() + PIN_FOR);
         self.stats.launch_list
     }
 
+    /// Launch-list tables no process named within `PIN_FOR` become evictable like others.
+    fn unpin_when_due(&mut self) {
+        if self.unpin_at.is_some_and(|at| Instant::now() >= at) {
+            self.unpin_at = None;
+            self.unreferenced.extend(self.pinned.drain());
+        }
+    }
+
     /// Writes the command's launch list: every file whose table this recording loaded.
-    pub fn save_launch_list(&self, argv0: &str) {
-        let (Some(name), Some(disk)) = (launch::list_name(argv0), self.shared.disk()) else {
+    pub fn save_launch_list(&self, argv: &[String]) {
+        let (Some(name), Some(disk)) = (launch::list_name(argv), self.shared.disk()) else {
             return;
         };
         // The command's image before its exec was this program's.
@@ -1021,15 +1038,4 @@ pub fn maps(bpf: &mut crate::bpf::object::BpfObject) -> Result<UnwindLoader> {
 fn kernel_file_key(id: &FileIdentity) -> FileKey {
     let (major, minor) = (libc::major(id.0), libc::minor(id.0));
     FileKey { inode: id.1, dev: (major << 20) | minor, _pad: 0 }
-}
-
-/// The flags of a mapping whose file has no table in the kernel (yet, or for want of room): a
-/// file too big for a stack copy's walk to compile (`copied`) is marked so that none is sent,
-/// as userspace would end that walk at the same frame.
-fn not_loaded_flags(identity: &FileIdentity) -> u32 {
-    if identity.3 > copied::COMPILE_WHILE_DRAINING_MAX_BYTES {
-        UNWIND_MAPPING_NOT_LOADED | UNWIND_MAPPING_NO_COPY
-    } else {
-        UNWIND_MAPPING_NOT_LOADED
-    }
 }

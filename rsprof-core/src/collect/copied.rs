@@ -44,10 +44,13 @@ const CACHE_LIFETIME: Duration = Duration::from_secs(60);
 
 /// Files larger than this are not compiled here: compiling runs on the event loop, and a
 /// 100 MB compiler library takes seconds (more on a busy machine), during which the ring
-/// buffer fills and samples are lost. Their frames end the walk as "no table" (counted); the
-/// kernel's table for them lands from the worker threads. The unwind loader's urgent lane uses
-/// the same bound: what is small enough to compile while samples wait.
+/// buffer fills and samples are lost. Each of their frames is looked up alone instead
+/// (`profiler_unwind::rule_at`: the FDE found through `.eh_frame_hdr`, in the mapped file),
+/// while the kernel's table for them is built by the worker threads. The unwind loader's
+/// urgent lane uses the same bound: what is small enough to compile while samples wait.
 pub const COMPILE_WHILE_DRAINING_MAX_BYTES: u64 = 16 << 20;
+/// Rules looked up one address at a time kept (16 bytes each); past it they start afresh.
+const MAX_LOOKED_UP: usize = 1 << 16;
 
 /// `UNWIND_END_*` as the summary names them.
 const END_NAMES: [&str; UNWIND_END_COUNT as usize] = [
@@ -71,8 +74,9 @@ enum FileRules {
     Table(Option<Arc<UnwindTable>>, ElfLayout),
     /// The file cannot be read now: its frames end the walk as "no table".
     Unreadable,
-    /// Too large to compile while draining: its frames end the walk as "no table".
-    TooLarge,
+    /// Too large to compile while draining: each frame's rule is looked up alone in the
+    /// mapped file (its identity keys those already looked up).
+    LookedUp(Arc<memmap2::Mmap>, ElfLayout, FileIdentity),
 }
 
 /// What continuing walks over stack copies did, for the summary.
@@ -95,9 +99,10 @@ pub struct CopyStats {
     /// older than `CACHE_LIFETIME`.
     pub cache_resets: u64,
     pub cache_expiries: u64,
-    /// Frame lookups in files too large to compile while draining (left to the kernel's
-    /// tables), and how many such files.
-    pub left_to_kernel: u64,
+    /// Frames looked up alone in files too large to compile while draining, the time that
+    /// took, and how many such files.
+    pub looked_up: u64,
+    pub lookup_time: Duration,
     pub large_files: u64,
 }
 
@@ -109,6 +114,8 @@ pub struct CopiedStacks {
     /// Per module slot (with its creation serial, as slots are reused for other files).
     by_module: HashMap<(ModuleId, u64), FileRules>,
     cached_rows: usize,
+    /// Rules looked up alone (`FileRules::LookedUp`), by file and table address.
+    looked_up: HashMap<(FileIdentity, u64), Option<profiler_common::UnwindRow>>,
     /// When the first table now cached was compiled.
     cached_since: Option<Instant>,
     pub stats: CopyStats,
@@ -191,9 +198,28 @@ impl CopiedStacks {
         }
         match &self.by_module[&key] {
             FileRules::Unreadable => Rule::NoTable,
-            FileRules::TooLarge => {
-                self.stats.left_to_kernel += 1;
-                Rule::NotBuilt
+            FileRules::LookedUp(data, layout, identity) => {
+                let Some(&(vaddr, _, off)) = layout
+                    .code
+                    .iter()
+                    .find(|&&(_, memsz, off)| off <= offset && offset < off + memsz)
+                else {
+                    return Rule::NoCfi;
+                };
+                let addr = vaddr + (offset - off);
+                let key = (*identity, addr);
+                if let Some(&row) = self.looked_up.get(&key) {
+                    return row.map_or(Rule::NoCfi, Rule::Row);
+                }
+                let started = Instant::now();
+                let row = profiler_unwind::rule_at(data, addr).ok().flatten();
+                self.stats.lookup_time += started.elapsed();
+                self.stats.looked_up += 1;
+                if self.looked_up.len() >= MAX_LOOKED_UP {
+                    self.looked_up.clear();
+                }
+                self.looked_up.insert(key, row);
+                row.map_or(Rule::NoCfi, Rule::Row)
             }
             FileRules::Table(None, _) => Rule::NoCfi,
             FileRules::Table(Some(table), layout) => {
@@ -231,8 +257,16 @@ impl CopiedStacks {
             return FileRules::Table(t.clone(), layout);
         }
         if meta.len() > COMPILE_WHILE_DRAINING_MAX_BYTES {
+            // SAFETY: read-only; a file truncated meanwhile faults the walk's reads (SIGBUS),
+            // the same risk every profiler reading mapped binaries takes; the identity was
+            // just checked.
+            let Ok(data) =
+                std::fs::File::open(&path).and_then(|f| unsafe { memmap2::Mmap::map(&f) })
+            else {
+                return FileRules::Unreadable;
+            };
             self.stats.large_files += 1;
-            return FileRules::TooLarge;
+            return FileRules::LookedUp(Arc::new(data), layout, identity);
         }
         let started = Instant::now();
         if self.cached_since.is_some_and(|t| started.duration_since(t) > CACHE_LIFETIME) {
@@ -263,6 +297,7 @@ impl CopiedStacks {
     /// Module entries hold tables too: both go, and are rebuilt on demand.
     fn clear_cache(&mut self) {
         self.tables.clear();
+        self.looked_up.clear();
         self.by_module.clear();
         self.cached_rows = 0;
         self.cached_since = None;
@@ -273,8 +308,7 @@ impl CopiedStacks {
         let s = &self.stats;
         let sent = counters.get(counter::STACK_COPIES);
         let not_sent = counters.get(counter::STACK_COPY_FAILED)
-            + counters.get(counter::STACK_COPY_OVER_BUDGET)
-            + counters.get(counter::STACK_COPY_NOT_USEFUL);
+            + counters.get(counter::STACK_COPY_OVER_BUDGET);
         if sent == 0 && s.copies == 0 && not_sent == 0 {
             return String::new();
         }
@@ -283,13 +317,10 @@ impl CopiedStacks {
             out,
             "stack copies: {sent} samples sent with a copy of their user stack ({:.1} KiB on \
              average; {} walks stopped for want of a table had no readable stack, {} were over \
-             the CPU's copy budget, {} stopped at a file over {} MiB still being compiled, which \
-             no copy would help); {} arrived: completed in userspace {}, still truncated {}",
+             the CPU's copy budget); {} arrived: completed in userspace {}, still truncated {}",
             counters.get(counter::STACK_COPY_BYTES) as f64 / sent.max(1) as f64 / 1024.0,
             counters.get(counter::STACK_COPY_FAILED),
             counters.get(counter::STACK_COPY_OVER_BUDGET),
-            counters.get(counter::STACK_COPY_NOT_USEFUL),
-            COMPILE_WHILE_DRAINING_MAX_BYTES >> 20,
             s.copies,
             s.completed,
             s.truncated.iter().sum::<u64>(),
@@ -317,11 +348,12 @@ impl CopiedStacks {
         if s.large_files > 0 {
             let _ = write!(
                 out,
-                "; {} frames in {} files over {} MiB left to the kernel's tables (not compiled \
-                 while draining)",
-                s.left_to_kernel,
+                "; {} frames in {} files over {} MiB looked up one at a time in {:.0} ms (too \
+                 large to compile while draining)",
+                s.looked_up,
                 s.large_files,
-                COMPILE_WHILE_DRAINING_MAX_BYTES >> 20
+                COMPILE_WHILE_DRAINING_MAX_BYTES >> 20,
+                s.lookup_time.as_secs_f64() * 1e3
             );
         }
         out.push('\n');
