@@ -867,6 +867,20 @@ impl UnwindLoader {
             s.loop_time.as_secs_f64() * 1e3,
             s.loop_max.as_secs_f64() * 1e3
         );
+        if s.early_files > 0 || s.launch_list.is_some() {
+            let launch = s.launch_list.map_or(String::new(), |(listed, loaded, took)| {
+                format!(
+                    "; launch list: {loaded} of {listed} tables loaded in {:.0} ms before the \
+                     command started",
+                    took.as_secs_f64() * 1e3
+                )
+            });
+            let _ = writeln!(
+                out,
+                "  files mapped early: {} loaded files the kernel maps itself at mmap/exec{launch}",
+                s.early_files
+            );
+        }
         if s.disk_read + s.disk_stored + s.disk_rejected + s.disk_errors > 0 {
             let _ = writeln!(
                 out,
