@@ -419,6 +419,12 @@ pub struct Config {
     pub inode_size: u32,
     pub inode_mtime_sec: u32,
     pub inode_mtime_nsec: u32,
+    /// Nonzero: code mappings of loaded files are given to the walker at mmap/exec
+    /// (`UnwindEarly`). `record` sets it; the agent leaves it 0: it writes a process's entry
+    /// only once sampled anyway, and the lookups cost an exec storm about 1.5 µs a mapping.
+    pub early_mappings: u32,
+    /// Keeps the size a multiple of 8 with no implicit padding (the loader copies it as bytes).
+    pub _pad: u32,
 }
 
 /// [`Config::unwind_mode`]: frame pointers (`bpf_get_stack`).
@@ -475,6 +481,8 @@ impl Config {
         inode_size: 0,
         inode_mtime_sec: 0,
         inode_mtime_nsec: 0,
+        early_mappings: 0,
+        _pad: 0,
     };
 }
 

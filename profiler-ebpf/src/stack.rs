@@ -108,17 +108,19 @@ pub fn inherit_walker(parent_tgid: u32, child_tgid: u32) -> bool {
 #[inline(always)]
 fn walker_entry(tgid: u32) -> Option<(*const UnwindProcess, *const UnwindEarly, u32)> {
     let own = UNWIND_PROCS.get_ptr(&tgid);
+    // SAFETY: a map value pointer, valid for the program's run.
+    let seen = own.map_or(0, |p| unsafe { core::ptr::read_volatile(&(*p).early_seen) });
+    // Without early mappings (the agent) no lookup.
+    let on = crate::config_field!(early_mappings) != 0;
+    let early = match if on { UNWIND_EARLY.get_ptr(&tgid) } else { None } {
+        // SAFETY: a map value pointer, valid for the program's run.
+        Some(e) if unsafe { core::ptr::read_volatile(&(*e).next) } > seen => e,
+        _ => core::ptr::null(),
+    };
     let entry = match own {
         Some(p) => Some(p),
         // SAFETY: a plain read of a u32 map value.
         None => unsafe { FORKED_FROM.get(&tgid) }.and_then(|o| UNWIND_PROCS.get_ptr(o)),
-    };
-    // SAFETY: a map value pointer, valid for the program's run.
-    let seen = own.map_or(0, |p| unsafe { core::ptr::read_volatile(&(*p).early_seen) });
-    let early = match UNWIND_EARLY.get_ptr(&tgid) {
-        // SAFETY: as above.
-        Some(e) if unsafe { core::ptr::read_volatile(&(*e).next) } > seen => e,
-        _ => core::ptr::null(),
     };
     match entry {
         Some(p) => Some((p, early, seen)),
@@ -142,7 +144,7 @@ pub fn early_mapped(
     kind: u32,
 ) -> u32 {
     let cfg = config();
-    if cfg.unwind_mode == UNWIND_MODE_FP || cfg.inode_size == 0 {
+    if cfg.early_mappings == 0 || cfg.unwind_mode == UNWIND_MODE_FP || cfg.inode_size == 0 {
         return 0;
     }
     let Some(f) = UNWIND_FILES.get_ptr(&file) else { return 0 };
@@ -237,6 +239,9 @@ fn add_early(tgid: u32, slot: UnwindEarlySlot) -> u32 {
 /// mappings there go.
 #[inline(always)]
 pub fn early_unmapped(tgid: u32, start: u64, end: u64) {
+    if crate::config_field!(early_mappings) == 0 {
+        return;
+    }
     let Some(e) = UNWIND_EARLY.get_ptr_mut(&tgid) else { return };
     for i in 0..UNWIND_EARLY_SLOTS {
         // SAFETY: a map value pointer, valid for the program's run; one store per slot.

@@ -36,6 +36,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+mod cold_start;
+
 use crate::{
     bench::{StatsGuard, online_cpus, profiler_binary, update_section, utc_now},
     display, step, workspace_root,
@@ -66,11 +68,18 @@ pub struct BenchUnwindArgs {
     /// Only print the results; leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
+    /// The cold-start workload instead (its own section): `record -- rustc -O` with an empty
+    /// disk cache and again warm, against perf and samply on the same command.
+    #[arg(long)]
+    cold_start: bool,
 }
 
 impl BenchUnwindArgs {
     fn command_line(&self) -> String {
         let mut s = "cargo xtask bench-unwind".to_owned();
+        if self.cold_start {
+            s.push_str(" --cold-start");
+        }
         if self.secs != 20 {
             let _ = write!(s, " --secs {}", self.secs);
         }
@@ -218,6 +227,9 @@ pub fn bench_unwind(args: BenchUnwindArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(args.secs > 0, "--secs must be positive");
     let profiler = profiler_binary(args.profiler.as_deref())?;
+    if args.cold_start {
+        return cold_start::cold_start(&args, &profiler);
+    }
     let tmp = std::env::temp_dir().join(format!("rsprof-bench-unwind-{}", std::process::id()));
     fs::create_dir_all(&tmp)?;
     let fixture = build_fixture(&tmp)?;
@@ -591,7 +603,7 @@ const PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
 struct ParanoidGuard(Option<String>);
 
 impl ParanoidGuard {
-    fn at_most_1() -> anyhow::Result<Self> {
+    pub(super) fn at_most_1() -> anyhow::Result<Self> {
         let old = fs::read_to_string(PARANOID).context("read kernel.perf_event_paranoid")?;
         if old.trim().parse::<i32>().is_ok_and(|v| v <= 1) {
             return Ok(Self(None));
@@ -772,7 +784,7 @@ fn samply_complete(path: &Path) -> anyhow::Result<(u64, u64)> {
 }
 
 /// A table column as optional integers (null and negative values are None).
-fn column(table: &serde_json::Value, name: &str) -> Vec<Option<u64>> {
+pub(super) fn column(table: &serde_json::Value, name: &str) -> Vec<Option<u64>> {
     table[name]
         .as_array()
         .map(|a| a.iter().map(|v| v.as_i64().filter(|&x| x >= 0).map(|x| x as u64)).collect())

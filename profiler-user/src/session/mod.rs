@@ -969,6 +969,7 @@ fn kernel_config(plan: &RecordPlan) -> Result<Config> {
     config.unwind_mode = plan.unwind_mode;
     config.bpf_timing = u32::from(plan.bpf_timing);
     config.wake_for_tables = u32::from(plan.eager_tables);
+    config.early_mappings = u32::from(plan.eager_tables);
     Ok(config)
 }
 
