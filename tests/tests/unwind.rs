@@ -488,6 +488,66 @@ fn unwind_library_dlopened_mid_run_is_complete_from_its_first_100ms() {
     assert!(copies > 0 && completed > 0, "no stack copies were used\n{stderr}");
 }
 
+/// A 200 MB library (rustc's libLLVM) dlopen()ed by a program that calls into it at once, its
+/// table not on disk: the kernel's walks stop there for the second or more its compile takes,
+/// and each sample's stack copy is walked in userspace with the library's frames looked up one
+/// FDE at a time (`profiler_unwind::rule_at`), not compiled. Before that, none were: every one
+/// of those samples ended `[truncated: no unwind table for libLLVM…]`.
+#[test]
+fn unwind_large_library_dlopened_is_complete_from_its_first_100ms() {
+    let lib_dir = tool(Command::new("rustc").args(["--print", "sysroot"]));
+    let lib = std::fs::read_dir(PathBuf::from(lib_dir.trim()).join("lib"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libLLVM.so"))
+                && p.metadata().is_ok_and(|m| m.len() > 50 << 20)
+        })
+        .expect("rustc's libLLVM (over 50 MB) in its sysroot");
+    let exe = build_no_fp("unwind_biglib");
+    let out = output_path("unwind_biglib", "json");
+    let env = [("RSPROF_UNWIND_CACHE", "off")];
+    let rec =
+        Recording::start_with_env(&["--all", "-F", "499", "--unwind", "dwarf"], out, &env).unwrap();
+    let mut child = Command::new(&exe)
+        .arg(&lib)
+        .arg("1.5")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start unwind_biglib");
+    let pid = child.id();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "dlopened", "fixture did not dlopen libLLVM");
+    assert!(child.wait().unwrap().success());
+    let done = rec.interrupt().unwrap();
+    let profile = done.profile().unwrap();
+    validate(&profile).unwrap();
+    let stderr = done.stderr;
+    let in_work: Vec<(f64, Vec<String>)> = threads_of_pid(&profile, pid)
+        .iter()
+        .flat_map(|t| sample_times(t.thread).into_iter().zip(sample_stacks(t.thread)))
+        .filter(|(_, s)| functions(s).contains(&"work"))
+        .collect();
+    let first = in_work.iter().map(|s| s.0).fold(f64::INFINITY, f64::min);
+    let complete = |from: f64, to: f64| {
+        let of: Vec<&Vec<String>> =
+            in_work.iter().filter(|(t, _)| *t >= from && *t < to).map(|(_, s)| s).collect();
+        let n = of.iter().filter(|s| truncated(s).is_none() && has_path(s, &["main", "work"]));
+        (n.count(), of.len())
+    };
+    let (early, early_n) = complete(first, first + 100.0);
+    let (all, all_n) = complete(first, f64::INFINITY);
+    eprintln!(
+        "libLLVM dlopened: {early}/{early_n} complete in the first 100 ms, {all}/{all_n} in all"
+    );
+    assert!(early_n >= 10, "only {early_n} samples in the first 100 ms\n{stderr}");
+    assert!(share(early, early_n) >= 0.95, "{early}/{early_n} complete\n{stderr}");
+    assert!(share(all, all_n) >= 0.95, "{all}/{all_n} complete\n{stderr}");
+    // The library's frames were looked up one at a time (its table came later, if at all).
+    assert!(stderr.contains("looked up one at a time"), "{stderr}");
+}
+
 /// The summary's count of code mappings the kernel gave the walker itself (0 without the
 /// line).
 fn early_mappings(stderr: &str) -> u64 {

@@ -17,7 +17,8 @@ use aya::{
     util::online_cpus,
 };
 use profiler_common::{
-    CgroupFilter, Config, TIMING_BUCKETS, TIMING_ENTRIES, UsdtSpec, timing_bucket_low,
+    CgroupFilter, Config, FileKey, TIMING_BUCKETS, TIMING_ENTRIES, UnwindFile, UnwindProcess,
+    UsdtSpec, timing_bucket_low,
 };
 
 use crate::{bpf::counters::Counters, model::ids::Pid};
@@ -26,7 +27,9 @@ static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// The unwind walker's rows array and per-process mapping tables.
 /// (The rows array is mapped into memory, hence its bare `MapData`.)
-pub type UnwindMaps = (MapData, crate::unwind::kernel_maps::WalkerEntries);
+/// `UNWIND_ROWS`, `UNWIND_PROCS` and `UNWIND_FILES`.
+pub type UnwindMaps =
+    (MapData, BpfHashMap<MapData, u32, UnwindProcess>, BpfHashMap<MapData, FileKey, UnwindFile>);
 
 /// The BPF programs and maps of one recording.
 pub struct BpfObject {
@@ -245,11 +248,7 @@ impl BpfObject {
         let procs = self.ebpf.take_map("UNWIND_PROCS").context("UNWIND_PROCS map")?;
         let files = self.ebpf.take_map("UNWIND_FILES").context("UNWIND_FILES map")?;
         let aya::maps::Map::Array(rows) = rows else { bail!("UNWIND_ROWS is not an array") };
-        let entries = crate::unwind::kernel_maps::WalkerEntries {
-            procs: BpfHashMap::try_from(procs)?,
-            files: BpfHashMap::try_from(files)?,
-        };
-        Ok((rows, entries))
+        Ok((rows, BpfHashMap::try_from(procs)?, BpfHashMap::try_from(files)?))
     }
 
     /// The processes running CPython and the interpreter files known, for the Python frame

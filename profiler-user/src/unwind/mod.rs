@@ -1044,8 +1044,8 @@ impl Drop for UnwindLoader {
 
 /// Takes the walker's maps from the loaded object and starts the table workers.
 pub fn maps(bpf: &mut crate::bpf::object::BpfObject) -> Result<UnwindLoader> {
-    let (rows, procs) = bpf.take_unwind_maps().context("unwind maps")?;
-    UnwindLoader::new(rows, procs)
+    let (rows, procs, files) = bpf.take_unwind_maps().context("unwind maps")?;
+    UnwindLoader::new(rows, kernel_maps::WalkerEntries { procs, files })
 }
 
 /// `UNWIND_FILES`'s key for a file: its inode and the kernel's encoding of its device.
