@@ -842,6 +842,20 @@ pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
 
 /// Replaces the section between the `begin` and `end` marker lines of a generated file (or
 /// appends it, or creates the file). Every `cargo xtask bench*` owns one section.
+/// Prints a benchmark's section and, unless `no_write`, puts it in BENCHMARKS.md between
+/// `begin` and `end`.
+pub fn publish(table: &str, no_write: bool, begin: &str, end: &str) -> anyhow::Result<()> {
+    println!("\n{table}");
+    if no_write {
+        println!("--no-write: BENCHMARKS.md not updated");
+        return Ok(());
+    }
+    let path = workspace_root().join("BENCHMARKS.md");
+    update_section(&path, begin, end, table)?;
+    println!("updated {}", path.display());
+    Ok(())
+}
+
 pub fn update_section(path: &Path, begin: &str, end: &str, table: &str) -> anyhow::Result<()> {
     let section = format!("{begin}\n{table}{end}\n");
     let old = match fs::read_to_string(path) {

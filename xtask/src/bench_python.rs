@@ -342,14 +342,7 @@ pub fn bench_python(args: BenchPythonArgs) -> anyhow::Result<()> {
 
     let loads = [load_before, load_between, load_after];
     let table = render(&args, &interps, &timing, &cost, &loads, &py_spy);
-    println!("\n{table}");
-    if args.no_write {
-        println!("--no-write: BENCHMARKS.md not updated");
-    } else {
-        let path = workspace_root().join("BENCHMARKS.md");
-        crate::bench::update_section(&path, SECTION_BEGIN, SECTION_END, &table)?;
-        println!("updated {}", path.display());
-    }
+    crate::bench::publish(&table, args.no_write, SECTION_BEGIN, SECTION_END)?;
     let failed = timing.iter().filter(|s| s.error.is_some()).count()
         + cost.iter().flat_map(|(_, r)| r).filter(|(_, r)| r.error.is_some()).count();
     if failed > 0 {

@@ -39,7 +39,7 @@ use anyhow::{Context as _, bail};
 mod cold_start;
 
 use crate::{
-    bench::{StatsGuard, online_cpus, profiler_binary, update_section, utc_now},
+    bench::{StatsGuard, online_cpus, profiler_binary, utc_now},
     display, step, workspace_root,
 };
 
@@ -283,15 +283,7 @@ pub fn bench_unwind(args: BenchUnwindArgs) -> anyhow::Result<()> {
     }
     let _ = fs::remove_dir_all(&tmp);
     let table = render(&args, &results);
-    println!("\n{table}");
-    if args.no_write {
-        println!("--no-write: BENCHMARKS.md not updated");
-    } else {
-        let path = workspace_root().join("BENCHMARKS.md");
-        update_section(&path, SECTION_BEGIN, SECTION_END, &table)?;
-        println!("updated {}", path.display());
-    }
-    Ok(())
+    crate::bench::publish(&table, args.no_write, SECTION_BEGIN, SECTION_END)
 }
 
 fn build_fixture(tmp: &Path) -> anyhow::Result<PathBuf> {

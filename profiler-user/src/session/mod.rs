@@ -330,8 +330,11 @@ impl<'p> Recorder<'p> {
         if let (Some(u), Target::Command(_)) = (&mut unwind, &plan.target) {
             u.queue_files_of_exited();
         }
+        // Said with -v only: the default summary stays short (and `-v` repeats it in the
+        // unwind block).
         if let (Some(u), Target::Command(cmd)) = (&mut unwind, &plan.target)
             && let Some((listed, loaded, took)) = u.load_launch_list(cmd, LAUNCH_LIST_WAIT)
+            && plan.verbose
         {
             msgs.info(format_args!(
                 "loaded {loaded} of the {listed} unwind tables {} used last time in {} ms, \

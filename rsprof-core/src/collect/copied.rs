@@ -79,6 +79,14 @@ enum FileRules {
     LookedUp(Arc<memmap2::Mmap>, ElfLayout, FileIdentity),
 }
 
+/// The table address (file-relative virtual address) of file offset `offset`: the executable
+/// segment holding it maps one to the other.
+fn table_address(layout: &ElfLayout, offset: u64) -> Option<u64> {
+    let &(vaddr, _, off) =
+        layout.code.iter().find(|&&(_, memsz, off)| off <= offset && offset < off + memsz)?;
+    Some(vaddr + (offset - off))
+}
+
 /// What continuing walks over stack copies did, for the summary.
 #[derive(Clone, Debug, Default)]
 pub struct CopyStats {
@@ -199,14 +207,7 @@ impl CopiedStacks {
         match &self.by_module[&key] {
             FileRules::Unreadable => Rule::NoTable,
             FileRules::LookedUp(data, layout, identity) => {
-                let Some(&(vaddr, _, off)) = layout
-                    .code
-                    .iter()
-                    .find(|&&(_, memsz, off)| off <= offset && offset < off + memsz)
-                else {
-                    return Rule::NoCfi;
-                };
-                let addr = vaddr + (offset - off);
+                let Some(addr) = table_address(layout, offset) else { return Rule::NoCfi };
                 let key = (*identity, addr);
                 if let Some(&row) = self.looked_up.get(&key) {
                     return row.map_or(Rule::NoCfi, Rule::Row);
@@ -223,15 +224,8 @@ impl CopiedStacks {
             }
             FileRules::Table(None, _) => Rule::NoCfi,
             FileRules::Table(Some(table), layout) => {
-                // The executable segment holding the offset maps it to the table's addresses.
-                let Some(&(vaddr, _, off)) = layout
-                    .code
-                    .iter()
-                    .find(|&&(_, memsz, off)| off <= offset && offset < off + memsz)
-                else {
-                    return Rule::NoCfi;
-                };
-                match table.lookup(vaddr + (offset - off)) {
+                let Some(addr) = table_address(layout, offset) else { return Rule::NoCfi };
+                match table.lookup(addr) {
                     Some(row) => Rule::Row(row),
                     None => Rule::NoCfi,
                 }

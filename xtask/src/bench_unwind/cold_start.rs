@@ -19,8 +19,8 @@ use anyhow::{Context as _, bail};
 
 use super::{BenchUnwindArgs, column, tail};
 use crate::{
-    bench::{online_cpus, update_section, utc_now},
-    step, workspace_root,
+    bench::{online_cpus, utc_now},
+    step,
 };
 
 pub(super) const SECTION_BEGIN: &str =
@@ -107,15 +107,7 @@ pub(super) fn cold_start(args: &BenchUnwindArgs, profiler: &Path) -> anyhow::Res
     }
     let _ = fs::remove_dir_all(&tmp);
     let table = render(args, &rustc, &results);
-    println!("\n{table}");
-    if args.no_write {
-        println!("--no-write: BENCHMARKS.md not updated");
-    } else {
-        let path = workspace_root().join("BENCHMARKS.md");
-        update_section(&path, SECTION_BEGIN, SECTION_END, &table)?;
-        println!("updated {}", path.display());
-    }
-    Ok(())
+    crate::bench::publish(&table, args.no_write, SECTION_BEGIN, SECTION_END)
 }
 
 fn rustc_args(cmd: &mut Command, rustc: &Path, src: &Path, tmp: &Path) {
