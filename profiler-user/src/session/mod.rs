@@ -307,8 +307,14 @@ impl<'p> Recorder<'p> {
         }
         // With --all, every process that exists now has its /proc/PID/maps read once, here;
         // processes started from now on are known from the kernel's records (attached above).
+        // With a cgroup filter only the selected cgroups' processes: the others' samples never
+        // come, and reading (and writing walker entries for) every process would be wasted.
         if plan.target == Target::All {
-            for pid in procfs::all_pids() {
+            let pids = match &plan.cgroups {
+                Some(c) => c.pids().into_iter().map(Pid).collect(),
+                None => procfs::all_pids(),
+            };
+            for pid in pids {
                 register_existing(&mut collector, &raw, pid);
             }
         }

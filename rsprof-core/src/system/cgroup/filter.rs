@@ -152,6 +152,29 @@ impl Selection {
         self.cgroups.iter().map(|(c, _)| c.id).collect()
     }
 
+    /// The processes in the selected cgroups and below them now (their `cgroup.procs`), as the
+    /// kernel's filter selects them: what a recording's start-up pass needs to read.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        let mut dirs: Vec<std::path::PathBuf> =
+            self.cgroups.iter().map(|(c, _)| c.dir.clone()).collect();
+        while let Some(dir) = dirs.pop() {
+            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            dirs.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// e.g. `cgroup /a/b, container docker 3f2a9c1b4e5d (/system.slice/…)`.
     pub fn describe(&self) -> String {
         self.cgroups.iter().map(|(_, d)| d.as_str()).collect::<Vec<_>>().join(", ")
