@@ -69,18 +69,13 @@ impl PyLoader {
     /// Writes interpreter file `path` to `PY_FILES` (a failure only costs the kernel's head
     /// start).
     fn tell_kernel(&mut self, path: &std::path::Path, elf: &PyElf) {
-        use std::os::unix::fs::MetadataExt as _;
+        use crate::collect::modules::{file_identity, kernel_file_key};
         let (Ok(meta), Some((exec_vaddr, exec_offset))) = (std::fs::metadata(path), elf.exec)
         else {
             return;
         };
         let Some(config) = self.config(elf, 0) else { return };
-        let dev = meta.dev();
-        let key = FileKey {
-            inode: meta.ino(),
-            dev: ((libc::major(dev) as u32) << 20) | libc::minor(dev) as u32,
-            _pad: 0,
-        };
+        let key = kernel_file_key(&file_identity(&meta));
         let file = PyFile {
             proc_: config,
             text_vaddr: exec_vaddr,

@@ -12,10 +12,7 @@
 //! and path; a file whose identity has changed since is skipped when read. A damaged list is
 //! only a shorter one.
 
-use std::{
-    os::unix::fs::MetadataExt as _,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use super::FileIdentity;
 use crate::system::cache_dir::CacheDir;
@@ -27,9 +24,7 @@ const MAX_BYTES: u64 = 256 << 10;
 
 pub fn identity_of(path: &Path) -> Option<FileIdentity> {
     let meta = std::fs::metadata(path).ok()?;
-    meta.is_file().then(|| {
-        (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len())
-    })
+    meta.is_file().then(|| super::file_identity(&meta))
 }
 
 /// The list's name for the command line `argv` (`argv[0]` looked up in `PATH` like the launch

@@ -25,7 +25,6 @@ pub use rsprof_core::collect::copied;
 use std::{
     collections::{HashMap, HashSet},
     fmt::Write as _,
-    os::unix::fs::MetadataExt as _,
     sync::{Arc, mpsc},
     time::{Duration, Instant},
 };
@@ -34,7 +33,7 @@ use anyhow::{Context as _, Result};
 use aya::maps::MapData;
 use kernel_maps::{ProcessSink, RowSink};
 use profiler_common::{
-    FileKey, UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED,
+    UNWIND_MAPPING_ANON, UNWIND_MAPPING_NO_CFI, UNWIND_MAPPING_NOT_LOADED,
     UNWIND_MAPPING_PY_TRAMPOLINES, UNWIND_MAX_MAPPINGS, UnwindFile, UnwindMapping, UnwindProcess,
     UnwindRow, UnwindSegment,
 };
@@ -52,7 +51,7 @@ use crate::{
     store::SampleSink,
 };
 
-pub(crate) use crate::collect::modules::FileIdentity;
+pub(crate) use crate::collect::modules::{FileIdentity, file_identity, kernel_file_key};
 
 /// What became of a file's table.
 #[derive(Clone, Copy, Debug)]
@@ -785,9 +784,7 @@ impl UnwindLoader {
             return *id;
         }
         let meta = m.readable_path().and_then(|p| std::fs::metadata(p).ok());
-        let id = meta.map(|meta| {
-            (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len())
-        });
+        let id = meta.as_ref().map(file_identity);
         if id.is_none() {
             self.stats.files_unreadable += 1;
         }
@@ -1046,10 +1043,4 @@ impl Drop for UnwindLoader {
 pub fn maps(bpf: &mut crate::bpf::object::BpfObject) -> Result<UnwindLoader> {
     let (rows, procs, files) = bpf.take_unwind_maps().context("unwind maps")?;
     UnwindLoader::new(rows, kernel_maps::WalkerEntries { procs, files })
-}
-
-/// `UNWIND_FILES`'s key for a file: its inode and the kernel's encoding of its device.
-fn kernel_file_key(id: &FileIdentity) -> FileKey {
-    let (major, minor) = (libc::major(id.0), libc::minor(id.0));
-    FileKey { inode: id.1, dev: (major << 20) | minor, _pad: 0 }
 }

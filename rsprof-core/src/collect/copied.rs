@@ -9,7 +9,6 @@
 use std::{
     collections::HashMap,
     fmt::Write as _,
-    os::unix::fs::MetadataExt as _,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -245,8 +244,7 @@ impl CopiedStacks {
         let Some(layout) = ElfLayout::read(&path) else {
             return FileRules::Table(None, ElfLayout::default());
         };
-        let identity =
-            (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len());
+        let identity = crate::collect::modules::file_identity(&meta);
         if let Some(t) = self.tables.get(&identity) {
             return FileRules::Table(t.clone(), layout);
         }

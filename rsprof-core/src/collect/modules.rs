@@ -23,6 +23,19 @@ use crate::{
 /// keeps its inode but not its mtime.
 pub type FileIdentity = (u64, u64, i64, u64);
 
+/// The identity of the file `meta` describes.
+pub fn file_identity(meta: &std::fs::Metadata) -> FileIdentity {
+    use std::os::unix::fs::MetadataExt as _;
+    (meta.dev(), meta.ino(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000, meta.len())
+}
+
+/// The file as the kernel's BPF programs name it (`FileKey`): its inode and the kernel's
+/// encoding of its device (`sb->s_dev`: major << 20 | minor), not `st_dev`'s.
+pub fn kernel_file_key(id: &FileIdentity) -> profiler_common::FileKey {
+    let (major, minor) = (libc::major(id.0), libc::minor(id.0));
+    profiler_common::FileKey { inode: id.1, dev: (major << 20) | minor, _pad: 0 }
+}
+
 #[derive(Debug)]
 pub struct Module {
     /// Path as the process saw it (`/usr/lib/x86_64-linux-gnu/libc.so.6`, `[vdso]`).
