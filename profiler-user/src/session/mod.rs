@@ -334,7 +334,7 @@ impl<'p> Recorder<'p> {
         }
         let mut child_exit = None;
         if let (Some(u), Target::Command(_)) = (&mut unwind, &plan.target) {
-            u.queue_files_of_exited();
+            u.keep_launch_list();
         }
         // Said with -v only: the default summary stays short (and `-v` repeats it in the
         // unwind block).

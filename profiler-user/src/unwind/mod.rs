@@ -206,15 +206,15 @@ pub struct UnwindLoader {
     to_push: HashMap<FileIdentity, worker::Job>,
     /// When sampling began, and the start-up files not landed yet.
     startup: Option<(Instant, HashSet<FileIdentity>)>,
-    /// Where each queued file was read from (for the launch list, `launch`).
+    /// Where each queued file was read from, kept only for the launch list (`launch`).
     paths: HashMap<FileIdentity, std::path::PathBuf>,
     /// Files loaded ahead of a command from its launch list: kept loaded and in
     /// `UNWIND_FILES` whether or not a process names them yet.
     pinned: HashSet<FileIdentity>,
     /// When `pinned` goes (see `load_launch_list`).
     unpin_at: Option<Instant>,
-    /// See `queue_files_of_exited`.
-    queue_exited: bool,
+    /// See `keep_launch_list`.
+    launch_list: bool,
     scratch: Box<UnwindProcess>,
     pub stats: UnwindStats,
 }
@@ -253,7 +253,7 @@ impl UnwindLoader {
             paths: HashMap::new(),
             pinned: HashSet::new(),
             unpin_at: None,
-            queue_exited: false,
+            launch_list: false,
             scratch: Box::new(UnwindProcess {
                 count: 0,
                 early_seen: 0,
@@ -487,12 +487,8 @@ impl UnwindLoader {
             }
         }
         self.by_identity.insert(d.identity, FileState::Done(d.table, d.layout));
-        if self.pinned.contains(&d.identity)
-            && matches!(d.table, FileTable::Loaded { .. })
-            && self.file_to_kernel(&d.identity)
-            && let Some(r) = self.refs.get_mut(&d.identity)
-        {
-            r.in_kernel = true;
+        if self.pinned.contains(&d.identity) {
+            self.file_to_kernel(&d.identity);
         }
         if let Some(pids) = self.waiting.remove(&d.identity) {
             self.stats.republished += pids.len() as u64;
@@ -539,7 +535,7 @@ impl UnwindLoader {
         let Some(p) = collector.processes.processes.get(&pid) else { return };
         if p.exited {
             self.remove(pid);
-            if self.queue_exited {
+            if self.launch_list {
                 for m in p.space.mappings() {
                     self.queue_for_later(&collector.modules, m.module);
                 }
@@ -580,23 +576,25 @@ impl UnwindLoader {
         for id in &names {
             let Some(r) = self.refs.get_mut(id) else { continue };
             r.pids.insert(pid);
-            if !r.in_kernel && self.file_to_kernel(id) {
-                self.refs.get_mut(id).expect("looked up above").in_kernel = true;
-            }
+            self.file_to_kernel(id);
         }
         if let Some(old) = self.names.insert(pid, names) {
             self.unref(pid, old);
         }
     }
 
-    /// Writes loaded file `id` to `UNWIND_FILES`; whether it was.
-    fn file_to_kernel(&mut self, id: &FileIdentity) -> bool {
+    /// Writes loaded file `id` to `UNWIND_FILES` (`Refs::in_kernel`) unless it is there or
+    /// released (evictable).
+    fn file_to_kernel(&mut self, id: &FileIdentity) {
+        if self.refs.get(id).is_none_or(|r| r.in_kernel || r.released) {
+            return;
+        }
         let Some(FileState::Done(FileTable::Loaded { first, count, rows, page_base, .. }, layout)) =
             self.by_identity.get(id)
         else {
-            return false;
+            return;
         };
-        let Some(layout) = layout else { return false };
+        let Some(layout) = layout else { return };
         let mut file = UnwindFile {
             size: id.3,
             mtime_sec: id.2.div_euclid(1_000_000_000) as u64,
@@ -611,9 +609,10 @@ impl UnwindLoader {
             *seg = UnwindSegment { vaddr, memsz, offset };
             file.segment_count += 1;
         }
-        let ok = self.procs.insert_file(kernel_file_key(id), &file).is_ok();
-        self.stats.early_files += u64::from(ok);
-        ok
+        if self.procs.insert_file(kernel_file_key(id), &file).is_ok() {
+            self.stats.early_files += 1;
+            self.refs.get_mut(id).expect("looked up above").in_kernel = true;
+        }
     }
 
     pub fn remove(&mut self, pid: Pid) {
@@ -768,11 +767,11 @@ impl UnwindLoader {
         }
     }
 
-    /// Files of processes that exited before their entry was written are queued too, so that
-    /// the command's launch list holds them (`record -- CMD`: a compiler's linker can live
-    /// 20 ms).
-    pub fn queue_files_of_exited(&mut self) {
-        self.queue_exited = true;
+    /// `record -- CMD`: files' paths are kept for the command's launch list, and files of
+    /// processes that exited before their entry was written are queued too, so that the list
+    /// holds them (a compiler's linker can live 20 ms).
+    pub fn keep_launch_list(&mut self) {
+        self.launch_list = true;
     }
 
     /// The identity of a module's file (one stat, once per module).
@@ -801,7 +800,9 @@ impl UnwindLoader {
             return;
         };
         self.by_identity.insert(identity, FileState::Pending);
-        self.paths.insert(identity, std::path::PathBuf::from(&m.path));
+        if self.launch_list {
+            self.paths.insert(identity, std::path::PathBuf::from(&m.path));
+        }
         let job = worker::Job {
             path,
             hold: m.hold(),
@@ -942,13 +943,7 @@ impl UnwindLoader {
                 // waited for too, and written to the kernel when it lands.
                 Some(FileState::Pending) => continue,
                 Some(FileState::Done(..)) => {
-                    if let Some(r) = self.refs.get(identity)
-                        && !r.in_kernel
-                        && !r.released
-                        && self.file_to_kernel(identity)
-                    {
-                        self.refs.get_mut(identity).expect("looked up above").in_kernel = true;
-                    }
+                    self.file_to_kernel(identity);
                     continue;
                 }
                 None => {}
