@@ -110,8 +110,24 @@ pub(super) fn cold_start(args: &BenchUnwindArgs, profiler: &Path) -> anyhow::Res
     crate::bench::publish(&table, args.no_write, SECTION_BEGIN, SECTION_END)
 }
 
-fn rustc_args(cmd: &mut Command, rustc: &Path, src: &Path, tmp: &Path) {
-    cmd.arg(rustc).arg("-O").arg(src).arg("-o").arg(tmp.join("small"));
+/// Runs `tool` (its arguments up to `--`) recording the compile; its stderr and the wall
+/// time, or an error with its last lines.
+fn record_compile(
+    mut tool: Command,
+    what: &str,
+    rustc: &Path,
+    src: &Path,
+    tmp: &Path,
+) -> anyhow::Result<(String, f64)> {
+    tool.arg(rustc).arg("-O").arg(src).arg("-o").arg(tmp.join("small"));
+    let started = Instant::now();
+    let done = tool.stdin(Stdio::null()).output()?;
+    let secs = started.elapsed().as_secs_f64();
+    let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
+    if !done.status.success() {
+        bail!("{what} failed{}", tail(&stderr));
+    }
+    Ok((stderr, secs))
 }
 
 fn rsprof_run(
@@ -128,14 +144,7 @@ fn rsprof_run(
         .args(["-v", "-F", &freq.to_string(), "-o"])
         .arg(&out)
         .arg("--");
-    rustc_args(&mut cmd, rustc, src, tmp);
-    let started = Instant::now();
-    let done = cmd.stdin(Stdio::null()).output()?;
-    let secs = started.elapsed().as_secs_f64();
-    let stderr = String::from_utf8_lossy(&done.stderr);
-    if !done.status.success() {
-        bail!("rsprof-bpf failed{}", tail(&stderr));
-    }
+    let (stderr, secs) = record_compile(cmd, "rsprof-bpf", rustc, src, tmp)?;
     let folded = fs::read_to_string(&out)?;
     let roots = folded_roots(&folded);
     // "in the profile (stack copies walked): N of M user stacks complete"
@@ -155,14 +164,11 @@ fn perf_run(freq: u64, rustc: &Path, src: &Path, tmp: &Path) -> anyhow::Result<R
     cmd.args(["record", "-q", "-F", &freq.to_string(), "--call-graph", "dwarf,16384", "-o"])
         .arg(&data)
         .arg("--");
-    rustc_args(&mut cmd, rustc, src, tmp);
-    let started = Instant::now();
-    let done = cmd.stdin(Stdio::null()).output()?;
-    let secs = started.elapsed().as_secs_f64();
-    if !done.status.success() {
-        bail!("perf record failed{}", tail(&String::from_utf8_lossy(&done.stderr)));
-    }
+    let (_, secs) = record_compile(cmd, "perf record", rustc, src, tmp)?;
     let script = Command::new("perf").args(["script", "-i"]).arg(&data).output()?;
+    if !script.status.success() {
+        bail!("perf script failed{}", tail(&String::from_utf8_lossy(&script.stderr)));
+    }
     let text = String::from_utf8_lossy(&script.stdout);
     Ok(Run { roots: perf_roots(&text), own: None, secs })
 }
@@ -177,13 +183,7 @@ fn samply_run(
     let out = tmp.join("samply.json.gz");
     let mut cmd = Command::new(samply);
     cmd.args(["record", "--save-only", "-r", &freq.to_string(), "-o"]).arg(&out).arg("--");
-    rustc_args(&mut cmd, rustc, src, tmp);
-    let started = Instant::now();
-    let done = cmd.stdin(Stdio::null()).output()?;
-    let secs = started.elapsed().as_secs_f64();
-    if !done.status.success() {
-        bail!("samply failed{}", tail(&String::from_utf8_lossy(&done.stderr)));
-    }
+    let (_, secs) = record_compile(cmd, "samply", rustc, src, tmp)?;
     Ok(Run { roots: samply_cfi_end(&out)?, own: None, secs })
 }
 
