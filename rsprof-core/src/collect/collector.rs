@@ -817,20 +817,9 @@ mod tests {
         let pid = PID_BASE + i;
         let exec = TaskKind::Exec { argv: vec!["short".into()], truncated: false, mm: 1, vdso: 0 };
         c.handle(task(time, pid, exec));
-        let path = MappedPath { path: format!("/nonexistent/rsprof/lib{i}.so"), complete: true };
-        let kind = MapKind::File { offset: 0, dev: 1, inode: 1000 + u64::from(i), path };
-        let (start, end) = (TEXT, TEXT + 0x1000);
+        // lib{1000 + i}.so: even for even processes, as the test checks.
+        map_lib(c, time.0, pid, 1000 + u64::from(i));
         let (pid, tid) = (Pid(pid), Tid(pid));
-        c.handle(KernelEvent::Map(MapEvent {
-            time,
-            pid,
-            tid,
-            mm: 1,
-            start,
-            end,
-            kind,
-            early_seq: 0,
-        }));
         for k in 0..samples {
             c.handle(KernelEvent::Sample(Sample {
                 time: MonoNs(time.0 + u64::from(k)),
