@@ -535,7 +535,10 @@ fn mapped_path(raw: &[u8], complete: bool) -> MappedPath {
         if complete || i > 0 {
             path.push('/');
         }
-        path.push_str(&String::from_utf8_lossy(p));
+        match std::str::from_utf8(p) {
+            Ok(part) => path.push_str(part),
+            Err(_) => path.push_str(&String::from_utf8_lossy(p)),
+        }
     }
     if path.is_empty() && complete {
         path.push('/');

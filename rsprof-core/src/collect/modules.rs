@@ -98,15 +98,33 @@ pub fn fd_path(f: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()))
 }
 
+type FastHash = foldhash::fast::RandomState;
+
+/// A module's key: device, inode and the path it was mapped by.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct FileKey(u64, u64, String);
+
+/// `FileKey` borrowed, to look one up without building its path. Hashes as `FileKey` does
+/// (a `String` hashes as its `str`).
+#[derive(Hash)]
+struct FileRef<'a>(u64, u64, &'a str);
+
+impl hashbrown::Equivalent<FileKey> for FileRef<'_> {
+    fn equivalent(&self, k: &FileKey) -> bool {
+        self.0 == k.0 && self.1 == k.1 && self.2 == k.2
+    }
+}
+
 /// Files keyed by (device, inode) so one library mapped by many processes is one module.
 #[derive(Default, Debug)]
 pub struct ModuleTable {
     modules: Vec<Module>,
-    by_key: HashMap<(u64, u64, String), ModuleId>,
+    /// Looked up by a borrowed key (`FileRef`): every mapping record of an exec storm asks.
+    by_key: hashbrown::HashMap<FileKey, ModuleId, FastHash>,
     /// Files by (dev, inode) alone, for kernel records whose path walk was cut short.
-    by_file: HashMap<(u64, u64), ModuleId>,
+    by_file: HashMap<(u64, u64), ModuleId, FastHash>,
     /// Program headers of executables and interpreters, read once per module.
-    layouts: HashMap<ModuleId, Option<ElfLayout>>,
+    layouts: HashMap<ModuleId, Option<ElfLayout>, FastHash>,
     /// Slots of released modules, reused by the next new ones.
     free: Vec<ModuleId>,
     /// (creation number, id) of the modules held, by creation: what
@@ -211,8 +229,8 @@ impl ModuleTable {
     /// processes' address spaces and those in stored stacks; an export already captured keeps
     /// its files through the handles in its `ModuleSource`s. Returns how many were released.
     pub fn release_unreferenced(&mut self, referenced: &HashSet<ModuleId>) -> usize {
-        let keep = |key: &(u64, u64, String)| key.0 == 0 && key.1 == 0;
-        let mut gone = std::collections::HashSet::new();
+        let keep = |key: &FileKey| key.0 == 0 && key.1 == 0;
+        let mut gone = HashSet::new();
         self.by_key.retain(|key, id| {
             let live = keep(key) || referenced.contains(id);
             if !live {
@@ -235,7 +253,7 @@ impl ModuleTable {
         self.modules.is_empty()
     }
 
-    fn intern(&mut self, key: (u64, u64, String), make: impl FnOnce() -> Module) -> ModuleId {
+    fn intern(&mut self, key: FileRef, make: impl FnOnce() -> Module) -> ModuleId {
         if let Some(&id) = self.by_key.get(&key) {
             return id;
         }
@@ -255,19 +273,21 @@ impl ModuleTable {
         };
         self.creations.push_back((self.created, id));
         self.created += 1;
-        self.by_key.insert(key, id);
+        self.by_key.insert(FileKey(key.0, key.1, key.2.to_owned()), id);
         id
     }
 
     /// The module for a mapping line of `pid`.
     fn module_for(&mut self, pid: Pid, m: &MapsLine) -> ModuleId {
-        let key = (m.dev, m.inode, m.path.clone());
-        self.intern(key, || open_module(pid, m))
+        self.intern(FileRef(m.dev, m.inode, &m.path), || open_module(pid, m))
     }
 
     fn layout(&mut self, module: ModuleId) -> Option<&ElfLayout> {
-        let open = self.modules[module.0 as usize].open_path.clone();
-        self.layouts.entry(module).or_insert_with(|| ElfLayout::read(open.as_deref()?)).as_ref()
+        let m = &self.modules[module.0 as usize];
+        self.layouts
+            .entry(module)
+            .or_insert_with(|| ElfLayout::read(m.open_path.as_deref()?))
+            .as_ref()
     }
 
     /// The executable mappings of `module`'s code as the ELF loader placed it; none when the
@@ -332,8 +352,7 @@ impl ModuleTable {
             .find_map(|p| Some((std::fs::metadata(&p).ok()?, p)))
             .map(|(m, p)| (p, m))?;
         let dev = (libc::major(meta.dev()) as u64) << 32 | libc::minor(meta.dev()) as u64;
-        let key = (dev, meta.ino(), interp.clone());
-        if let Some(&id) = self.by_key.get(&key) {
+        if let Some(&id) = self.by_key.get(&FileRef(dev, meta.ino(), &interp)) {
             return Some(id);
         }
         if let Some(&id) = self.by_file.get(&(dev, meta.ino())) {
@@ -341,11 +360,11 @@ impl ModuleTable {
         }
         // Held open: the process's root (and so this path) goes away with it.
         let file = File::open(&open).ok()?;
-        let id = self.intern(key, || {
+        let id = self.intern(FileRef(dev, meta.ino(), &interp), || {
             let fd_path = fd_path(&file);
             Module {
                 name: file_name(&interp),
-                path: interp,
+                path: interp.clone(),
                 open_path: Some(fd_path),
                 _file: Some(Arc::new(file)),
                 build_id: None,
@@ -357,7 +376,7 @@ impl ModuleTable {
 
     /// The vDSO (the same image in every process).
     pub fn vdso(&mut self) -> ModuleId {
-        self.intern((0, 0, "[vdso]".into()), || Module {
+        self.intern(FileRef(0, 0, "[vdso]"), || Module {
             path: "[vdso]".into(),
             name: "[vdso]".into(),
             open_path: vdso_image(),
@@ -368,7 +387,7 @@ impl ModuleTable {
 
     /// Anonymous executable memory (JIT code): no file.
     pub fn anon(&mut self) -> ModuleId {
-        self.intern((0, 0, "[anon]".into()), || Module {
+        self.intern(FileRef(0, 0, "[anon]"), || Module {
             path: "[anon]".into(),
             name: "[anon]".into(),
             open_path: None,
@@ -390,7 +409,7 @@ impl ModuleTable {
         path: &MappedPath,
         exe: bool,
     ) -> ModuleId {
-        let key = (dev, inode, path.path.clone());
+        let key = FileRef(dev, inode, &path.path);
         if let Some(&id) = self.by_key.get(&key) {
             return id;
         }

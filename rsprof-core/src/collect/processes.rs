@@ -317,7 +317,9 @@ pub enum LabelNaming {
 
 #[derive(Debug, Default)]
 pub struct ProcessTable {
-    pub processes: BTreeMap<Pid, ProcessInfo>,
+    /// Hashed, and boxed (a `ProcessInfo` is over 1.5 KiB): an exec storm adds and forgets
+    /// hundreds of processes a second, and looks one up per record.
+    pub processes: hashbrown::HashMap<Pid, Box<ProcessInfo>, foldhash::fast::RandomState>,
     /// cgroup id → path, for processes gone before their cgroup was read.
     pub cgroup_paths: PathCache,
     /// Processes that exited, by exit time: forgotten a grace period later unless stored
@@ -337,7 +339,7 @@ impl ProcessTable {
     }
 
     pub fn get(&self, pid: Pid) -> Option<&ProcessInfo> {
-        self.processes.get(&pid)
+        self.processes.get(&pid).map(|p| &**p)
     }
 
     /// The process, created empty if unknown.
@@ -347,7 +349,10 @@ impl ProcessTable {
 
     /// Pids of the processes not known to have exited.
     pub fn live_pids(&self) -> Vec<Pid> {
-        self.processes.iter().filter(|(_, p)| !p.exited).map(|(&pid, _)| pid).collect()
+        let mut pids: Vec<Pid> =
+            self.processes.iter().filter(|(_, p)| !p.exited).map(|(&pid, _)| pid).collect();
+        pids.sort_unstable();
+        pids
     }
 
     /// Records the text of label `label` of `pid` (at most `MAX_LABELS` per process).
