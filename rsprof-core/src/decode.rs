@@ -273,7 +273,10 @@ fn set_comm(s: &mut String, raw: &[u8]) {
     // Consecutive samples are mostly of the same thread.
     if s.as_bytes() != raw {
         s.clear();
-        s.push_str(&String::from_utf8_lossy(raw));
+        match std::str::from_utf8(raw) {
+            Ok(name) => s.push_str(name),
+            Err(_) => s.push_str(&String::from_utf8_lossy(raw)),
+        }
     }
 }
 
@@ -528,21 +531,20 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
 
 /// Joins path components sent leaf first (`libc.so.6\0lib\0usr\0`) into `/usr/lib/libc.so.6`.
 fn mapped_path(raw: &[u8], complete: bool) -> MappedPath {
-    // One allocation: an exec storm sends thousands of these a second.
-    let mut path = String::with_capacity(raw.len() + 1);
+    // One allocation and one UTF-8 check: an exec storm sends thousands of these a second.
+    let mut path = Vec::with_capacity(raw.len() + 1);
     let parts = raw.split(|&c| c == 0).filter(|p| !p.is_empty());
     for (i, p) in parts.rev().enumerate() {
         if complete || i > 0 {
-            path.push('/');
+            path.push(b'/');
         }
-        match std::str::from_utf8(p) {
-            Ok(part) => path.push_str(part),
-            Err(_) => path.push_str(&String::from_utf8_lossy(p)),
-        }
+        path.extend_from_slice(p);
     }
     if path.is_empty() && complete {
-        path.push('/');
+        path.push(b'/');
     }
+    let path = String::from_utf8(path)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
     MappedPath { path, complete }
 }
 

@@ -668,22 +668,21 @@ impl AddressSpace {
         if start >= end {
             return;
         }
-        self.version = next_version();
-        let mut kept = Vec::with_capacity(self.mappings.len() + 1);
-        for m in self.mappings.drain(..) {
-            if m.end <= start || m.start >= end {
-                kept.push(m);
-                continue;
-            }
-            if m.start < start {
-                kept.push(Mapping { end: start, ..m });
-            }
-            if m.end > end {
-                let file_offset = m.file_offset + (end - m.start);
-                kept.push(Mapping { start: end, file_offset, ..m });
-            }
+        // Sorted and non-overlapping: the mappings the range touches are consecutive. Most
+        // unmaps touch no code (a process's data, its exit): nothing changes then.
+        let first = self.mappings.partition_point(|m| m.end <= start);
+        let last = first + self.mappings[first..].partition_point(|m| m.start < end);
+        if first == last {
+            return;
         }
-        self.mappings = kept;
+        self.version = next_version();
+        let (head, tail) = (self.mappings[first], self.mappings[last - 1]);
+        let left = (head.start < start).then_some(Mapping { end: start, ..head });
+        let right = (tail.end > end).then(|| {
+            let file_offset = tail.file_offset + (end - tail.start);
+            Mapping { start: end, file_offset, ..tail }
+        });
+        self.mappings.splice(first..last, left.into_iter().chain(right));
     }
 }
 
@@ -768,6 +767,43 @@ mod tests {
         assert_eq!(space.len(), 7, "libc cut in three around the hole and the JIT code");
         space.remove(0x7f0000030000, 0x7f0000040000);
         assert!(space.lookup(0x7f0000030010).is_none());
+    }
+
+    proptest::proptest! {
+        /// Any sequence of maps and unmaps leaves what a page-by-page model holds, and an
+        /// unmap of memory without code keeps the space's version.
+        #[test]
+        fn maps_and_unmaps_agree_with_a_page_model(
+            ops in proptest::collection::vec((proptest::bool::ANY, 0u64..40, 1u64..12), 1..60)
+        ) {
+            const PAGE: u64 = 0x1000;
+            let mut space = AddressSpace::default();
+            let mut pages: [Option<(u32, u64)>; 52] = [None; 52];
+            for (i, &(map, first, n)) in ops.iter().enumerate() {
+                let (start, end) = (first * PAGE, (first + n) * PAGE);
+                if map {
+                    let module = ModuleId(i as u32);
+                    space.insert(Mapping { start, end, file_offset: 7 * PAGE, module });
+                    for p in first..first + n {
+                        pages[p as usize] = Some((i as u32, 7 * PAGE + (p - first) * PAGE));
+                    }
+                } else {
+                    let touched = (first..first + n).any(|p| pages[p as usize].is_some());
+                    let before = space.version();
+                    space.remove(start, end);
+                    proptest::prop_assert_eq!(space.version() != before, touched);
+                    for p in first..first + n {
+                        pages[p as usize] = None;
+                    }
+                }
+                for (p, want) in pages.iter().enumerate() {
+                    let got = space.lookup(p as u64 * PAGE + 8).map(|(m, off)| (m.0, off - 8));
+                    proptest::prop_assert_eq!(got, *want);
+                }
+                let m = space.mappings();
+                proptest::prop_assert!(m.windows(2).all(|w| w[0].end <= w[1].start));
+            }
+        }
     }
 
     #[test]
