@@ -175,6 +175,10 @@ pub const DEFER_YOUNG: Duration = Duration::from_millis(200);
 /// How long launch-list tables stay loaded though no process names them.
 const PIN_FOR: Duration = Duration::from_secs(2);
 
+/// Files whose first-sample wait is timed (`UnwindLoader::first_wanted`): the summary's
+/// figure, not something to grow without bound in an agent.
+const MAX_TIMED_FILES: usize = 4096;
+
 pub struct UnwindLoader {
     procs: Box<dyn ProcessSink>,
     shared: Arc<worker::Shared>,
@@ -215,6 +219,11 @@ pub struct UnwindLoader {
     unpin_at: Option<Instant>,
     /// See `keep_launch_list`.
     launch_list: bool,
+    /// When a sample first stopped for want of each file's table (and the file's name), and
+    /// when each table landed in the kernel: how long the first sample waited (`render`).
+    /// At most `MAX_TIMED_FILES` each.
+    first_wanted: HashMap<FileIdentity, (MonoNs, String)>,
+    landed_at: HashMap<FileIdentity, MonoNs>,
     scratch: Box<UnwindProcess>,
     pub stats: UnwindStats,
 }
@@ -254,6 +263,8 @@ impl UnwindLoader {
             pinned: HashSet::new(),
             unpin_at: None,
             launch_list: false,
+            first_wanted: HashMap::new(),
+            landed_at: HashMap::new(),
             scratch: Box::new(UnwindProcess {
                 count: 0,
                 early_seen: 0,
@@ -305,6 +316,13 @@ impl UnwindLoader {
         }
         if let Some(young) = self.defer_young {
             self.hold_young(collector, young, &wanted, &mut pids);
+        }
+        for (module, time) in collector.outbox.take_files_wanted() {
+            let Some((name, Some(id))) = self.by_module.get(&module) else { continue };
+            if self.first_wanted.len() < MAX_TIMED_FILES || self.first_wanted.contains_key(id) {
+                let first = self.first_wanted.entry(*id).or_insert((time, name.clone()));
+                first.0 = first.0.min(time);
+            }
         }
         let mut pids: Vec<Pid> = pids.into_iter().collect();
         pids.sort_unstable();
@@ -462,6 +480,9 @@ impl UnwindLoader {
         match d.table {
             FileTable::Loaded { first, count, serial, .. } => {
                 self.stats.tables_loaded += 1;
+                if self.landed_at.len() < MAX_TIMED_FILES {
+                    self.landed_at.entry(d.identity).or_insert_with(MonoNs::now);
+                }
                 self.stats.rows_loaded += u64::from(d.rows);
                 let table = worker::Evicted { identity: d.identity, serial, first, count };
                 self.refs.insert(
@@ -814,6 +835,48 @@ impl UnwindLoader {
         self.to_push.insert(identity, job);
     }
 
+    /// How long the first sample that stopped for want of each file's table waited for it to
+    /// land: median and p99 over the files, the largest files' own, and the files whose
+    /// table never came.
+    fn render_waits(&self) -> Option<String> {
+        if self.first_wanted.is_empty() {
+            return None;
+        }
+        let mut waited = Vec::new(); // (size, ms, name)
+        let (mut never, mut already) = (0, 0);
+        for (id, (first, name)) in &self.first_wanted {
+            match self.landed_at.get(id) {
+                None => never += 1,
+                Some(landed) if landed.0 <= first.0 => already += 1,
+                Some(landed) => waited.push((id.3, (landed.0 - first.0) as f64 / 1e6, name)),
+            }
+        }
+        let mut ms: Vec<f64> = waited.iter().map(|w| w.1).collect();
+        ms.sort_by(f64::total_cmp);
+        // Nearest rank.
+        let at = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
+        let mut line = format!("first sample to table in the kernel: {} files", ms.len());
+        if !ms.is_empty() {
+            let _ = write!(line, ", median {:.0} ms, p99 {:.0} ms", at(0.5), at(0.99));
+            waited.sort_by_key(|w| std::cmp::Reverse(w.0));
+            let largest: Vec<String> = waited
+                .iter()
+                .take(3)
+                .map(|(size, ms, name)| {
+                    let file = name.rsplit('/').next().unwrap_or(name);
+                    format!("{file} ({:.0} MiB) {ms:.0} ms", *size as f64 / 1048576.0)
+                })
+                .collect();
+            let _ = write!(line, "; largest: {}", largest.join(", "));
+        }
+        let _ = write!(
+            line,
+            "; {never} never loaded; {already} first sampled after their table landed (the \
+             process's entry not written yet)"
+        );
+        Some(line)
+    }
+
     /// The summary block.
     pub fn render(&self) -> String {
         let s = &self.stats;
@@ -865,6 +928,9 @@ impl UnwindLoader {
             s.loop_time.as_secs_f64() * 1e3,
             s.loop_max.as_secs_f64() * 1e3
         );
+        if let Some(line) = self.render_waits() {
+            let _ = writeln!(out, "  {line}");
+        }
         if s.early_files > 0 || s.launch_list.is_some() {
             let launch = s.launch_list.map_or(String::new(), |(listed, loaded, took)| {
                 format!(

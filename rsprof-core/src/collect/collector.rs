@@ -542,10 +542,17 @@ impl<S: SampleSink> Collector<S> {
         // Stopped for want of a table, or of the process's entry (not written yet, or held
         // back while it was young: `UnwindLoader::defer_young`).
         use crate::model::address::UserStackEnd as End;
-        if s.off_cpu.is_none()
-            && matches!(End::from_flags(s.flags), End::NoTable | End::NoMapping | End::NoProcess)
-        {
-            self.outbox.table_wanted(s.pid);
+        if s.off_cpu.is_none() {
+            let end = End::from_flags(s.flags);
+            if matches!(end, End::NoTable | End::NoMapping | End::NoProcess) {
+                self.outbox.table_wanted(s.pid);
+            }
+            // The walk stopped at its last frame, in the file whose table it wanted.
+            if end == End::NoTable
+                && let Some((module, _)) = s.user_stack.last().and_then(|&pc| p.space.lookup(pc))
+            {
+                self.outbox.file_wanted(module, s.time);
+            }
         }
         // Stacks named from the perf map are cached until it names more. The jitdump is read
         // once a sample is later than its last read, so each sample is named knowing every

@@ -4,7 +4,7 @@
 use crate::{
     decode::RawUsdtHit,
     model::{
-        ids::{Pid, Tid},
+        ids::{ModuleId, Pid, Tid},
         time::MonoNs,
     },
 };
@@ -23,6 +23,9 @@ pub struct Outbox {
     /// Processes with samples whose walk ended at a file whose table is not loaded yet (the
     /// loader compiles their files first).
     tables_wanted: Vec<Pid>,
+    /// The files those walks stopped in, with the sample's time (the loader times how long
+    /// a file's first sample waited for its table).
+    files_wanted: Vec<(ModuleId, MonoNs)>,
 }
 
 /// A new process: a fork of `parent` (not a thread), at `time`; `walker_copied`: the kernel
@@ -80,6 +83,18 @@ impl Outbox {
         if self.tables_wanted.len() < 4096 {
             self.tables_wanted.push(pid);
         }
+    }
+
+    /// A sample at `time` stopped in `module` for want of its table. Bounded, like
+    /// `table_wanted`.
+    pub fn file_wanted(&mut self, module: ModuleId, time: MonoNs) {
+        if self.files_wanted.len() < 4096 {
+            self.files_wanted.push((module, time));
+        }
+    }
+
+    pub fn take_files_wanted(&mut self) -> Vec<(ModuleId, MonoNs)> {
+        std::mem::take(&mut self.files_wanted)
     }
 
     /// Processes sampled without a table since the last take, once per sample.

@@ -58,6 +58,8 @@ struct Run {
     roots: (u64, u64),
     own: Option<(u64, u64)>,
     secs: f64,
+    /// rsprof-bpf's `first sample to table in the kernel: …` summary line, after its prefix.
+    waits: Option<String>,
 }
 
 pub(super) fn cold_start(args: &BenchUnwindArgs, profiler: &Path) -> anyhow::Result<()> {
@@ -155,7 +157,10 @@ fn rsprof_run(
         let m = w.nth(1)?.parse().ok()?;
         Some((n, m))
     });
-    Ok(Run { roots, own, secs })
+    let waits = stderr.lines().find_map(|l| {
+        Some(l.split_once("first sample to table in the kernel: ")?.1.trim().to_owned())
+    });
+    Ok(Run { roots, own, secs, waits })
 }
 
 fn perf_run(freq: u64, rustc: &Path, src: &Path, tmp: &Path) -> anyhow::Result<Run> {
@@ -170,7 +175,7 @@ fn perf_run(freq: u64, rustc: &Path, src: &Path, tmp: &Path) -> anyhow::Result<R
         bail!("perf script failed{}", tail(&String::from_utf8_lossy(&script.stderr)));
     }
     let text = String::from_utf8_lossy(&script.stdout);
-    Ok(Run { roots: perf_roots(&text), own: None, secs })
+    Ok(Run { roots: perf_roots(&text), own: None, secs, waits: None })
 }
 
 fn samply_run(
@@ -184,7 +189,7 @@ fn samply_run(
     let mut cmd = Command::new(samply);
     cmd.args(["record", "--save-only", "-r", &freq.to_string(), "-o"]).arg(&out).arg("--");
     let (_, secs) = record_compile(cmd, "samply", rustc, src, tmp)?;
-    Ok(Run { roots: samply_cfi_end(&out)?, own: None, secs })
+    Ok(Run { roots: samply_cfi_end(&out)?, own: None, secs, waits: None })
 }
 
 /// (complete, all) samples of samply's profile with user frames, complete when the outermost
@@ -356,6 +361,22 @@ fn render(
             roots.join(", "),
             secs.join(", ")
         );
+    }
+    let _ = writeln!(
+        s,
+        "\nrsprof-bpf: how long each file's first sample that stopped for want of its table \
+         waited for the table to land in the kernel (the summary's `first sample to table in \
+         the kernel`; median and p99 over the files of a run, then the largest files'):\n"
+    );
+    for (tool, runs) in results.iter().filter(|(t, _)| matches!(t, Tool::Cold | Tool::Warm)) {
+        for (i, r) in runs.iter().enumerate() {
+            let waits = match r {
+                Ok(Run { waits: Some(w), .. }) => w.clone(),
+                Ok(_) => "no sample stopped for want of a table".to_owned(),
+                Err(_) => "run failed".to_owned(),
+            };
+            let _ = writeln!(s, "- {}, run {}: {waits}", tool.label(), i + 1);
+        }
     }
     s
 }
