@@ -382,6 +382,8 @@ impl<S: SampleSink> Collector<S> {
     }
 
     fn on_sample(&mut self, s: &mut Sample) {
+        // How the kernel's walk ended, and where, before a stack copy's walk continues it.
+        let kernel_walk = (s.user_stack_end(), s.user_stack.last().copied());
         if s.labels.iter().any(|l| l.depth == 0)
             && let Some(p) = self.processes.processes.get(&s.pid)
         {
@@ -435,6 +437,9 @@ impl<S: SampleSink> Collector<S> {
             }
             key => {
                 let (cpu_delta_ns, stack) = self.observe_task(s);
+                if s.off_cpu.is_none() {
+                    self.tables_wanted(s, kernel_walk);
+                }
                 (key, cpu_delta_ns, stack)
             }
         };
@@ -516,6 +521,23 @@ impl<S: SampleSink> Collector<S> {
         self.forgotten_since_sweep = 0;
     }
 
+    /// Tells the unwinder's loader that the kernel's walk of `s` stopped for want of a table
+    /// (its file's), or of the process's entry (not written yet, or held back while it was
+    /// young: `UnwindLoader::defer_young`), whatever a stack copy's walk made of it since.
+    fn tables_wanted(&mut self, s: &Sample, (end, last_pc): (UserStackEnd, Option<u64>)) {
+        use UserStackEnd as End;
+        if matches!(end, End::NoTable | End::NoMapping | End::NoProcess) {
+            self.outbox.table_wanted(s.pid);
+        }
+        // The walk stopped at its last frame, in the file whose table it wanted.
+        if end == End::NoTable
+            && let Some(p) = self.processes.processes.get(&s.pid)
+            && let Some((module, _)) = last_pc.and_then(|pc| p.space.lookup(pc))
+        {
+            self.outbox.file_wanted(module, s.time);
+        }
+    }
+
     /// Updates what is known of a sampled task's process and thread, stores its stack, and
     /// returns its CPU time since its previous sample (0 for off-CPU time, which carries no
     /// CPU time reading) and its stack.
@@ -539,21 +561,6 @@ impl<S: SampleSink> Collector<S> {
             p.meta.name.clone_from(&s.comm);
         }
         let cpu_delta = if s.off_cpu.is_some() { 0 } else { p.cpu_delta(s.tid, s.cpu_time_ns) };
-        // Stopped for want of a table, or of the process's entry (not written yet, or held
-        // back while it was young: `UnwindLoader::defer_young`).
-        use crate::model::address::UserStackEnd as End;
-        if s.off_cpu.is_none() {
-            let end = End::from_flags(s.flags);
-            if matches!(end, End::NoTable | End::NoMapping | End::NoProcess) {
-                self.outbox.table_wanted(s.pid);
-            }
-            // The walk stopped at its last frame, in the file whose table it wanted.
-            if end == End::NoTable
-                && let Some((module, _)) = s.user_stack.last().and_then(|&pc| p.space.lookup(pc))
-            {
-                self.outbox.file_wanted(module, s.time);
-            }
-        }
         // Stacks named from the perf map are cached until it names more. The jitdump is read
         // once a sample is later than its last read, so each sample is named knowing every
         // record written before it.
