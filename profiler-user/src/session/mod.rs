@@ -63,6 +63,10 @@ const MIN_DRAIN_GAP: Duration = Duration::from_nanos(profiler_common::WAKE_GAP_N
 /// their samples are drained, and one freed before that cannot be named (its frames say so);
 /// 50 ms names the code of a function that lives a tenth of a second.
 const PYTHON_DRAIN_INTERVAL: Duration = Duration::from_millis(50);
+/// ...while their samples carry Python frames, up to this long after the last did. A process
+/// that maps libpython without running it (perf, which embeds it for scripts) never sends
+/// any, and must not keep an agent draining 20 times a second for good.
+const PYTHON_FRAMES_RECENT: Duration = Duration::from_secs(2);
 /// How often the loop drains while processes wait for a table being compiled.
 const TABLE_LANDING_POLL: Duration = Duration::from_millis(10);
 
@@ -945,7 +949,10 @@ fn product() -> String {
 impl Recorder<'_> {
     /// The drain timer's period now: `every`, bounded while CPython processes run.
     fn timer_period(&self, every: Duration) -> Duration {
-        if self.python.as_ref().is_some_and(crate::python::loader::PyLoader::running) {
+        let recent = self.collector.python_frames_at.is_some_and(|t| {
+            MonoNs::now().0.saturating_sub(t.0) < PYTHON_FRAMES_RECENT.as_nanos() as u64
+        });
+        if recent && self.python.as_ref().is_some_and(crate::python::loader::PyLoader::running) {
             every.min(PYTHON_DRAIN_INTERVAL)
         } else {
             every

@@ -111,6 +111,9 @@ pub struct Collector<S> {
     pub drain_soon_until: MonoNs,
     /// Which processes run CPython.
     pub python: crate::collect::python::tracker::PyTracker,
+    /// The last sample that carried Python frames: a process that maps libpython without
+    /// running it (perf, which embeds it for scripts) sends none.
+    pub python_frames_at: Option<MonoNs>,
     /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
     off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
     frames: Vec<FrameAddr>,
@@ -153,6 +156,7 @@ impl<S: SampleSink> Collector<S> {
             copies: CopiedStacks::default(),
             off_cpu_copies: Default::default(),
             python: Default::default(),
+            python_frames_at: None,
             drain_soon_until: MonoNs(0),
             frames: Vec::with_capacity(256),
             sample: Sample::default(),
@@ -602,6 +606,9 @@ impl<S: SampleSink> Collector<S> {
         let r = stack::normalize(s, p, anon, &mut self.frames);
         self.stats.unmapped_frames += r.unmapped;
         if python {
+            if !s.python.is_empty() {
+                self.python_frames_at = Some(s.time);
+            }
             let (on, off) = (&mut self.stats.python, &mut self.stats.python_off_cpu);
             crate::collect::python::merge::merge(&mut self.frames, s, p, on, off);
         }
