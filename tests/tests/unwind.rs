@@ -1413,7 +1413,10 @@ fn unwind_second_run_of_a_compiler_is_complete_from_its_start() {
     let at = words.iter().position(|w| *w == "loaded").unwrap();
     assert_eq!(words[at + 1], words[at + 4], "{loaded}");
     assert!(n2 >= 50, "only {n2} user stacks\n{second}");
-    assert!(share(c2, n2) >= 0.92, "{:.1}% complete\n{second}", share(c2, n2) * 100.0);
+    // The first run is 28-34% complete. The second ran 88.8-99.0% in 2026-11-27's runs, with the
+    // commits before and after that day's changes alike (91.8-97.1% by hand, 4 pairs each); the
+    // bar is below that spread, far above the first run.
+    assert!(share(c2, n2) >= 0.85, "{:.1}% complete\n{second}", share(c2, n2) * 100.0);
     assert!(early_mappings(&second) >= 10, "{second}");
     let _ = std::fs::remove_dir_all(&cache);
 }
