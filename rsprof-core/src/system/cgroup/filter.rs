@@ -162,13 +162,8 @@ impl Selection {
             if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
                 pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
             }
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            dirs.extend(
-                entries
-                    .filter_map(Result::ok)
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path()),
-            );
+            let Ok(entries) = super::fs::child_dirs(&dir) else { continue };
+            dirs.extend(entries.map(|e| e.path()));
         }
         pids.sort_unstable();
         pids.dedup();

@@ -130,12 +130,9 @@ impl V2Mount {
         let mut stack = vec![String::new()];
         while let Some(rel) = stack.pop() {
             let Ok(cg) = self.cgroup(&rel) else { continue };
-            let Ok(entries) = fs::read_dir(&cg.dir) else { continue };
-            let mut children: Vec<String> = entries
-                .filter_map(Result::ok)
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| format!("{rel}/{}", e.file_name().to_string_lossy()))
-                .collect();
+            let Ok(entries) = child_dirs(&cg.dir) else { continue };
+            let mut children: Vec<String> =
+                entries.map(|e| format!("{rel}/{}", e.file_name().to_string_lossy())).collect();
             children.sort_unstable_by(|a, b| b.cmp(a));
             stack.extend(children);
             let n = count_procs(&cg.dir);
@@ -143,6 +140,13 @@ impl V2Mount {
         }
         out
     }
+}
+
+/// The directories directly under `dir`: its child cgroups.
+pub fn child_dirs(dir: &Path) -> std::io::Result<impl Iterator<Item = fs::DirEntry>> {
+    Ok(fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir())))
 }
 
 /// Processes directly in the cgroup at `dir` (0 when unreadable, e.g. it was just removed).
