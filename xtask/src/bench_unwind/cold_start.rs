@@ -150,17 +150,19 @@ fn rsprof_run(
     let folded = fs::read_to_string(&out)?;
     let roots = folded_roots(&folded);
     // "in the profile (stack copies walked): N of M user stacks complete"
-    let own = stderr.lines().find_map(|l| {
-        let rest = l.split_once("in the profile (stack copies walked): ")?.1;
+    let own = summary_after(&stderr, "in the profile (stack copies walked): ").and_then(|rest| {
         let mut w = rest.split_whitespace();
         let n = w.next()?.parse().ok()?;
         let m = w.nth(1)?.parse().ok()?;
         Some((n, m))
     });
-    let waits = stderr.lines().find_map(|l| {
-        Some(l.split_once("first sample to table in the kernel: ")?.1.trim().to_owned())
-    });
+    let waits = summary_after(&stderr, "first sample to table in the kernel: ").map(str::to_owned);
     Ok(Run { roots, own, secs, waits })
+}
+
+/// What follows `marker` on the first summary line holding it.
+fn summary_after<'a>(stderr: &'a str, marker: &str) -> Option<&'a str> {
+    stderr.lines().find_map(|l| Some(l.split_once(marker)?.1.trim()))
 }
 
 fn perf_run(freq: u64, rustc: &Path, src: &Path, tmp: &Path) -> anyhow::Result<Run> {
