@@ -174,7 +174,7 @@ pub struct TaskEvent {
     pub time: MonoNs,
     pub pid: Pid,
     pub tid: Tid,
-    pub comm: String,
+    pub comm: Comm,
     pub kind: TaskKind,
 }
 
@@ -259,14 +259,66 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
     u64::from_ne_bytes(b[off..off + 8].try_into().unwrap())
 }
 
-/// A kernel `comm`: NUL-terminated, not necessarily UTF-8.
-pub fn comm_string(raw: &[u8]) -> String {
-    let mut s = String::new();
-    set_comm(&mut s, raw);
-    s
+/// A task's `comm` (at most 15 bytes), held inline when it is UTF-8: an exec storm sends
+/// thousands of task records a second, and a `String` each was an allocation and a free.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Comm(CommRepr);
+
+#[derive(Clone, PartialEq, Eq)]
+enum CommRepr {
+    /// UTF-8, checked in `Comm::new`.
+    Inline { len: u8, bytes: [u8; 16] },
+    /// Not UTF-8: its bytes replaced, which may not fit.
+    Lossy(String),
 }
 
-/// `comm_string` into an existing string, reusing its buffer.
+impl Comm {
+    /// From the kernel's NUL-terminated bytes.
+    pub fn new(raw: &[u8]) -> Self {
+        let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+        let raw = &raw[..end];
+        Comm(match std::str::from_utf8(raw) {
+            Ok(_) if raw.len() <= 16 => {
+                let mut bytes = [0; 16];
+                bytes[..raw.len()].copy_from_slice(raw);
+                CommRepr::Inline { len: raw.len() as u8, bytes }
+            }
+            _ => CommRepr::Lossy(String::from_utf8_lossy(raw).into_owned()),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            // SAFETY: `new`, the only constructor, checked these bytes are UTF-8.
+            CommRepr::Inline { len, bytes } => unsafe {
+                std::str::from_utf8_unchecked(&bytes[..usize::from(*len)])
+            },
+            CommRepr::Lossy(s) => s,
+        }
+    }
+}
+
+impl std::ops::Deref for Comm {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<&str> for Comm {
+    fn from(s: &str) -> Self {
+        Comm::new(s.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
+}
+
+/// A kernel `comm` (NUL-terminated, not necessarily UTF-8) into an existing string, reusing
+/// its buffer.
 fn set_comm(s: &mut String, raw: &[u8]) {
     let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
     let raw = &raw[..end];
@@ -417,7 +469,7 @@ pub fn decode(b: &[u8]) -> Result<KernelEvent, RecordError> {
                 return Err(short);
             }
             let o_comm = std::mem::offset_of!(TaskRecord, comm);
-            let comm = comm_string(&b[o_comm..o_comm + 16]);
+            let comm = Comm::new(&b[o_comm..o_comm + 16]);
             let mm = u64_at(b, std::mem::offset_of!(TaskRecord, mm));
             let kind = match kind {
                 EVENT_FORK => TaskKind::Fork {
@@ -835,6 +887,17 @@ mod tests {
         // Empty components are skipped; bytes that are not UTF-8 are replaced, not dropped.
         assert_eq!(mapped_path(b"a\xff\0\0d\0", true).path, "/d/a\u{fffd}");
         assert_eq!(mapped_path(b"a\0d", false).path, "d/a");
+        assert_eq!(mapped_path(b"libc.so.6\0lib\0usr\0", false).path, "usr/lib/libc.so.6");
+        assert_eq!(mapped_path(b"\0\0x\0\0", true).path, "/x");
+        assert_eq!(mapped_path(b"\0\0", false).path, "");
+    }
+
+    #[test]
+    fn comm_is_inline_utf8_or_replaced() {
+        assert_eq!(Comm::new(b"true\0\0\0").as_str(), "true");
+        assert_eq!(Comm::new(b"0123456789abcdef").as_str(), "0123456789abcdef");
+        assert_eq!(Comm::new(b"a\xffb\0").as_str(), "a\u{fffd}b");
+        assert_eq!(Comm::from("sh"), Comm::new(b"sh\0"));
     }
 
     #[test]

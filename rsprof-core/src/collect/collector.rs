@@ -117,6 +117,8 @@ pub struct Collector<S> {
     /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
     off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
     frames: Vec<FrameAddr>,
+    /// Reused for every mapping record (see `on_map`).
+    map_scratch: Vec<Mapping>,
     /// Reused for every sample record (see `handle_record`).
     sample: Sample,
     pub stack_cache: StackCache,
@@ -159,6 +161,7 @@ impl<S: SampleSink> Collector<S> {
             python_frames_at: None,
             drain_soon_until: MonoNs(0),
             frames: Vec::with_capacity(256),
+            map_scratch: Vec::new(),
             sample: Sample::default(),
             stack_cache: StackCache::default(),
             forgotten_since_sweep: 0,
@@ -268,6 +271,9 @@ impl<S: SampleSink> Collector<S> {
         self.stats.map_events += 1;
         let anon_code = matches!(m.kind, MapKind::Anon);
         let live = self.live;
+        // Reused: mapping records arrive by the thousand a second in an exec storm.
+        let mut mappings = std::mem::take(&mut self.map_scratch);
+        mappings.clear();
         let p = self.known(m.pid);
         if p.mm != m.mm {
             // A space read from /proc does not know its mm: the first record names it. Any
@@ -278,10 +284,11 @@ impl<S: SampleSink> Collector<S> {
             }
             p.mm = m.mm;
         }
-        let mappings = match &m.kind {
+        match &m.kind {
             MapKind::Unmap => {
                 p.space.remove(m.start, m.end);
                 p.anon_unmapped(m.start, m.end);
+                self.map_scratch = mappings;
                 return;
             }
             MapKind::Anon => {
@@ -294,7 +301,7 @@ impl<S: SampleSink> Collector<S> {
                     self.drain_soon_until = self.drain_soon_until.max(until);
                 }
                 let module = self.modules.anon();
-                vec![Mapping { start: m.start, end: m.end, file_offset: 0, module }]
+                mappings.push(Mapping { start: m.start, end: m.end, file_offset: 0, module });
             }
             MapKind::File { offset, dev, inode, path } => {
                 let ident = (*dev, *inode);
@@ -302,13 +309,14 @@ impl<S: SampleSink> Collector<S> {
                     // A JIT announcing its jitdump (it maps the file executable, as perf
                     // expects): followed from now on.
                     let (pid, range) = (m.pid, (m.start, m.end));
-                    p.jit_dump.found(|| jitdump::open_mapped(pid, range, Some(ident), &path.path));
-                    let found = p.jit_dump.take_stats();
+                    let dump = &mut p.jit_files().jit_dump;
+                    dump.found(|| jitdump::open_mapped(pid, range, Some(ident), &path.path));
+                    let found = dump.take_stats();
                     self.stats.jitdumps.add(&found);
                 }
                 let module =
                     self.modules.kernel_module(m.pid, (m.start, m.end), ident, path, false);
-                vec![Mapping { start: m.start, end: m.end, file_offset: *offset, module }]
+                mappings.push(Mapping { start: m.start, end: m.end, file_offset: *offset, module });
             }
             MapKind::ExeText { dev, inode, path } => {
                 let ident = (*dev, *inode);
@@ -316,7 +324,7 @@ impl<S: SampleSink> Collector<S> {
                 let p = self.processes.entry(m.pid);
                 p.exe_module = Some(module);
                 p.meta.exe.clone_from(&self.modules.get(module).path);
-                self.modules.loaded_code(module, LoadedAt::LowestCode(m.start))
+                self.modules.loaded_code(module, LoadedAt::LowestCode(m.start), &mut mappings);
             }
             MapKind::Interp { file } => {
                 let module = match file {
@@ -329,17 +337,16 @@ impl<S: SampleSink> Collector<S> {
                     )),
                     None => p.exe_module.and_then(|exe| self.modules.interpreter(m.pid, exe)),
                 };
-                match module {
-                    Some(module) => self.modules.loaded_code(module, LoadedAt::Base(m.start)),
-                    None => Vec::new(),
+                if let Some(module) = module {
+                    self.modules.loaded_code(module, LoadedAt::Base(m.start), &mut mappings);
                 }
             }
-        };
+        }
         if mappings.is_empty() {
             self.stats.maps_unresolved += 1;
         }
         let p = self.processes.entry(m.pid);
-        for mapping in mappings {
+        for &mapping in &mappings {
             let (start, end) = (mapping.start, mapping.end);
             if anon_code {
                 // Anonymous code over memory that held none is new code: what a jitdump
@@ -369,6 +376,7 @@ impl<S: SampleSink> Collector<S> {
         }
         p.space.saw_early(m.early_seq);
         self.outbox.maps_changed(m.pid);
+        self.map_scratch = mappings;
     }
 
     /// A label pushed before the kernel had the tables to walk its pusher's stack: the walk
@@ -569,14 +577,16 @@ impl<S: SampleSink> Collector<S> {
         // once a sample is later than its last read, so each sample is named knowing every
         // record written before it.
         if !self.live {
-            p.perf_map.refused.get_or_insert("replayed: the process is gone");
+            p.jit_files().perf_map.refused.get_or_insert("replayed: the process is gone");
         }
-        let dump_grew = p.jit_dump.refresh(s.time.0);
-        if dump_grew {
-            self.stats.jitdumps.add(&p.jit_dump.take_stats());
-        }
-        if (p.perf_map.poll(s.pid, s.time.0) | dump_grew) && p.perf_map_named_more(anon) {
-            self.outbox.maps_changed(s.pid);
+        if let Some(j) = p.jit_files_if_any() {
+            let dump_grew = j.jit_dump.refresh(s.time.0);
+            if dump_grew {
+                self.stats.jitdumps.add(&j.jit_dump.take_stats());
+            }
+            if (j.perf_map.poll(s.pid, s.time.0) | dump_grew) && p.perf_map_named_more(anon) {
+                self.outbox.maps_changed(s.pid);
+            }
         }
         // The kernel knew its interpreter before this process was looked at (`PY_FILES`).
         if s.flags & profiler_common::SAMPLE_PY_MASK != 0
@@ -613,7 +623,7 @@ impl<S: SampleSink> Collector<S> {
             crate::collect::python::merge::merge(&mut self.frames, s, p, on, off);
         }
         if r.jit_named + r.jit_unnamed > 0 {
-            self.stats.perf_maps.add(&p.perf_map.take_stats());
+            self.stats.perf_maps.add(&p.take_jit_stats().0);
         }
         if r.perf_map_grew && p.perf_map_named_more(anon) {
             self.outbox.maps_changed(s.pid);
@@ -689,7 +699,7 @@ impl<S: SampleSink> Collector<S> {
                 if t.pid.0 == t.tid.0 {
                     p.meta.start = Some(t.time);
                     if p.meta.name.is_empty() {
-                        p.meta.name.clone_from(&t.comm);
+                        set_str(&mut p.meta.name, &t.comm);
                     }
                 }
                 let th = p.meta.threads.entry(t.tid).or_default();
@@ -697,7 +707,7 @@ impl<S: SampleSink> Collector<S> {
                 th.observe_name(&t.comm);
             }
             TaskKind::Exec { argv, truncated, mm, vdso } => {
-                p.meta.name.clone_from(&t.comm);
+                set_str(&mut p.meta.name, &t.comm);
                 // Empty when the kernel could not read it: keep what was known.
                 if !argv.is_empty() {
                     p.meta.argv = argv;
@@ -711,8 +721,9 @@ impl<S: SampleSink> Collector<S> {
                 p.exe_module = None;
                 p.forget_label_depths();
                 p.made_code = false;
-                self.stats.perf_maps.add(&p.perf_map.take_stats());
-                self.stats.jitdumps.add(&p.jit_dump.take_stats());
+                let (maps, dumps) = p.take_jit_stats();
+                self.stats.perf_maps.add(&maps);
+                self.stats.jitdumps.add(&dumps);
                 p.forget_perf_map();
                 p.python = Default::default();
                 p.space_source = SpaceSource::Kernel;
@@ -728,7 +739,7 @@ impl<S: SampleSink> Collector<S> {
             }
             TaskKind::Exit => {
                 if p.meta.name.is_empty() {
-                    p.meta.name.clone_from(&t.comm);
+                    set_str(&mut p.meta.name, &t.comm);
                 }
                 p.meta.threads.entry(t.tid).or_default().end = Some(t.time);
                 p.thread_exited(t.tid);
@@ -740,12 +751,16 @@ impl<S: SampleSink> Collector<S> {
                 if t.pid.0 == t.tid.0 {
                     self.outbox.process_exited(t.pid);
                     // Lines and records written up to its exit, before its pid can be reused.
-                    if self.live && (p.perf_map.finish(t.pid, t.time.0) | p.jit_dump.finish()) {
+                    if self.live
+                        && let Some(j) = p.jit_files_if_any()
+                        && (j.perf_map.finish(t.pid, t.time.0) | j.jit_dump.finish())
+                    {
                         p.space.touch();
                         p.name_late();
                     }
-                    self.stats.perf_maps.add(&p.perf_map.take_stats());
-                    self.stats.jitdumps.add(&p.jit_dump.take_stats());
+                    let (maps, dumps) = p.take_jit_stats();
+                    self.stats.perf_maps.add(&maps);
+                    self.stats.jitdumps.add(&dumps);
                     p.meta.end = Some(t.time);
                     p.exited = true;
                     self.processes.pending_exits.push_back((t.time, t.pid));
@@ -754,6 +769,12 @@ impl<S: SampleSink> Collector<S> {
         }
         self.prune(t.time);
     }
+}
+
+/// `s = v`, in `s`'s buffer.
+fn set_str(s: &mut String, v: &str) {
+    s.clear();
+    s.push_str(v);
 }
 
 /// The process, its address space read from /proc first if it is one that existed before the
@@ -809,8 +830,9 @@ fn first_sight_space(
         p.space.mappings().iter().find(|m| jitdump::is_dump_path(&modules.get(m.module).path));
     if let Some(m) = dump {
         let (range, path) = ((m.start, m.end), modules.get(m.module).path.clone());
-        p.jit_dump.found(|| jitdump::open_mapped(pid, range, None, &path));
-        stats.jitdumps.add(&p.jit_dump.take_stats());
+        let dump = &mut p.jit_files().jit_dump;
+        dump.found(|| jitdump::open_mapped(pid, range, None, &path));
+        stats.jitdumps.add(&dump.take_stats());
     }
 }
 

@@ -290,22 +290,18 @@ impl ModuleTable {
             .as_ref()
     }
 
-    /// The executable mappings of `module`'s code as the ELF loader placed it; none when the
-    /// file cannot be read.
-    pub fn loaded_code(&mut self, module: ModuleId, at: LoadedAt) -> Vec<Mapping> {
-        let Some(layout) = self.layout(module) else { return Vec::new() };
+    /// Adds to `out` the executable mappings of `module`'s code as the ELF loader placed it;
+    /// none when the file cannot be read.
+    pub fn loaded_code(&mut self, module: ModuleId, at: LoadedAt, out: &mut Vec<Mapping>) {
+        let Some(layout) = self.layout(module) else { return };
         let bias = match at {
             LoadedAt::LowestCode(start) => start.wrapping_sub(layout.code[0].0),
             LoadedAt::Base(base) => base.wrapping_sub(layout.first_vaddr),
         };
-        layout
-            .code
-            .iter()
-            .map(|&(vaddr, memsz, offset)| {
-                let start = vaddr.wrapping_add(bias);
-                Mapping { start, end: start + memsz, file_offset: offset, module }
-            })
-            .collect()
+        out.extend(layout.code.iter().map(|&(vaddr, memsz, offset)| {
+            let start = vaddr.wrapping_add(bias);
+            Mapping { start, end: start + memsz, file_offset: offset, module }
+        }));
     }
 
     /// Where `addr`, in a process whose code mappings are `space`, lies in a read-only

@@ -10,8 +10,8 @@ use std::{
 use crate::{
     collect::modules::AddressSpace,
     collect::{
-        jitdump::{self, ProcessJitDump},
-        perfmap::{self, ProcessPerfMap},
+        jitdump::{self, JitDumpStats, ProcessJitDump},
+        perfmap::{self, PerfMapStats, ProcessPerfMap},
     },
     decode::LabelRef,
     model::{
@@ -66,10 +66,10 @@ pub struct ProcessInfo {
     /// Depths of labels pushed before the kernel could walk the pusher's stack, found from a
     /// copy of it: (thread, index in its label stack) → (label address, depth).
     label_depths: HashMap<(Tid, u32), (u64, u32)>,
-    /// Its perf map, followed from its first JIT address on (see `collect::perfmap`).
-    pub perf_map: ProcessPerfMap,
-    /// Its jitdump, followed from its mapping on (see `collect::jitdump`).
-    pub jit_dump: ProcessJitDump,
+    /// Its perf map and jitdump, once it has JIT code to name (None behaves as both empty):
+    /// boxed apart so the entry of a process that runs no JIT stays under 1 KiB, which the
+    /// allocator hands out from its per-thread cache; an exec storm creates thousands a second.
+    jit: Option<Box<JitFiles>>,
     /// `meta.jit_symbols` by what they name, to give a name sampled again its id.
     jit_ids: HashMap<JitKey, JitSymbolId>,
     /// Addresses in anonymous executable memory stored unnamed, for lines or records read
@@ -93,6 +93,15 @@ pub struct ProcessInfo {
     pub python_checked: u64,
 }
 
+/// A process's JIT records.
+#[derive(Debug, Default)]
+pub struct JitFiles {
+    /// Its perf map, followed from its first JIT address on (see `collect::perfmap`).
+    pub perf_map: ProcessPerfMap,
+    /// Its jitdump, followed from its mapping on (see `collect::jitdump`).
+    pub jit_dump: ProcessJitDump,
+}
+
 /// What a JIT symbol stands for: its name, where the jitdump placed the sampled instruction,
 /// and which file named it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -103,6 +112,34 @@ struct JitKey {
 }
 
 impl ProcessInfo {
+    /// Its perf map and jitdump, made empty at first use.
+    pub fn jit_files(&mut self) -> &mut JitFiles {
+        self.jit.get_or_insert_default()
+    }
+
+    /// Its perf map and jitdump if it has any.
+    pub fn jit_files_if_any(&mut self) -> Option<&mut JitFiles> {
+        self.jit.as_deref_mut()
+    }
+
+    /// What its jitdump says was at `addr` at time `t` (see `ProcessJitDump::at`).
+    pub fn jit_dump_at(&self, addr: u64, t: u64, floor: u64) -> jitdump::At<'_> {
+        self.jit.as_ref().map_or(jitdump::At::NotCovered, |j| j.jit_dump.at(addr, t, floor))
+    }
+
+    /// Its jitdump is open: it may still name code for samples of earlier times.
+    pub fn jit_dump_open(&self) -> bool {
+        self.jit.as_ref().is_some_and(|j| j.jit_dump.is_open())
+    }
+
+    /// What its perf map and jitdump read since the last call (nothing if it has none).
+    pub fn take_jit_stats(&mut self) -> (PerfMapStats, JitDumpStats) {
+        match self.jit.as_deref_mut() {
+            Some(j) => (j.perf_map.take_stats(), j.jit_dump.take_stats()),
+            None => Default::default(),
+        }
+    }
+
     /// The id of JIT function `name`, as a perf map names it (None past `MAX_JIT_SYMBOLS`).
     pub fn jit_symbol(&mut self, name: &Arc<str>) -> Option<JitSymbolId> {
         self.jit_key_symbol(JitKey { name: name.clone(), line: None, from_dump: false })
@@ -138,8 +175,7 @@ impl ProcessInfo {
     /// A new image: its JIT code, perf map and jitdump are new (ids already given stay
     /// valid).
     pub fn forget_perf_map(&mut self) {
-        self.perf_map = ProcessPerfMap::default();
-        self.jit_dump = ProcessJitDump::default();
+        self.jit = None;
         self.anon_since.clear();
         self.jit_ids.clear();
         self.unnamed_jit.clear();
@@ -149,9 +185,10 @@ impl ProcessInfo {
     /// The name the process's records give `addr` now, whatever the time: its jitdump's
     /// latest code there, else its perf map's line.
     fn jit_name_now(&self, addr: u64) -> Option<&Arc<str>> {
-        match self.jit_dump.latest(addr) {
+        let j = self.jit.as_deref()?;
+        match j.jit_dump.latest(addr) {
             Some(code) => Some(&code.name),
-            None => self.perf_map.lookup(addr),
+            None => j.perf_map.lookup(addr),
         }
     }
 
@@ -234,6 +271,7 @@ impl ProcessInfo {
     /// meanwhile stays unnamed), else the perf map's line (the first one read after their
     /// samples); called when new lines or records were read.
     pub fn name_late(&mut self) {
+        let Some(j) = self.jit.as_deref() else { return };
         if self.unnamed_jit.is_empty() {
             return;
         }
@@ -244,10 +282,10 @@ impl ProcessInfo {
         let named: Vec<(u64, Late)> = self
             .unnamed_jit
             .iter()
-            .filter_map(|(&a, &(t0, t1, since))| match self.jit_dump.over(a, t0, t1, since) {
+            .filter_map(|(&a, &(t0, t1, since))| match j.jit_dump.over(a, t0, t1, since) {
                 jitdump::Over::Named(code) => Some((a, Late::Dump(code.clone()))),
                 jitdump::Over::Ambiguous => None,
-                jitdump::Over::NotCovered => Some((a, Late::Map(self.perf_map.lookup(a)?.clone()))),
+                jitdump::Over::NotCovered => Some((a, Late::Map(j.perf_map.lookup(a)?.clone()))),
             })
             .collect();
         for (addr, late) in named {
@@ -478,13 +516,13 @@ mod tests {
     }
 
     #[test]
-    fn renames_keep_history() {
+    fn a_rename_keeps_the_last_name() {
         let mut t = ThreadMeta::default();
         t.observe_name("a");
-        t.observe_name("a");
+        t.observe_name("");
+        assert_eq!(t.name, "a");
         t.observe_name("b");
         assert_eq!(t.name, "b");
-        assert_eq!(t.previous_names, vec!["a".to_owned()]);
     }
 
     #[test]

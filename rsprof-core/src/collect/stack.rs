@@ -71,7 +71,7 @@ pub fn normalize(
         if found.is_none_or(|(m, _)| m == anon) {
             let t = s.time.0;
             let since = if found.is_some() { p.anon_since_at(lookup) } else { 0 };
-            let from_dump = match p.jit_dump.at(lookup, t, since) {
+            let from_dump = match p.jit_dump_at(lookup, t, since) {
                 At::NotCovered => None,
                 At::Unknown => Some(None),
                 At::Named { code, superseded } => {
@@ -97,7 +97,7 @@ pub fn normalize(
                 }
                 continue;
             }
-            let name = p.perf_map.name(s.pid, lookup, t, &mut out.perf_map_grew);
+            let name = p.jit_files().perf_map.name(s.pid, lookup, t, &mut out.perf_map_grew);
             if let Some(symbol) = name.and_then(|n| p.jit_symbol(&n)) {
                 out.jit_named += 1;
                 frames.push(FrameAddr::Jit { pid: s.pid, symbol });
@@ -105,7 +105,7 @@ pub fn normalize(
             }
             out.jit_unnamed += 1;
             // A process with a jitdump may still name the address, for these samples' times.
-            out.time_bound |= p.jit_dump.is_open();
+            out.time_bound |= p.jit_dump_open();
             if found.is_some() {
                 p.unnamed_jit(lookup, t, since);
                 frames.push(FrameAddr::Anon { pid: s.pid, addr: lookup });

@@ -12,26 +12,20 @@ use super::{
 /// A thread's metadata as recorded.
 #[derive(Clone, Debug, Default)]
 pub struct ThreadMeta {
-    /// Last name the thread had (its `comm`).
+    /// Last name the thread had (its `comm`): what the profile names it. Earlier names are
+    /// not kept (no output shows them, and an exec storm renames every child once).
     pub name: String,
-    /// Earlier names, oldest first, when the thread renamed itself.
-    pub previous_names: Vec<String>,
     /// Its creation, if it happened during the recording.
     pub start: Option<MonoNs>,
     pub end: Option<MonoNs>,
 }
 
 impl ThreadMeta {
-    /// Records the thread's current name, keeping earlier ones.
+    /// Records the thread's current name, in the buffer of the last.
     pub fn observe_name(&mut self, name: &str) {
-        if name.is_empty() || self.name == name {
-            return;
-        }
-        if !self.name.is_empty() {
-            let old = std::mem::replace(&mut self.name, name.to_owned());
-            self.previous_names.push(old);
-        } else {
-            self.name = name.to_owned();
+        if !name.is_empty() && self.name != name {
+            self.name.clear();
+            self.name.push_str(name);
         }
     }
 }
