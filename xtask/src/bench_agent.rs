@@ -93,6 +93,10 @@ pub struct BenchAgentArgs {
     /// The churn benchmark's sampling rate (the agent's default).
     #[arg(long, default_value_t = 19)]
     churn_rate: u32,
+    /// The `/bin/true` loop's pace, execs a second (issue 38's target is stated at 1,000);
+    /// 0: as fast as the shell goes.
+    #[arg(long, default_value_t = 1000)]
+    churn_execs: u32,
 }
 
 const CHURN_BEGIN: &str =
@@ -582,7 +586,7 @@ pub fn bench_agent(args: BenchAgentArgs) -> anyhow::Result<()> {
     if args.churn {
         let profiler = profiler_binary(args.profiler.as_deref())?;
         let _stats = StatsGuard::enable()?;
-        let md = churn::run(&profiler, args.churn_rate, args.secs, args.warmup)?;
+        let md = churn::run(&profiler, args.churn_rate, args.churn_execs, args.secs, args.warmup)?;
         println!("\n{md}");
         if !args.no_write {
             let path = workspace_root().join("BENCHMARKS.md");

@@ -553,6 +553,10 @@ impl DumpFile {
 
 /// Whether `path` names a jitdump as writers name them: `jit-PID.dump`.
 pub fn is_dump_path(path: &str) -> bool {
+    // Every file mapping record asks: the suffix rejects nearly all at once.
+    if !path.ends_with(".dump") {
+        return false;
+    }
     let name = path.rsplit('/').next().unwrap_or(path);
     name.strip_prefix("jit-")
         .and_then(|n| n.strip_suffix(".dump"))

@@ -361,13 +361,24 @@ pub struct ProcessTable {
     /// cgroup id → path, for processes gone before their cgroup was read.
     pub cgroup_paths: PathCache,
     /// Processes that exited, by exit time: forgotten a grace period later unless stored
-    /// events refer to them (those are forgotten when the last such event is recycled).
+    /// events refer to them (those are forgotten when the last such event is recycled). Those
+    /// whose every thread had exited (`LAST_THREAD_EXIT_GRACE_NS`) apart from the others
+    /// (`EXIT_GRACE_NS`).
     pub pending_exits: VecDeque<(MonoNs, Pid)>,
+    pub pending_exits_threads_left: VecDeque<(MonoNs, Pid)>,
     /// Threads (not main threads) that exited, by exit time: forgotten like processes.
     pub pending_thread_exits: VecDeque<(MonoNs, Pid, Tid)>,
 }
 
 impl ProcessTable {
+    /// Where an exited process waits to be forgotten: apart when its last thread exited.
+    pub fn exit_queue(&mut self, last_thread: bool) -> &mut VecDeque<(MonoNs, Pid)> {
+        match last_thread {
+            true => &mut self.pending_exits,
+            false => &mut self.pending_exits_threads_left,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.processes.len()
     }

@@ -1,7 +1,8 @@
 //! `cargo xtask bench-agent --churn`: the agent under process churn, side by side with
 //! `perf record -a -g` at the same rate, in one run per phase:
-//! 1. a shell running `/bin/true` in a loop (as fast as it goes: about 1,000 execs a second on
-//!    a small host), the pattern of CI runners and `make -j`;
+//! 1. a shell running `/bin/true` in a loop, the pattern of CI runners and `make -j`: paced at
+//!    `--churn-execs` a second (the shell reads a line before each exec, and the bench writes
+//!    the lines on a schedule), or as fast as it goes;
 //! 2. 100 execs a second of `curl --version`, which maps a dozen libraries (ld.so maps each
 //!    one: many mapping records per exec, and tables wanted for all of them).
 //!
@@ -34,7 +35,7 @@ use crate::{
 const WINDOW: u64 = 10;
 
 struct Phase {
-    name: &'static str,
+    name: String,
     execs_per_s: f64,
     agent_cpu_pct: f64,
     agent_bpf_pct: f64,
@@ -61,9 +62,32 @@ fn paced_execs(stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
     })
 }
 
+/// Feeds the shell loop one line per exec, `per_s` a second in batches every 10 ms, until
+/// `stop`; a shell behind schedule finds the lines waiting in the pipe.
+fn paced_lines(
+    mut to_shell: std::process::ChildStdin,
+    per_s: u32,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<()> {
+    use std::io::Write as _;
+    thread::spawn(move || {
+        let (start, mut sent) = (Instant::now(), 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            thread::sleep(Duration::from_millis(10));
+            let due = (start.elapsed().as_secs_f64() * f64::from(per_s)) as u64;
+            let batch = vec![b'\n'; due.saturating_sub(sent) as usize];
+            if to_shell.write_all(&batch).is_err() {
+                return;
+            }
+            sent = due;
+        }
+    })
+}
+
 fn phase(
     profiler: &Path,
-    name: &'static str,
+    name: &str,
+    execs_per_s: u32,
     rate: u32,
     secs: u64,
     warmup: u64,
@@ -84,9 +108,16 @@ fn phase(
     println!("$ {}", display(&perf));
     let perf = Reaper(perf.spawn().context("start perf record (linux-perf)")?);
     let stop = Arc::new(AtomicBool::new(false));
-    let (_shell, pacer) = if name.starts_with("/bin/true") {
+    let (_shell, pacer) = if name.starts_with("/bin/true") && execs_per_s == 0 {
         let sh = Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?;
         (Some(Reaper(sh)), None)
+    } else if name.starts_with("/bin/true") {
+        let mut sh = Command::new("sh")
+            .args(["-c", "while read -r _; do /bin/true; done"])
+            .stdin(Stdio::piped())
+            .spawn()?;
+        let lines = sh.stdin.take().context("the shell's stdin")?;
+        (Some(Reaper(sh)), Some(paced_lines(lines, execs_per_s, stop.clone())))
     } else {
         anyhow::ensure!(
             Command::new("curl").arg("--version").stdout(Stdio::null()).status().is_ok(),
@@ -124,7 +155,7 @@ fn phase(
     drop(perf);
     let _ = fs::remove_file(&perf_out);
     Ok(Phase {
-        name,
+        name: name.to_owned(),
         execs_per_s: execs as f64 / wall,
         agent_cpu_pct: 100.0 * a_cpu / wall,
         agent_bpf_pct: 100.0 * a_bpf / wall,
@@ -137,19 +168,29 @@ fn phase(
 }
 
 /// Both phases; returns the BENCHMARKS.md section.
-pub fn run(profiler: &Path, rate: u32, secs: u64, warmup: u64) -> anyhow::Result<String> {
+pub fn run(
+    profiler: &Path,
+    rate: u32,
+    execs_per_s: u32,
+    secs: u64,
+    warmup: u64,
+) -> anyhow::Result<String> {
     let dir = super::tempfile_dir()?.join("churn");
     fs::create_dir_all(&dir)?;
     let mut phases = Vec::new();
-    for name in ["/bin/true in a shell loop", "curl --version, 100 a second"] {
-        phases.push(phase(profiler, name, rate, secs, warmup, &dir)?);
+    let shell = match execs_per_s {
+        0 => "/bin/true in a shell loop, as fast as it goes".to_owned(),
+        n => format!("/bin/true in a shell loop, {n} a second"),
+    };
+    for name in [shell.as_str(), "curl --version, 100 a second"] {
+        phases.push(phase(profiler, name, execs_per_s, rate, secs, warmup, &dir)?);
     }
     let _ = fs::remove_dir_all(&dir);
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Command: `cargo xtask bench-agent --churn --churn-rate {rate} --secs {secs} --warmup \
-         {warmup}` ({}; {} CPUs). The agent (`--window {WINDOW} --spool`) and `perf record -a \
+        "Command: `cargo xtask bench-agent --churn --churn-rate {rate} --churn-execs \
+         {execs_per_s} --secs {secs} --warmup {warmup}` ({}; {} CPUs). The agent (`--window {WINDOW} --spool`) and `perf record -a \
          -g` at the same rate record the same phase side by side; measured for {secs} s after \
          {warmup} s under the load.\n",
         crate::bench::utc_now(),
