@@ -218,6 +218,11 @@ pub fn run(
             p.files_per_window,
         );
     }
+    for p in &phases {
+        // Read every 10 s: one reading a minute shows whether it levels off.
+        let each_minute: Vec<String> = p.agent_rss.iter().step_by(6).map(|&k| mib(k)).collect();
+        let _ = writeln!(s, "\nAgent RSS each minute, {}: {}.", p.name, each_minute.join(", "));
+    }
     s.push_str(
         "\nBPF time runs in the profiled processes' context (their exec, mmap and exit \
          tracepoints, and the sampler); the agent's own CPU is its userspace. Profiles per window: \
