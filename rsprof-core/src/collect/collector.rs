@@ -631,8 +631,10 @@ impl<S: SampleSink> Collector<S> {
             let (on, off) = (&mut self.stats.python, &mut self.stats.python_off_cpu);
             crate::collect::python::merge::merge(&mut self.frames, s, p, on, off);
         }
-        if r.jit_named + r.jit_unnamed > 0 {
-            self.stats.perf_maps.add(&p.take_jit_stats().0);
+        if r.jit_named + r.jit_unnamed > 0
+            && let Some(j) = p.jit_files_if_any()
+        {
+            self.stats.perf_maps.add(&j.perf_map.take_stats());
         }
         if r.perf_map_grew && p.perf_map_named_more(anon) {
             self.outbox.maps_changed(s.pid);
