@@ -732,9 +732,7 @@ impl<S: SampleSink> Collector<S> {
                 p.exe_module = None;
                 p.forget_label_depths();
                 p.made_code = false;
-                let (maps, dumps) = p.take_jit_stats();
-                self.stats.perf_maps.add(&maps);
-                self.stats.jitdumps.add(&dumps);
+                p.take_jit_stats(&mut self.stats.perf_maps, &mut self.stats.jitdumps);
                 p.forget_perf_map();
                 p.python = Default::default();
                 p.space_source = SpaceSource::Kernel;
@@ -771,9 +769,7 @@ impl<S: SampleSink> Collector<S> {
                         p.space.touch();
                         p.name_late();
                     }
-                    let (maps, dumps) = p.take_jit_stats();
-                    self.stats.perf_maps.add(&maps);
-                    self.stats.jitdumps.add(&dumps);
+                    p.take_jit_stats(&mut self.stats.perf_maps, &mut self.stats.jitdumps);
                     p.meta.end = Some(t.time);
                     p.exited = true;
                     let last_thread = p.meta.threads.values().all(|t| t.end.is_some());
@@ -1206,13 +1202,12 @@ mod tests {
         c.handle(task(MonoNs(t0 + 1), alone, TaskKind::Exit));
         c.handle(task(MonoNs(t0 + 1), threaded, TaskKind::Exit));
         // Any later event prunes: another process's exec.
-        let at = |ns| unrelated_exec(ns);
-        c.handle(at(t0 + LAST_THREAD_EXIT_GRACE_NS / 2));
+        c.handle(unrelated_exec(t0 + LAST_THREAD_EXIT_GRACE_NS / 2));
         assert!(c.processes.get(Pid(alone)).is_some(), "kept for the short grace");
-        c.handle(at(t0 + 1 + LAST_THREAD_EXIT_GRACE_NS));
+        c.handle(unrelated_exec(t0 + 1 + LAST_THREAD_EXIT_GRACE_NS));
         assert!(c.processes.get(Pid(alone)).is_none(), "its last thread exited");
         assert!(c.processes.get(Pid(threaded)).is_some(), "a thread of it may still run");
-        c.handle(at(t0 + 1 + EXIT_GRACE_NS));
+        c.handle(unrelated_exec(t0 + 1 + EXIT_GRACE_NS));
         assert!(c.processes.get(Pid(threaded)).is_none());
     }
 

@@ -132,11 +132,11 @@ impl ProcessInfo {
         self.jit.as_ref().is_some_and(|j| j.jit_dump.is_open())
     }
 
-    /// What its perf map and jitdump read since the last call (nothing if it has none).
-    pub fn take_jit_stats(&mut self) -> (PerfMapStats, JitDumpStats) {
-        match self.jit.as_deref_mut() {
-            Some(j) => (j.perf_map.take_stats(), j.jit_dump.take_stats()),
-            None => Default::default(),
+    /// Adds what its perf map and jitdump read since the last call (nothing if it has none).
+    pub fn take_jit_stats(&mut self, maps: &mut PerfMapStats, dumps: &mut JitDumpStats) {
+        if let Some(j) = self.jit.as_deref_mut() {
+            maps.add(&j.perf_map.take_stats());
+            dumps.add(&j.jit_dump.take_stats());
         }
     }
 
