@@ -275,8 +275,7 @@ enum CommRepr {
 impl Comm {
     /// From the kernel's NUL-terminated bytes.
     pub fn new(raw: &[u8]) -> Self {
-        let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-        let raw = &raw[..end];
+        let raw = until_nul(raw);
         Comm(match std::str::from_utf8(raw) {
             Ok(_) if raw.len() <= 16 => {
                 let mut bytes = [0; 16];
@@ -317,11 +316,15 @@ impl std::fmt::Debug for Comm {
     }
 }
 
+/// A kernel string's bytes before its NUL (all of them if it has none).
+fn until_nul(raw: &[u8]) -> &[u8] {
+    raw.iter().position(|&c| c == 0).map_or(raw, |end| &raw[..end])
+}
+
 /// A kernel `comm` (NUL-terminated, not necessarily UTF-8) into an existing string, reusing
 /// its buffer.
 fn set_comm(s: &mut String, raw: &[u8]) {
-    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-    let raw = &raw[..end];
+    let raw = until_nul(raw);
     // Consecutive samples are mostly of the same thread.
     if s.as_bytes() != raw {
         s.clear();
