@@ -84,17 +84,36 @@ fn paced_lines(
     })
 }
 
+/// What a phase runs.
+#[derive(Clone, Copy)]
+enum Load {
+    /// `/bin/true` in a shell loop, this many a second (0: as fast as the shell goes).
+    Shell(u32),
+    /// `curl --version`, 100 a second.
+    Curl,
+}
+
+impl Load {
+    fn name(self) -> String {
+        match self {
+            Load::Shell(0) => "/bin/true in a shell loop, as fast as it goes".to_owned(),
+            Load::Shell(n) => format!("/bin/true in a shell loop, {n} a second"),
+            Load::Curl => "curl --version, 100 a second".to_owned(),
+        }
+    }
+}
+
 fn phase(
     profiler: &Path,
-    name: &str,
-    execs_per_s: u32,
+    load: Load,
     rate: u32,
     secs: u64,
     warmup: u64,
     dir: &Path,
 ) -> anyhow::Result<Phase> {
+    let name = load.name();
     step(&format!("bench-agent --churn: {name}, agent and perf record at {rate} Hz, {secs} s"));
-    let spool = dir.join(format!("spool-{}", name.len()));
+    let spool = dir.join(if matches!(load, Load::Curl) { "spool-curl" } else { "spool-shell" });
     let _ = fs::remove_dir_all(&spool);
     fs::create_dir_all(&spool)?;
     let window = WINDOW.to_string();
@@ -108,22 +127,26 @@ fn phase(
     println!("$ {}", display(&perf));
     let perf = Reaper(perf.spawn().context("start perf record (linux-perf)")?);
     let stop = Arc::new(AtomicBool::new(false));
-    let (_shell, pacer) = if name.starts_with("/bin/true") && execs_per_s == 0 {
-        let sh = Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?;
-        (Some(Reaper(sh)), None)
-    } else if name.starts_with("/bin/true") {
-        let mut sh = Command::new("sh")
-            .args(["-c", "while read -r _; do /bin/true; done"])
-            .stdin(Stdio::piped())
-            .spawn()?;
-        let lines = sh.stdin.take().context("the shell's stdin")?;
-        (Some(Reaper(sh)), Some(paced_lines(lines, execs_per_s, stop.clone())))
-    } else {
-        anyhow::ensure!(
-            Command::new("curl").arg("--version").stdout(Stdio::null()).status().is_ok(),
-            "the second phase runs curl --version: install curl"
-        );
-        (None, Some(paced_execs(stop.clone())))
+    let (_shell, pacer) = match load {
+        Load::Shell(0) => {
+            let sh = Command::new("sh").args(["-c", "while :; do /bin/true; done"]).spawn()?;
+            (Some(Reaper(sh)), None)
+        }
+        Load::Shell(per_s) => {
+            let mut sh = Command::new("sh")
+                .args(["-c", "while read -r _; do /bin/true; done"])
+                .stdin(Stdio::piped())
+                .spawn()?;
+            let lines = sh.stdin.take().context("the shell's stdin")?;
+            (Some(Reaper(sh)), Some(paced_lines(lines, per_s, stop.clone())))
+        }
+        Load::Curl => {
+            anyhow::ensure!(
+                Command::new("curl").arg("--version").stdout(Stdio::null()).status().is_ok(),
+                "the second phase runs curl --version: install curl"
+            );
+            (None, Some(paced_execs(stop.clone())))
+        }
     };
     thread::sleep(Duration::from_secs(warmup));
     let (a, p) = (agent.0.id(), perf.0.id());
@@ -155,7 +178,7 @@ fn phase(
     drop(perf);
     let _ = fs::remove_file(&perf_out);
     Ok(Phase {
-        name: name.to_owned(),
+        name,
         execs_per_s: execs as f64 / wall,
         agent_cpu_pct: 100.0 * a_cpu / wall,
         agent_bpf_pct: 100.0 * a_bpf / wall,
@@ -178,12 +201,8 @@ pub fn run(
     let dir = super::tempfile_dir()?.join("churn");
     fs::create_dir_all(&dir)?;
     let mut phases = Vec::new();
-    let shell = match execs_per_s {
-        0 => "/bin/true in a shell loop, as fast as it goes".to_owned(),
-        n => format!("/bin/true in a shell loop, {n} a second"),
-    };
-    for name in [shell.as_str(), "curl --version, 100 a second"] {
-        phases.push(phase(profiler, name, execs_per_s, rate, secs, warmup, &dir)?);
+    for load in [Load::Shell(execs_per_s), Load::Curl] {
+        phases.push(phase(profiler, load, rate, secs, warmup, &dir)?);
     }
     let _ = fs::remove_dir_all(&dir);
     let mut s = String::new();
