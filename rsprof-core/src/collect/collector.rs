@@ -380,6 +380,10 @@ impl<S: SampleSink> Collector<S> {
             }
             p.space.insert(mapping);
         }
+        if anon_code {
+            // Its entry is rewritten below anyway.
+            p.anon_code_mapped(self.modules.anon());
+        }
         p.space.saw_early(m.early_seq);
         self.outbox.maps_changed(m.pid);
         self.map_scratch = mappings;
@@ -966,6 +970,37 @@ mod tests {
             |e| panic!("{e}"),
         );
         out
+    }
+
+    /// CPython maps a trampoline arena, then names its trampolines in its perf map; the map is
+    /// read when samples are collected, so a sample collected ahead of the arena's record may
+    /// read those names while the arena is not mapped yet. The arena still gets its walker
+    /// rule when its record comes (once missed, it stayed without, a whole run unwalked).
+    #[test]
+    fn a_trampoline_arena_named_before_its_record_gets_its_rule() {
+        let pid = PID_BASE + 3;
+        let mut c = with_mapped_process(ChunkedStore::new(8 << 20), pid, 1);
+        let arena = 0x7f10_0000_0000;
+        let path = std::env::temp_dir().join(format!("rsprof-arena-{}.map", std::process::id()));
+        std::fs::write(&path, format!("{arena:x} 10 py::f:/x.py\n")).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let p = c.processes.processes.get_mut(&Pid(pid)).unwrap();
+        p.jit_files().perf_map = crate::collect::perfmap::ProcessPerfMap::following(file);
+        // A frame in no mapping looks in the perf map, which names the arena already.
+        c.handle(sample(10, pid, vec![TEXT + 0x10, 0x1234], Vec::new()));
+        assert!(c.processes.processes[&Pid(pid)].py_trampoline_arenas.is_empty());
+        c.handle(KernelEvent::Map(MapEvent {
+            time: MonoNs(11),
+            pid: Pid(pid),
+            tid: Tid(pid),
+            mm: 1,
+            start: arena,
+            end: arena + 0x10000,
+            kind: MapKind::Anon,
+            early_seq: 0,
+        }));
+        assert_eq!(c.processes.processes[&Pid(pid)].py_trampoline_arenas, [arena]);
     }
 
     /// A repeated raw stack is served from the stack cache with the id it was stored as; after

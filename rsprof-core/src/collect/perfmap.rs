@@ -430,6 +430,12 @@ impl ProcessPerfMap {
         f.map.lookup(addr).cloned()
     }
 
+    /// A map already open on `file` (tests: the real one is found through the process's root).
+    #[cfg(test)]
+    pub fn following(file: File) -> Self {
+        Self { file: Some(MapFile::new(file)), wanted: true, ..Default::default() }
+    }
+
     fn try_open(&mut self, pid: Pid, now_ns: u64) {
         self.try_open_with(now_ns, || open(pid));
     }

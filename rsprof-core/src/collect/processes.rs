@@ -201,6 +201,14 @@ impl ProcessInfo {
         self.find_py_trampoline_arenas(anon)
     }
 
+    /// Anonymous code was mapped. The perf map is read when samples are collected, so it may
+    /// already name this mapping's trampolines (CPython writes them right after mapping it)
+    /// when a sample ahead of this record read it: look again. True when the walker's entry
+    /// needs rewriting for that.
+    pub fn anon_code_mapped(&mut self, anon: ModuleId) -> bool {
+        self.jit.is_some() && self.find_py_trampoline_arenas(anon)
+    }
+
     /// Finds the anonymous mappings (module `anon`) whose first trampoline the perf map names
     /// `py::…` (CPython fills an arena with trampolines from its start); true when that set
     /// changed.
