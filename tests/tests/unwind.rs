@@ -1397,6 +1397,17 @@ fn unwind_second_run_of_a_compiler_is_complete_from_its_start() {
         .unwrap_or_else(|| panic!("no first-sample wait in the summary:\n{first}"));
     let (_, largest) = waits.split_once("; largest: ").unwrap_or_else(|| panic!("{waits}"));
     assert!(largest.contains("librustc_driver") || largest.contains("libLLVM"), "{waits}");
+    // The list names what the command's exec maps before any library of its own: the loader
+    // and libc (this program's too, queued for the command before its exec, and once left out).
+    let list = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("launch-rustc-"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .unwrap_or_else(|| panic!("no launch list in {}", cache.display()));
+    for lib in ["/ld-linux-x86-64.so.2", "/libc.so.6"] {
+        assert!(list.lines().any(|l| l.ends_with(lib)), "{lib} not in the launch list:\n{list}");
+    }
     let (c2, n2, second) = record(2);
     eprintln!(
         "rustc -O: first run (empty cache) {c1}/{n1} = {:.1}% of user stacks complete, second \

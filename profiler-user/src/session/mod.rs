@@ -272,6 +272,12 @@ impl<'p> Recorder<'p> {
         let mut bpf = BpfObject::load(config, cgroup_filter, plan.ring_bytes, rows)?;
         let kernel = kernel_namer(&mut bpf, raw.as_ref(), msgs);
         let (mut unwind, mut python) = runtime_loaders(&mut bpf, plan, msgs)?;
+        // Before the gated child is registered: its image is this program's, and the files it
+        // shares with the command (ld.so, libc, …) are queued for it first. Listed too, they
+        // are in the kernel when the command's exec maps them.
+        if let (Some(u), Target::Command(_)) = (&mut unwind, &plan.target) {
+            u.keep_launch_list();
+        }
         if let Some(c) = &plan.cgroups {
             bpf.add_cgroups(&c.ids())?;
         }
@@ -337,9 +343,6 @@ impl<'p> Recorder<'p> {
             u.mark_startup();
         }
         let mut child_exit = None;
-        if let (Some(u), Target::Command(_)) = (&mut unwind, &plan.target) {
-            u.keep_launch_list();
-        }
         // Said with -v only: the default summary stays short (and `-v` repeats it in the
         // unwind block).
         if let (Some(u), Target::Command(cmd)) = (&mut unwind, &plan.target)

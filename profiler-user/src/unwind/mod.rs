@@ -1066,6 +1066,8 @@ impl UnwindLoader {
             .filter(|(id, _)| Some(**id) != own)
             .filter(|(_, s)| matches!(s, FileState::Done(FileTable::Loaded { .. }, _)))
             .filter_map(|(id, _)| Some((*id, self.paths.get(id)?.as_path())))
+            // Not `[vdso]`: no file to read.
+            .filter(|(_, path)| path.is_absolute())
             .collect();
         files.sort_by_key(|(id, _)| std::cmp::Reverse(id.3));
         let _ = launch::write(disk.dir(), &name, &files);
