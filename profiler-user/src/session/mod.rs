@@ -67,8 +67,6 @@ const PYTHON_DRAIN_INTERVAL: Duration = Duration::from_millis(50);
 /// that maps libpython without running it (perf, which embeds it for scripts) never sends
 /// any, and must not keep an agent draining 20 times a second for good.
 const PYTHON_FRAMES_RECENT: Duration = Duration::from_secs(2);
-/// How often the loop drains while processes wait for a table being compiled.
-const TABLE_LANDING_POLL: Duration = Duration::from_millis(10);
 
 /// How often to drain the ring on the timer: at most the time full-depth samples on every CPU
 /// at `frequency` take to fill the ring, at most `MAX_DRAIN_INTERVAL`. The timer only bounds
@@ -91,6 +89,14 @@ fn follow_up(poll: &DrainTimer, every: Duration, again: bool) -> std::io::Result
 }
 
 /// The next request, or never when there is no channel (or it closed).
+/// Waits for `n`'s next notification (a permit stored meanwhile counts); never without one.
+async fn notified(n: Option<&tokio::sync::Notify>) {
+    match n {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn next_request(rx: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {
     match rx {
         Some(rx) => match rx.recv().await {
@@ -546,11 +552,10 @@ impl<'p> Recorder<'p> {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         let every = self.drain_every;
         let poll = DrainTimer::new(every)?;
-        // While processes wait for a table being compiled, its landing is published on this
-        // shorter period rather than at the next drain: the timer's period (up to 1 s) is the
-        // whole life of many processes, which would go without their tables.
-        let mut landing = tokio::time::interval(TABLE_LANDING_POLL);
-        landing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A table the workers finish is published by a drain right away, not at the next
+        // timed one: the timer's period (up to 1 s) is the whole life of many processes, and
+        // a short command's samples stop for want of the table meanwhile.
+        let table_done = self.unwind.as_ref().map(|u| u.table_done());
         let mut last_drain = Instant::now();
         // Off while a BPF wakeup waits out MIN_DRAIN_GAP (the timer then drains).
         let mut ring_armed = true;
@@ -627,9 +632,17 @@ impl<'p> Recorder<'p> {
                         break Err(e.into());
                     }
                 }
-                _ = landing.tick(), if self.unwind.as_ref().is_some_and(|u| u.has_waiting()) => {
-                    self.drain();
-                    last_drain = Instant::now();
+                () = notified(table_done.as_deref()) => {
+                    let since = last_drain.elapsed();
+                    if since >= MIN_DRAIN_GAP {
+                        let again = self.drain();
+                        last_drain = Instant::now();
+                        if let Err(e) = follow_up(&poll, self.timer_period(every), again) {
+                            break Err(e.into());
+                        }
+                    } else if let Err(e) = poll.reset_after(MIN_DRAIN_GAP - since) {
+                        break Err(e.into());
+                    }
                 }
                 Some(req) = next_request(&mut requests) => self.answer(req),
                 _ = signals.int.recv() => break Ok(Some("Ctrl-C".to_owned())),

@@ -449,6 +449,11 @@ impl UnwindLoader {
         self.stats.forks_adopted += 1;
     }
 
+    /// Notified each time a worker finishes a table (see `worker::Shared::done_notify`).
+    pub fn table_done(&self) -> Arc<tokio::sync::Notify> {
+        self.shared.done_notify.clone()
+    }
+
     /// Whether some process was published with a file whose table is still being compiled.
     pub fn has_waiting(&self) -> bool {
         !self.waiting.is_empty()

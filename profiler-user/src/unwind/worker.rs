@@ -244,6 +244,9 @@ pub struct Shared {
     tables: Mutex<Tables>,
     /// Compiled tables kept across runs.
     disk: Option<disk::DiskTables>,
+    /// Told when a table is done: the event loop drains and publishes it at once, not at its
+    /// next timed drain (up to a second later, while a short command's samples wait for it).
+    pub done_notify: Arc<tokio::sync::Notify>,
 }
 
 impl Shared {
@@ -255,6 +258,7 @@ impl Shared {
             tables: Mutex::new(Tables::new(rows.capacity())),
             rows,
             disk: disk::DiskTables::from_env(),
+            done_notify: Arc::default(),
         })
     }
 
@@ -369,6 +373,7 @@ pub fn spawn(shared: Arc<Shared>, done: mpsc::Sender<Done>, lane: Lane) -> std::
             if done.send(compile(&shared, identity, job)).is_err() {
                 return;
             }
+            shared.done_notify.notify_one();
         }
     })?;
     Ok(())
