@@ -115,7 +115,8 @@ pub struct Collector<S> {
     /// running it (perf, which embeds it for scripts) sends none.
     pub python_frames_at: Option<MonoNs>,
     /// Each blocked thread's latest off-CPU stack copy, for its off-CPU record to come.
-    off_cpu_copies: std::collections::HashMap<Tid, decode::OffCpuCopyEvent>,
+    off_cpu_copies:
+        std::collections::HashMap<Tid, decode::OffCpuCopyEvent, foldhash::fast::RandomState>,
     frames: Vec<FrameAddr>,
     /// Reused for every mapping record (see `on_map`).
     map_scratch: Vec<Mapping>,
