@@ -503,6 +503,12 @@ impl<S: SampleSink> Collector<S> {
                     break;
                 }
                 self.processes.exit_queue(last_thread).pop_front();
+                if self.outbox.usdt_hits_pending_for(pid) {
+                    // Its hits are turned into markers after this drain (a drain can hold
+                    // more than the short grace of records): held for the long grace.
+                    self.processes.exit_queue(false).push_back((now, pid));
+                    continue;
+                }
                 if !self.store.holds_pid(pid) {
                     self.forget(&[pid]);
                 }
@@ -1245,6 +1251,39 @@ mod tests {
         assert!(c.processes.get(Pid(threaded)).is_some(), "a thread of it may still run");
         c.handle(unrelated_exec(t0 + 1 + EXIT_GRACE_NS));
         assert!(c.processes.get(Pid(threaded)).is_none());
+    }
+
+    /// A process whose USDT hits wait in the outbox (they become markers after the drain,
+    /// with its mappings and labels) stays known past the short grace, until they are taken
+    /// and the long grace is over.
+    #[test]
+    fn exited_processes_with_usdt_hits_waiting_stay_until_the_hits_are_taken() {
+        let mut c = Collector::new(ChunkedStore::new(8 << 20));
+        c.initial_scan_done();
+        let pid = PID_BASE;
+        let t0 = 1_000_000_000;
+        let exec = TaskKind::Exec { argv: vec!["x".into()], truncated: false, mm: 1, vdso: 0 };
+        c.handle(task(MonoNs(t0), pid, exec));
+        c.handle(KernelEvent::Usdt(decode::RawUsdtHit {
+            time_ns: t0 + 1,
+            cpu: 0,
+            pid: Pid(pid),
+            tid: Tid(pid),
+            probe_id: 0,
+            spec_id: 0,
+            arg_errors: 0,
+            args: Vec::new(),
+            strs: Vec::new(),
+        }));
+        c.handle(task(MonoNs(t0 + 2), pid, TaskKind::Exit));
+        c.handle(unrelated_exec(t0 + 2 + 2 * LAST_THREAD_EXIT_GRACE_NS));
+        assert!(c.processes.get(Pid(pid)).is_some(), "its hit is not taken yet");
+        assert_eq!(c.outbox.take_usdt_hits().len(), 1);
+        let requeued = t0 + 2 + 2 * LAST_THREAD_EXIT_GRACE_NS;
+        c.handle(unrelated_exec(requeued + EXIT_GRACE_NS / 2));
+        assert!(c.processes.get(Pid(pid)).is_some(), "held for the long grace");
+        c.handle(unrelated_exec(requeued + EXIT_GRACE_NS));
+        assert!(c.processes.get(Pid(pid)).is_none());
     }
 
     /// An exec of an unrelated process at `ns`.

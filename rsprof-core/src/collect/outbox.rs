@@ -12,6 +12,8 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct Outbox {
     usdt_hits: Vec<RawUsdtHit>,
+    /// The processes those hits are of.
+    usdt_pids: std::collections::HashSet<Pid, foldhash::fast::RandomState>,
     exited_threads: Vec<Tid>,
     exited_processes: Vec<Pid>,
     /// Processes whose executable mappings changed (the unwinder's tables follow them).
@@ -47,7 +49,14 @@ pub struct Exits {
 
 impl Outbox {
     pub fn usdt_hit(&mut self, hit: RawUsdtHit) {
+        self.usdt_pids.insert(hit.pid);
         self.usdt_hits.push(hit);
+    }
+
+    /// Whether hits of `pid` wait to be taken: they become markers with its mappings (for
+    /// strings) and labels, so it must stay known until then.
+    pub fn usdt_hits_pending_for(&self, pid: Pid) -> bool {
+        !self.usdt_pids.is_empty() && self.usdt_pids.contains(&pid)
     }
 
     pub fn thread_exited(&mut self, tid: Tid) {
@@ -113,6 +122,7 @@ impl Outbox {
 
     /// Takes the hits; hand the emptied vector back with [`Outbox::reuse_hits`].
     pub fn take_usdt_hits(&mut self) -> Vec<RawUsdtHit> {
+        self.usdt_pids.clear();
         std::mem::take(&mut self.usdt_hits)
     }
 
