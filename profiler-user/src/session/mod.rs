@@ -490,6 +490,25 @@ impl<'p> Recorder<'p> {
             && events(&self.collector) != before)
     }
 
+    /// Drains now, or, within `MIN_DRAIN_GAP` of the last drain, sets `poll` to drain when
+    /// the gap is over; true when it drained.
+    fn drain_or_defer(
+        &mut self,
+        poll: &DrainTimer,
+        every: Duration,
+        last_drain: &mut Instant,
+    ) -> std::io::Result<bool> {
+        let since = last_drain.elapsed();
+        if since < MIN_DRAIN_GAP {
+            poll.reset_after(MIN_DRAIN_GAP - since)?;
+            return Ok(false);
+        }
+        let again = self.drain();
+        *last_drain = Instant::now();
+        follow_up(poll, self.timer_period(every), again)?;
+        Ok(true)
+    }
+
     /// Answers `requests` while collecting (`run_until`).
     pub fn serve(&mut self, requests: mpsc::Receiver<Request>) {
         self.requests = Some(requests);
@@ -608,18 +627,10 @@ impl<'p> Recorder<'p> {
                 ready = self.ring.readable_mut(), if ring_armed => match ready {
                     Ok(mut ready) => {
                         ready.clear_ready();
-                        let since = last_drain.elapsed();
-                        if since >= MIN_DRAIN_GAP {
-                            let again = self.drain();
-                            last_drain = Instant::now();
-                            if let Err(e) = follow_up(&poll, self.timer_period(every), again) {
-                                break Err(e.into());
-                            }
-                        } else {
-                            ring_armed = false;
-                            if let Err(e) = poll.reset_after(MIN_DRAIN_GAP - since) {
-                                break Err(e.into());
-                            }
+                        match self.drain_or_defer(&poll, every, &mut last_drain) {
+                            // Deferred: the timer drains, and re-arms the ring.
+                            Ok(drained) => ring_armed = drained,
+                            Err(e) => break Err(e.into()),
                         }
                     }
                     Err(e) => break Err(e.into()),
@@ -633,14 +644,7 @@ impl<'p> Recorder<'p> {
                     }
                 }
                 () = notified(table_done.as_deref()) => {
-                    let since = last_drain.elapsed();
-                    if since >= MIN_DRAIN_GAP {
-                        let again = self.drain();
-                        last_drain = Instant::now();
-                        if let Err(e) = follow_up(&poll, self.timer_period(every), again) {
-                            break Err(e.into());
-                        }
-                    } else if let Err(e) = poll.reset_after(MIN_DRAIN_GAP - since) {
+                    if let Err(e) = self.drain_or_defer(&poll, every, &mut last_drain) {
                         break Err(e.into());
                     }
                 }
