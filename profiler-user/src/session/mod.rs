@@ -88,7 +88,6 @@ fn follow_up(poll: &DrainTimer, every: Duration, again: bool) -> std::io::Result
     poll.reset_after(if again { MIN_DRAIN_GAP } else { every })
 }
 
-/// The next request, or never when there is no channel (or it closed).
 /// Waits for `n`'s next notification (a permit stored meanwhile counts); never without one.
 async fn notified(n: Option<&tokio::sync::Notify>) {
     match n {
@@ -97,6 +96,7 @@ async fn notified(n: Option<&tokio::sync::Notify>) {
     }
 }
 
+/// The next request, or never when there is no channel (or it closed).
 async fn next_request(rx: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {
     match rx {
         Some(rx) => match rx.recv().await {
