@@ -382,7 +382,6 @@ impl<S: SampleSink> Collector<S> {
             p.space.insert(mapping);
         }
         if anon_code {
-            // Its entry is rewritten below anyway.
             p.anon_code_mapped(self.modules.anon());
         }
         p.space.saw_early(m.early_seq);

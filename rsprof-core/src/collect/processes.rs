@@ -203,10 +203,12 @@ impl ProcessInfo {
 
     /// Anonymous code was mapped. The perf map is read when samples are collected, so it may
     /// already name this mapping's trampolines (CPython writes them right after mapping it)
-    /// when a sample ahead of this record read it: look again. True when the walker's entry
-    /// needs rewriting for that.
-    pub fn anon_code_mapped(&mut self, anon: ModuleId) -> bool {
-        self.jit.is_some() && self.find_py_trampoline_arenas(anon)
+    /// when a sample ahead of this record read it: look again (the mapping rewrites the
+    /// walker's entry anyway).
+    pub fn anon_code_mapped(&mut self, anon: ModuleId) {
+        if self.jit.is_some() {
+            self.find_py_trampoline_arenas(anon);
+        }
     }
 
     /// Finds the anonymous mappings (module `anon`) whose first trampoline the perf map names
