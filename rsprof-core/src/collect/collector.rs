@@ -1275,10 +1275,11 @@ mod tests {
             strs: Vec::new(),
         }));
         c.handle(task(MonoNs(t0 + 2), pid, TaskKind::Exit));
-        c.handle(unrelated_exec(t0 + 2 + 2 * LAST_THREAD_EXIT_GRACE_NS));
+        // Past the short grace: requeued for the long one from here.
+        let requeued = t0 + 2 + 2 * LAST_THREAD_EXIT_GRACE_NS;
+        c.handle(unrelated_exec(requeued));
         assert!(c.processes.get(Pid(pid)).is_some(), "its hit is not taken yet");
         assert_eq!(c.outbox.take_usdt_hits().len(), 1);
-        let requeued = t0 + 2 + 2 * LAST_THREAD_EXIT_GRACE_NS;
         c.handle(unrelated_exec(requeued + EXIT_GRACE_NS / 2));
         assert!(c.processes.get(Pid(pid)).is_some(), "held for the long grace");
         c.handle(unrelated_exec(requeued + EXIT_GRACE_NS));
